@@ -1,0 +1,72 @@
+/* dpshim hook ABI, version 1: the points where a framework lets dpshim make it data-parallel.
+ * A framework declares these weak (define DPSHIM_HOOKS_WEAK before including) and calls them
+ * when non-NULL; without libdpshim.so preloaded every pointer is NULL and it runs alone.
+ * Later versions add functions; the meaning of these never changes. */
+#ifndef DPSHIM_HOOKS_H
+#define DPSHIM_HOOKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DPSHIM_HOOK_ABI_VERSION 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dtype codes */
+enum { DP_F32 = 0, DP_F64 = 1, DP_F16 = 2, DP_BF16 = 3, DP_I32 = 4, DP_I64 = 5, DP_U8 = 6 };
+/* device: DP_HOST or a CUDA ordinal (0, 1, ...) */
+#define DP_HOST (-1)
+/* dp_metric operations */
+enum { DP_SUM = 0, DP_MEAN = 1, DP_MIN = 2, DP_MAX = 3 };
+
+typedef struct dp_tensor {
+    void *data;
+    uint64_t count;   /* elements, not bytes */
+    int32_t dtype;    /* DP_F32 ... */
+    int32_t device;   /* DP_HOST or CUDA ordinal */
+    const char *name; /* optional, for diagnostics */
+} dp_tensor;
+
+#if defined(DPSHIM_HOOKS_WEAK) && defined(__GNUC__)
+#define DPSHIM_HOOK_DECL __attribute__((weak))
+#else
+#define DPSHIM_HOOK_DECL
+#endif
+
+/* Identity. Without a launcher: rank 0 of 1. */
+DPSHIM_HOOK_DECL int dp_rank(void);
+DPSHIM_HOOK_DECL int dp_world_size(void);
+DPSHIM_HOOK_DECL int dp_local_rank(void);
+
+/* After the model is built or loaded: root's values overwrite every rank's. */
+DPSHIM_HOOK_DECL int dp_params(dp_tensor *t, size_t n);
+/* Before a shuffle or an init draw: root's seed to all ranks. */
+DPSHIM_HOOK_DECL int dp_seed(uint64_t *seed);
+/* split mode: the global batch in, this rank's contiguous share kept at idx[0..ret).
+ * scale mode: returns n unchanged. */
+DPSHIM_HOOK_DECL size_t dp_batch(uint64_t *idx, size_t n);
+/* scale mode: the epoch permutation in, this rank's shard kept at idx[0..ret).
+ * split mode: returns n unchanged. */
+DPSHIM_HOOK_DECL size_t dp_epoch(uint64_t *idx, size_t n);
+/* Optional, during backward: t's gradient is final for this step and may be reduced now. */
+DPSHIM_HOOK_DECL int dp_grad_ready(const dp_tensor *t);
+/* Before the optimizer update: gradients averaged in place across ranks, each rank weighted by
+ * its share of the global batch (split mode) or equally (scale mode). */
+DPSHIM_HOOK_DECL int dp_grads(dp_tensor *t, size_t n);
+/* Per-channel sums and a sample count, summed in place over ranks (when [bn] sync = on). */
+DPSHIM_HOOK_DECL int dp_bn_stats(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count);
+/* v[0..n) reduced with op (DP_SUM, DP_MEAN, DP_MIN, DP_MAX); result on every rank. */
+DPSHIM_HOOK_DECL int dp_metric(double *v, size_t n, int op);
+/* Rank-0-only region: returns 1 on rank 0 (collectives inside act as world size 1), 0 elsewhere
+ * (skip the body). Every begin is closed by dp_scope_end on every rank. */
+DPSHIM_HOOK_DECL int dp_scope_begin(const char *name);
+DPSHIM_HOOK_DECL int dp_scope_end(void);
+/* After each optimizer step. */
+DPSHIM_HOOK_DECL int dp_step_end(uint64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DPSHIM_HOOKS_H */

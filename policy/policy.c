@@ -1,0 +1,374 @@
+/* Policy parsing and validation. Runs once per process, before main(), so it may allocate;
+ * it never prints: errors go back in dps_error_t for the caller to report. */
+#define _GNU_SOURCE
+#include "policy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const dps_key_info_t dps_keys[DPS_NKEYS] = {
+#define DPS_KEY(sec, key, type, def, allowed, doc) {#sec, #key, DPS_KEY_##type, def, allowed, doc},
+#include "policy_keys.def"
+#undef DPS_KEY
+};
+
+#define DPS_MAX_FILE_BYTES (1u << 20)
+
+static int fail(dps_error_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(dps_error_t *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Levenshtein distance, bounded to short words (names are short; longer input is no near-miss). */
+static size_t edit_distance(const char *a, size_t la, const char *b)
+{
+    size_t lb = strlen(b), row[64];
+    if (la >= 63 || lb >= 63) return (size_t)-1;
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t sub = diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            size_t best = sub < up + 1 ? sub : up + 1;
+            row[j] = best < row[j - 1] + 1 ? best : row[j - 1] + 1;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+const char *dps_suggest(const char *word, size_t wlen, const char *const *cands, size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = (size_t)-1;
+    size_t limit = wlen <= 4 ? 1 : (wlen <= 8 ? 2 : 3);
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(word, wlen, cands[i]);
+        if (d < best_d) best_d = d, best = cands[i];
+    }
+    return best_d <= limit ? best : NULL;
+}
+
+/* " (did you mean 'x'?)" or "" */
+static const char *hint(char *buf, size_t len, const char *s)
+{
+    if (!s) return "";
+    snprintf(buf, len, "; did you mean '%s'?", s);
+    return buf;
+}
+
+void dps_policy_init(dps_policy_t *p)
+{
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < DPS_NKEYS; i++) {
+        dps_error_t e;
+        /* defaults are valid by construction; the unit tests check the table */
+        if (dps_policy_set_value(p, (dps_key_id_t)i, dps_keys[i].def, strlen(dps_keys[i].def),
+                                 DPS_SRC_DEFAULT, 0, &e) != 0)
+            abort();
+    }
+}
+
+void dps_policy_free(dps_policy_t *p)
+{
+    for (int i = 0; i < DPS_NKEYS; i++) {
+        free(p->set[i].text);
+        p->set[i].text = NULL;
+    }
+}
+
+/* Validates v for key id; on success stores it. Error text has no location: callers prefix it. */
+int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t vlen,
+                         dps_source_t src, int line, dps_error_t *e)
+{
+    const dps_key_info_t *k = &dps_keys[id];
+    uint64_t num = 0;
+    char h[96];
+    if (memchr(v, '\0', vlen)) return fail(e, "value contains a NUL byte");
+    switch (k->type) {
+    case DPS_KEY_ENUM: {
+        const char *cands[16];
+        size_t nc = 0, found = (size_t)-1;
+        char allowed[256];
+        snprintf(allowed, sizeof allowed, "%s", k->allowed);
+        for (char *save = NULL, *tok = strtok_r(allowed, "|", &save); tok && nc < 16;
+             tok = strtok_r(NULL, "|", &save)) {
+            if (strlen(tok) == vlen && memcmp(tok, v, vlen) == 0) found = nc;
+            cands[nc++] = k->allowed + (tok - allowed);
+        }
+        if (found == (size_t)-1) {
+            /* cands point into k->allowed, '|'-terminated: copy out the suggestion */
+            char names[16][32];
+            const char *namep[16];
+            for (size_t i = 0; i < nc; i++) {
+                size_t l = strcspn(cands[i], "|");
+                snprintf(names[i], sizeof names[i], "%.*s", (int)l, cands[i]);
+                namep[i] = names[i];
+            }
+            if (vlen == 0) return fail(e, "empty value; expected one of %s", k->allowed);
+            return fail(e, "bad value '%.*s'; expected one of %s%s", (int)(vlen > 64 ? 64 : vlen),
+                        v, k->allowed, hint(h, sizeof h, dps_suggest(v, vlen, namep, nc)));
+        }
+        num = found;
+        break;
+    }
+    case DPS_KEY_UINT: {
+        unsigned long long lo = 0, hi = 0;
+        char buf[32];
+        sscanf(k->allowed, "%llu..%llu", &lo, &hi);
+        if (vlen == 0) return fail(e, "empty value; expected an integer in %s", k->allowed);
+        if (vlen >= sizeof buf) return fail(e, "value too long; expected an integer in %s", k->allowed);
+        memcpy(buf, v, vlen);
+        buf[vlen] = '\0';
+        for (size_t i = 0; i < vlen; i++)
+            if (!isdigit((unsigned char)buf[i]))
+                return fail(e, "bad value '%s'; expected an integer in %s", buf, k->allowed);
+        errno = 0;
+        unsigned long long x = strtoull(buf, NULL, 10);
+        if (errno == ERANGE || x < lo || x > hi)
+            return fail(e, "value %s out of range; expected an integer in %s", buf, k->allowed);
+        num = x;
+        break;
+    }
+    case DPS_KEY_GLOBS: {
+        /* each glob's brackets must close, or it could never match what the user meant */
+        int open = 0;
+        for (size_t i = 0; i < vlen; i++) {
+            if (v[i] == '[') open = 1;
+            else if (v[i] == ']') open = 0;
+            else if (isspace((unsigned char)v[i]) && open) break;
+        }
+        if (open) return fail(e, "glob with an unclosed '[' in '%.*s'", (int)(vlen > 64 ? 64 : vlen), v);
+        break;
+    }
+    case DPS_KEY_STR:
+        break;
+    }
+    char *text = strndup(v, vlen);
+    if (!text) return fail(e, "out of memory");
+    free(p->set[id].text);
+    p->set[id] = (dps_setting_t){text, num, src, line};
+    return 0;
+}
+
+int dps_policy_is(const dps_policy_t *p, dps_key_id_t id, const char *v)
+{
+    return p->set[id].text && strcmp(p->set[id].text, v) == 0;
+}
+
+static int find_key(const char *sec, size_t slen, const char *key, size_t klen)
+{
+    for (int i = 0; i < DPS_NKEYS; i++)
+        if (strlen(dps_keys[i].section) == slen && memcmp(dps_keys[i].section, sec, slen) == 0 &&
+            strlen(dps_keys[i].key) == klen && memcmp(dps_keys[i].key, key, klen) == 0)
+            return i;
+    return -1;
+}
+
+static int section_known(const char *sec, size_t slen)
+{
+    for (int i = 0; i < DPS_NKEYS; i++)
+        if (strlen(dps_keys[i].section) == slen && memcmp(dps_keys[i].section, sec, slen) == 0)
+            return 1;
+    return 0;
+}
+
+static const char *suggest_section(const char *sec, size_t slen)
+{
+    const char *names[DPS_NKEYS];
+    size_t n = 0;
+    for (int i = 0; i < DPS_NKEYS; i++)
+        if (n == 0 || strcmp(names[n - 1], dps_keys[i].section) != 0) names[n++] = dps_keys[i].section;
+    return dps_suggest(sec, slen, names, n);
+}
+
+static const char *suggest_key(const char *sec, size_t slen, const char *key, size_t klen)
+{
+    const char *names[DPS_NKEYS];
+    size_t n = 0;
+    for (int i = 0; i < DPS_NKEYS; i++)
+        if (strlen(dps_keys[i].section) == slen && memcmp(dps_keys[i].section, sec, slen) == 0)
+            names[n++] = dps_keys[i].key;
+    return dps_suggest(key, klen, names, n);
+}
+
+static void trim(const char **s, const char **end)
+{
+    while (*s < *end && isspace((unsigned char)**s)) (*s)++;
+    while (*end > *s && isspace((unsigned char)(*end)[-1])) (*end)--;
+}
+
+int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *fname,
+                     dps_error_t *e)
+{
+    const char *sec = NULL;
+    size_t slen = 0;
+    int seen_line[DPS_NKEYS] = {0};
+    char h[96];
+    int lineno = 0;
+    for (const char *line = text, *stop = text + len; line < stop;) {
+        const char *nl = memchr(line, '\n', (size_t)(stop - line));
+        const char *end = nl ? nl : stop, *s = line;
+        line = nl ? nl + 1 : stop;
+        lineno++;
+        /* a comment starts a line or follows whitespace, so '#' inside a value stays */
+        for (const char *c = s; c < end; c++)
+            if ((*c == '#' || *c == ';') && (c == s || isspace((unsigned char)c[-1]))) {
+                end = c;
+                break;
+            }
+        trim(&s, &end);
+        if (s == end) continue;
+        if (*s == '[') {
+            if (end[-1] != ']')
+                return fail(e, "%s:%d: section header without a closing ']'", fname, lineno);
+            const char *ns = s + 1, *ne = end - 1;
+            trim(&ns, &ne);
+            if (!section_known(ns, (size_t)(ne - ns)))
+                return fail(e, "%s:%d: unknown section [%.*s]%s", fname, lineno,
+                            (int)(ne - ns > 64 ? 64 : ne - ns), ns,
+                            hint(h, sizeof h, suggest_section(ns, (size_t)(ne - ns))));
+            sec = ns, slen = (size_t)(ne - ns);
+            continue;
+        }
+        const char *eq = memchr(s, '=', (size_t)(end - s));
+        if (!eq)
+            return fail(e, "%s:%d: expected 'key = value', got '%.*s'", fname, lineno,
+                        (int)(end - s > 64 ? 64 : end - s), s);
+        const char *ks = s, *ke = eq, *vs = eq + 1, *ve = end;
+        trim(&ks, &ke);
+        trim(&vs, &ve);
+        if (!sec)
+            return fail(e, "%s:%d: key '%.*s' before any [section]", fname, lineno,
+                        (int)(ke - ks > 64 ? 64 : ke - ks), ks);
+        int id = find_key(sec, slen, ks, (size_t)(ke - ks));
+        if (id < 0)
+            return fail(e, "%s:%d: unknown key '%.*s' in [%.*s]%s", fname, lineno,
+                        (int)(ke - ks > 64 ? 64 : ke - ks), ks, (int)slen, sec,
+                        hint(h, sizeof h, suggest_key(sec, slen, ks, (size_t)(ke - ks))));
+        if (seen_line[id])
+            return fail(e, "%s:%d: duplicate key '%s' in [%s] (first set on line %d)", fname,
+                        lineno, dps_keys[id].key, dps_keys[id].section, seen_line[id]);
+        seen_line[id] = lineno;
+        dps_error_t ve_err;
+        if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(ve - vs), DPS_SRC_FILE, lineno,
+                                 &ve_err) != 0)
+            return fail(e, "%s:%d: [%s] %s: %s", fname, lineno, dps_keys[id].section,
+                        dps_keys[id].key, ve_err.msg);
+    }
+    return 0;
+}
+
+int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > DPS_MAX_FILE_BYTES) {
+        close(fd);
+        return fail(e, "policy file %s is not a regular file of at most %u bytes", path,
+                    DPS_MAX_FILE_BYTES);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    size_t got = 0;
+    while (buf && got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf || got != (size_t)st.st_size) {
+        free(buf);
+        return fail(e, "cannot read policy file %s", path);
+    }
+    int rc = dps_policy_parse(p, buf, got, path, e);
+    free(buf);
+    if (rc == 0) snprintf(p->file, sizeof p->file, "%s", path);
+    return rc;
+}
+
+const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len)
+{
+    snprintf(buf, len, "DPSHIM_%s_%s", dps_keys[id].section, dps_keys[id].key);
+    for (char *c = buf; *c; c++) *c = (char)toupper((unsigned char)*c);
+    return buf;
+}
+
+/* DPSHIM_* variables that are not policy keys. */
+static const char *const dps_other_env[] = {
+    DPS_ENV_POLICY,
+    "DPSHIM_RANK_PID", /* set by the shim: which process of the rank owns its collectives */
+};
+
+int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)
+{
+    char names[DPS_NKEYS][64];
+    const char *cands[DPS_NKEYS + sizeof dps_other_env / sizeof *dps_other_env];
+    size_t nc = 0;
+    for (int i = 0; i < DPS_NKEYS; i++) cands[nc++] = dps_policy_env_name((dps_key_id_t)i, names[i], 64);
+    for (size_t i = 0; i < sizeof dps_other_env / sizeof *dps_other_env; i++) cands[nc++] = dps_other_env[i];
+    for (char *const *ep = envp; ep && *ep; ep++) {
+        if (strncmp(*ep, "DPSHIM_", 7) != 0) continue;
+        const char *eq = strchr(*ep, '=');
+        size_t nlen = eq ? (size_t)(eq - *ep) : strlen(*ep);
+        const char *val = eq ? eq + 1 : "";
+        int id = -1;
+        for (size_t i = 0; i < nc; i++)
+            if (strlen(cands[i]) == nlen && memcmp(cands[i], *ep, nlen) == 0) id = (int)i;
+        if (id >= DPS_NKEYS) continue; /* not a policy key, but ours */
+        if (id < 0) {
+            char h[96];
+            return fail(e, "unknown environment variable %.*s%s", (int)(nlen > 64 ? 64 : nlen), *ep,
+                        hint(h, sizeof h, dps_suggest(*ep, nlen, cands, nc)));
+        }
+        dps_error_t ve;
+        /* env values may carry the surrounding blanks of a shell quote; keep what the user meant */
+        const char *vs = val, *vend = val + strlen(val);
+        trim(&vs, &vend);
+        if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(vend - vs), DPS_SRC_ENV, 0, &ve) != 0)
+            return fail(e, "environment %s ([%s] %s): %s", cands[id], dps_keys[id].section,
+                        dps_keys[id].key, ve.msg);
+    }
+    return 0;
+}
+
+int dps_policy_load(dps_policy_t *p, char *const *envp, dps_error_t *e)
+{
+    const char *path = NULL;
+    for (char *const *ep = envp; ep && *ep; ep++)
+        if (strncmp(*ep, DPS_ENV_POLICY "=", sizeof DPS_ENV_POLICY) == 0) path = *ep + sizeof DPS_ENV_POLICY;
+    if (path && *path) {
+        if (dps_policy_load_file(p, path, e) != 0) return -1;
+    } else if (access("dpshim.conf", F_OK) == 0) {
+        if (dps_policy_load_file(p, "dpshim.conf", e) != 0) return -1;
+    }
+    return dps_policy_apply_env(p, envp, e);
+}
+
+const char *dps_policy_source(const dps_policy_t *p, dps_key_id_t id, char *buf, size_t len)
+{
+    const dps_setting_t *s = &p->set[id];
+    char env[64];
+    switch (s->src) {
+    case DPS_SRC_FILE: snprintf(buf, len, "%s:%d", p->file[0] ? p->file : "(file)", s->line); break;
+    case DPS_SRC_ENV: snprintf(buf, len, "env %s", dps_policy_env_name(id, env, sizeof env)); break;
+    default: snprintf(buf, len, "default"); break;
+    }
+    return buf;
+}

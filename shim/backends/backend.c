@@ -1,0 +1,87 @@
+/* The backend table and plugin loading: libdpshim.so never links MPI or NCCL; their plugins
+ * sit beside it and are opened with dlopen the first time a collective needs them. */
+#define _GNU_SOURCE
+#include "backend.h"
+
+#include <dlfcn.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/dps.h"
+
+static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
+{
+    (void)buf, (void)count, (void)dtype, (void)op;
+    return 0;
+}
+static int self_bcast(void *buf, size_t bytes, int root)
+{
+    (void)buf, (void)bytes, (void)root;
+    return 0;
+}
+static int self_barrier(void) { return 0; }
+static const char *self_last_error(void) { return ""; }
+static void self_release(void) {}
+static int self_owns_mpi_init(void) { return 0; }
+
+/* World size 1: a sum over one rank is the value itself. */
+const dps_backend_t dps_backend_self = {"self", self_allreduce, self_bcast, self_barrier,
+                                        self_last_error, self_release, self_release,
+                                        self_owns_mpi_init};
+
+typedef struct backend_row {
+    const char *name;
+    const dps_backend_t *builtin; /* NULL: a plugin, libdpshim-<name>.so */
+    dps_backend_t loaded;
+} backend_row_t;
+
+static backend_row_t backends[] = {
+    {"self", &dps_backend_self, {0}},
+    {"mpi", NULL, {0}},
+};
+
+/* The plugin directory is where libdpshim.so itself was loaded from. */
+static int plugin_path(const char *name, char *out, size_t len)
+{
+    Dl_info info;
+    if (!dladdr((void *)&dps_backend_open, &info) || !info.dli_fname) return -1;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", info.dli_fname);
+    int n = snprintf(out, len, "%s/libdpshim-%s.so", dirname(dir), name);
+    return n > 0 && (size_t)n < len ? 0 : -1;
+}
+
+const dps_backend_t *dps_backend_open(const char *name, int rank, int size, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++) {
+        backend_row_t *b = &backends[i];
+        if (strcmp(b->name, name) != 0) continue;
+        if (b->builtin) return b->builtin;
+        if (b->loaded.name) return &b->loaded;
+        char path[1200];
+        if (plugin_path(name, path, sizeof path) != 0) {
+            snprintf(err, errlen, "cannot locate the %s backend plugin beside libdpshim.so", name);
+            return NULL;
+        }
+        /* RTLD_GLOBAL: Open MPI's own components resolve libmpi's symbols globally */
+        void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+        if (!h) {
+            snprintf(err, errlen, "cannot load the %s backend: %s", name, dlerror());
+            return NULL;
+        }
+        dps_plugin_open_fn open_fn;
+        *(void **)&open_fn = dlsym(h, DPS_PLUGIN_OPEN_SYMBOL);
+        if (!open_fn) {
+            snprintf(err, errlen, "%s is not a dpshim plugin (no %s)", path, DPS_PLUGIN_OPEN_SYMBOL);
+            return NULL;
+        }
+        if (open_fn(rank, size, &b->loaded, err, errlen) != 0) {
+            memset(&b->loaded, 0, sizeof b->loaded);
+            return NULL;
+        }
+        return &b->loaded;
+    }
+    snprintf(err, errlen, "no backend named '%s' in this build", name);
+    return NULL;
+}

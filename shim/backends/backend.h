@@ -1,0 +1,33 @@
+/* Communication backends: one table row each (backend.c). The engine picks one per job; a
+ * backend that needs a foreign library (MPI, NCCL) lives in a plugin opened at first use. */
+#ifndef DPS_BACKEND_H
+#define DPS_BACKEND_H
+
+#include <stddef.h>
+
+typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
+
+typedef struct dps_backend {
+    const char *name;
+    /* All in place on host memory; 0 on success, -1 with last_error() set. dtype: DP_* */
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op);
+    int (*bcast)(void *buf, size_t bytes, int root);
+    int (*barrier)(void);
+    const char *(*last_error)(void);
+    /* Before the program's own MPI_Finalize: release what the backend holds in MPI. */
+    void (*release)(void);
+    /* At exit: release, and finalize what the backend itself initialized. */
+    void (*finalize)(void);
+    /* 1 when the backend itself called MPI_Init, so the program's MPI_Init must not. */
+    int (*owns_mpi_init)(void);
+} dps_backend_t;
+
+/* Plugin entry point, resolved by name in libdpshim-<name>.so. */
+typedef int (*dps_plugin_open_fn)(int expect_rank, int expect_size, dps_backend_t *out,
+                                  char *err, size_t errlen);
+#define DPS_PLUGIN_OPEN_SYMBOL "dps_plugin_open_v1"
+
+/* Opens the named backend ("mpi"); NULL with err set on failure. */
+const dps_backend_t *dps_backend_open(const char *name, int rank, int size, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,126 @@
+/* The mpi backend plugin (libdpshim-mpi.so): host-buffer collectives on a private duplicate of
+ * MPI_COMM_WORLD. It calls the PMPI_ entry points so that the shim's own MPI_Init/Finalize
+ * interposers (for the program's calls) never see the shim's calls. Errors are returned, not
+ * fatal, so the engine can report them with context. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "backends/backend.h"
+#include "dpshim/hooks.h"
+
+static MPI_Comm comm = MPI_COMM_NULL;
+static int initialized_by_us;
+static char errbuf[512];
+
+static int check(int rc, const char *what)
+{
+    if (rc == MPI_SUCCESS) return 0;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (PMPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
+    snprintf(errbuf, sizeof errbuf, "%s failed: %s", what, msg);
+    return -1;
+}
+
+static MPI_Datatype mpi_dtype(int dtype)
+{
+    switch (dtype) {
+    case DP_F32: return MPI_FLOAT;
+    case DP_F64: return MPI_DOUBLE;
+    case DP_I32: return MPI_INT32_T;
+    case DP_I64: return MPI_INT64_T;
+    case DP_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL; /* halves are converted to f32 by the engine */
+    }
+}
+
+static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
+{
+    MPI_Datatype t = mpi_dtype(dtype);
+    MPI_Op o = op == DPS_RED_MIN ? MPI_MIN : op == DPS_RED_MAX ? MPI_MAX : MPI_SUM;
+    size_t es = (size_t)(dtype == DP_F64 || dtype == DP_I64 ? 8 : dtype == DP_U8 ? 1 : 4);
+    if (t == MPI_DATATYPE_NULL) {
+        snprintf(errbuf, sizeof errbuf, "mpi backend: dtype %d cannot be reduced", dtype);
+        return -1;
+    }
+    /* MPI counts are int: reduce larger buffers in pieces */
+    for (size_t off = 0; off < count;) {
+        int n = count - off > (size_t)INT_MAX ? INT_MAX : (int)(count - off);
+        if (check(PMPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, n, t, o, comm), "MPI_Allreduce"))
+            return -1;
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+static int mpi_bcast(void *buf, size_t bytes, int root)
+{
+    for (size_t off = 0; off < bytes;) {
+        int n = bytes - off > (size_t)INT_MAX ? INT_MAX : (int)(bytes - off);
+        if (check(PMPI_Bcast((char *)buf + off, n, MPI_BYTE, root, comm), "MPI_Bcast")) return -1;
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+static int mpi_barrier(void) { return check(PMPI_Barrier(comm), "MPI_Barrier"); }
+
+static const char *mpi_last_error(void) { return errbuf; }
+
+static void mpi_release(void)
+{
+    int fin = 0;
+    PMPI_Finalized(&fin);
+    if (comm != MPI_COMM_NULL && !fin) PMPI_Comm_free(&comm);
+    comm = MPI_COMM_NULL;
+}
+
+static void mpi_finalize(void)
+{
+    mpi_release();
+    int fin = 0;
+    PMPI_Finalized(&fin);
+    if (initialized_by_us && !fin) PMPI_Finalize();
+}
+
+static int mpi_owns_init(void) { return initialized_by_us; }
+
+__attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, int expect_size,
+                                                              dps_backend_t *out, char *err,
+                                                              size_t errlen)
+{
+    int init = 0, fin = 0, provided = 0, rank = -1, size = -1;
+    PMPI_Initialized(&init);
+    PMPI_Finalized(&fin);
+    if (fin) {
+        snprintf(err, errlen, "mpi backend: the program already called MPI_Finalize");
+        return -1;
+    }
+    if (!init) {
+        if (check(PMPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread"))
+            goto fail;
+        initialized_by_us = 1;
+    }
+    if (check(PMPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup")) goto fail;
+    PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    PMPI_Comm_rank(comm, &rank);
+    PMPI_Comm_size(comm, &size);
+    if (rank != expect_rank || size != expect_size) {
+        snprintf(err, errlen,
+                 "mpi backend: MPI says rank %d of %d, the launcher said rank %d of %d; start the "
+                 "program with the MPI that libdpshim-mpi.so was built against (mpirun from the "
+                 "same Open MPI)",
+                 rank, size, expect_rank, expect_size);
+        mpi_finalize();
+        return -1;
+    }
+    *out = (dps_backend_t){"mpi", mpi_allreduce, mpi_bcast, mpi_barrier, mpi_last_error,
+                           mpi_release, mpi_finalize, mpi_owns_init};
+    return 0;
+fail:
+    snprintf(err, errlen, "mpi backend: %s", errbuf);
+    return -1;
+}

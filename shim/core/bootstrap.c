@@ -1,0 +1,158 @@
+/* Who am I in the job: rank, world size, local rank. PMIx first (opened with dlopen, so a
+ * process outside a PMIx job never loads it), then the launchers' environment, else singleton. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <pmix.h>
+
+#include "dps.h"
+
+/* One row per launcher whose environment tells the rank; checked in this order. */
+typedef struct launcher_env {
+    const char *name, *rank, *size, *local_rank, *local_size;
+} launcher_env_t;
+
+static const launcher_env_t launcher_envs[] = {
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+};
+
+/* -1 when unset; -2 when set but not a number in [0, INT32_MAX]. */
+static long env_int(const char *name)
+{
+    const char *v = name ? getenv(name) : NULL;
+    if (!v) return -1;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < 0 || x > INT32_MAX) return -2;
+    return x;
+}
+
+static struct {
+    void *lib;
+    pmix_status_t (*init)(pmix_proc_t *, pmix_info_t *, size_t);
+    pmix_status_t (*finalize)(const pmix_info_t *, size_t);
+    pmix_status_t (*get)(const pmix_proc_t *, const char *, const pmix_info_t *, size_t, pmix_value_t **);
+    pmix_proc_t me;
+    int up;
+} pmix;
+
+static long pmix_get_uint(const pmix_proc_t *p, const char *key)
+{
+    pmix_value_t *v = NULL;
+    long r = -1;
+    if (pmix.get(p, key, NULL, 0, &v) != PMIX_SUCCESS || !v) return -1;
+    switch (v->type) {
+    case PMIX_UINT32: r = (long)v->data.uint32; break;
+    case PMIX_UINT16: r = (long)v->data.uint16; break;
+    case PMIX_INT: r = v->data.integer; break;
+    case PMIX_UINT: r = (long)v->data.uint; break;
+    default: break;
+    }
+    free(v); /* scalar values own no other memory */
+    return r;
+}
+
+/* Returns 1 when PMIx gave the identity, 0 when PMIx is not there. */
+static int bootstrap_pmix(dps_state_t *s)
+{
+    if (!getenv("PMIX_NAMESPACE") || !getenv("PMIX_RANK")) return 0;
+    pmix.lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (!pmix.lib) {
+        DPS_INFO("PMIx environment present but libpmix.so.2 not loadable (%s); using the launcher environment", dlerror());
+        return 0;
+    }
+    *(void **)&pmix.init = dlsym(pmix.lib, "PMIx_Init");
+    *(void **)&pmix.finalize = dlsym(pmix.lib, "PMIx_Finalize");
+    *(void **)&pmix.get = dlsym(pmix.lib, "PMIx_Get");
+    if (!pmix.init || !pmix.finalize || !pmix.get) return 0;
+    pmix_status_t rc = pmix.init(&pmix.me, NULL, 0);
+    if (rc != PMIX_SUCCESS) {
+        DPS_INFO("PMIx_Init failed (status %d); using the launcher environment", (int)rc);
+        return 0;
+    }
+    pmix.up = 1;
+    pmix_proc_t job = pmix.me;
+    job.rank = PMIX_RANK_WILDCARD;
+    long size = pmix_get_uint(&job, PMIX_JOB_SIZE);
+    long local_rank = pmix_get_uint(&pmix.me, PMIX_LOCAL_RANK);
+    long local_size = pmix_get_uint(&job, PMIX_LOCAL_SIZE);
+    if (size <= 0 || (long)pmix.me.rank >= size) return 0;
+    s->rank = (int)pmix.me.rank;
+    s->size = (int)size;
+    s->local_rank = local_rank >= 0 ? (int)local_rank : 0;
+    s->local_size = local_size > 0 ? (int)local_size : 1;
+    s->launcher = "pmix";
+    return 1;
+}
+
+void dps_bootstrap_finalize(void)
+{
+    if (pmix.up && !atomic_load(&dps_g.forked)) pmix.finalize(NULL, 0);
+    pmix.up = 0;
+}
+
+/* The launcher environment alone, without PMIx: what a child of the rank process sees. */
+static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
+{
+    s->rank = 0, s->size = 1, s->local_rank = 0, s->local_size = 1, s->launcher = "singleton";
+    for (size_t i = 0; i < sizeof launcher_envs / sizeof *launcher_envs; i++) {
+        const launcher_env_t *l = &launcher_envs[i];
+        long rank = env_int(l->rank), size = env_int(l->size);
+        if (rank == -1 && size == -1) continue;
+        if (rank < 0 || size <= 0 || rank >= size) {
+            snprintf(err, errlen,
+                     "the %s launcher environment is inconsistent (%s=%s, %s=%s): rank must be "
+                     "an integer in [0, size); check the launch line",
+                     l->name, l->rank, getenv(l->rank) ? getenv(l->rank) : "(unset)", l->size,
+                     getenv(l->size) ? getenv(l->size) : "(unset)");
+            return -1;
+        }
+        long lr = env_int(l->local_rank), ls = env_int(l->local_size);
+        s->rank = (int)rank, s->size = (int)size;
+        s->local_rank = lr >= 0 ? (int)lr : 0;
+        s->local_size = ls > 0 ? (int)ls : 1;
+        s->launcher = l->name;
+        return 0;
+    }
+    return 0;
+}
+
+/* The rank process exports its identity so that exec'd children keep their rank's file policy
+ * and never enter collectives: "pid:rank:size:local_rank:local_size". */
+#define DPS_ENV_RANK_PID "DPSHIM_RANK_PID"
+
+int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
+{
+    if (bootstrap_env(s, err, errlen) != 0) return -1;
+    const char *marker = getenv(DPS_ENV_RANK_PID);
+    long pid = -1;
+    int r = -1, n = -1, lr = 0, ls = 1;
+    int parsed = marker && sscanf(marker, "%ld:%d:%d:%d:%d", &pid, &r, &n, &lr, &ls) == 5;
+    long my_rank = s->rank, my_size = s->size;
+    if (parsed && strcmp(s->launcher, "singleton") == 0 && env_int("PMIX_RANK") >= 0)
+        my_rank = env_int("PMIX_RANK"), my_size = n; /* PMIx-only launcher: the env has no size */
+    if (parsed && pid != getpid() && r == my_rank && n == my_size) {
+        /* Same rank as the process that set the marker, another pid: its child. A marker from
+         * another identity (e.g. a preloaded mpirun, a singleton) says nothing about us. */
+        s->role = DPS_ROLE_CHILD;
+        s->rank = r, s->size = n, s->local_rank = lr, s->local_size = ls;
+        return 0;
+    }
+    s->role = DPS_ROLE_RANK;
+    bootstrap_pmix(s); /* when it answers, PMIx overrides the environment */
+    char buf[96];
+    snprintf(buf, sizeof buf, "%ld:%d:%d:%d:%d", (long)getpid(), s->rank, s->size, s->local_rank,
+             s->local_size);
+    setenv(DPS_ENV_RANK_PID, buf, 1);
+    return 0;
+}

@@ -1,0 +1,72 @@
+/* Internal state and logging of libdpshim: one process-wide state owned by core/init.c.
+ * Everything here has hidden visibility; only the hook ABI and the interposers are exported. */
+#ifndef DPS_CORE_H
+#define DPS_CORE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy.h"
+
+#define DPS_EXPORT __attribute__((visibility("default")))
+#define DPS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define DPS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Exit status for bad configuration, before main() runs (sysexits' EX_CONFIG). */
+#define DPS_EXIT_CONFIG 78
+/* Exit status when the shim ends a job it cannot run correctly. */
+#define DPS_EXIT_FATAL 70
+
+typedef enum { DPS_LOG_ERROR, DPS_LOG_WARN, DPS_LOG_INFO, DPS_LOG_DEBUG } dps_log_level_t;
+
+typedef enum {
+    DPS_ROLE_RANK,  /* the process that owns this rank's collectives */
+    DPS_ROLE_CHILD, /* exec'd or forked from it: file policy applies, collectives never */
+} dps_role_t;
+
+typedef struct dps_state {
+    /* identity, from bootstrap */
+    int rank, size, local_rank, local_size;
+    const char *launcher; /* "pmix", "openmpi", "pmi", "slurm", "torchrun", "singleton" */
+    dps_role_t role;
+    atomic_int forked; /* set in a fork child before it runs any user code */
+
+    dps_policy_t policy;
+
+    /* engine configuration, read once from the policy */
+    int eff_rank, eff_size; /* what collectives and sharding use; 0/1 for backend = self */
+    int split_mode, reduce_sum, bn_sync;
+    int uneven; /* index into [data] uneven: pad, drop, join */
+    size_t bucket_bytes;
+} dps_state_t;
+
+extern dps_state_t dps_g;
+extern atomic_int dps_log_level;
+
+void dps_log(dps_log_level_t lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Logs and exits the whole process now; used when going on would give wrong results silently. */
+_Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define DPS_LOG(lvl, ...)                                                                     \
+    do {                                                                                      \
+        if (DPS_UNLIKELY((lvl) <= atomic_load_explicit(&dps_log_level, memory_order_relaxed))) \
+            dps_log((lvl), __VA_ARGS__);                                                      \
+    } while (0)
+#define DPS_ERROR(...) DPS_LOG(DPS_LOG_ERROR, __VA_ARGS__)
+#define DPS_WARN(...) DPS_LOG(DPS_LOG_WARN, __VA_ARGS__)
+#define DPS_INFO(...) DPS_LOG(DPS_LOG_INFO, __VA_ARGS__)
+#define DPS_DEBUG(...) DPS_LOG(DPS_LOG_DEBUG, __VA_ARGS__)
+/* A warning printed at most once per call site: repeated warnings are noise, not news. */
+#define DPS_WARN_ONCE(...)                                                     \
+    do {                                                                       \
+        static atomic_int dps_once_;                                           \
+        if (!atomic_exchange_explicit(&dps_once_, 1, memory_order_relaxed))    \
+            DPS_WARN(__VA_ARGS__);                                             \
+    } while (0)
+
+/* bootstrap.c */
+int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
+void dps_bootstrap_finalize(void);
+
+#endif

@@ -1,0 +1,50 @@
+/* dpshim's own messages: "[dpshim r1/4] WARN ...", formatted on the stack and written with
+ * write(2), so logging never goes through stdio or malloc that the shim may interpose. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dps.h"
+
+atomic_int dps_log_level = DPS_LOG_WARN;
+
+static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+static void vlog(dps_log_level_t lvl, const char *fmt, va_list ap)
+{
+    char buf[2048];
+    int n = snprintf(buf, sizeof buf, "[dpshim r%d/%d] %s ", dps_g.rank, dps_g.size, level_names[lvl]);
+    if (n < 0) return;
+    int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof buf - 2) len = sizeof buf - 2;
+    buf[len++] = '\n';
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(STDERR_FILENO, buf + off, len - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+}
+
+void dps_log(dps_log_level_t lvl, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(lvl, fmt, ap);
+    va_end(ap);
+}
+
+_Noreturn void dps_fatal(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(DPS_LOG_ERROR, fmt, ap);
+    va_end(ap);
+    /* _exit: finalizing MPI or PMIx now could wait on ranks that will never come; the
+     * launcher sees the non-zero status and ends the job. The program's output is kept. */
+    fflush(NULL);
+    _exit(DPS_EXIT_FATAL);
+}

@@ -1,0 +1,69 @@
+/* Element sizes and half-precision conversions for the hook ABI's dtypes. */
+#ifndef DPS_DTYPE_H
+#define DPS_DTYPE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "dpshim/hooks.h"
+
+static inline size_t dps_dtype_size(int32_t dtype)
+{
+    switch (dtype) {
+    case DP_F32: case DP_I32: return 4;
+    case DP_F64: case DP_I64: return 8;
+    case DP_F16: case DP_BF16: return 2;
+    case DP_U8: return 1;
+    default: return 0;
+    }
+}
+
+static inline const char *dps_dtype_name(int32_t dtype)
+{
+    static const char *const names[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+    return dtype >= 0 && dtype <= DP_U8 ? names[dtype] : "invalid";
+}
+
+/* Half types are reduced in f32: MPI has no half sum, and f32 accumulation loses nothing. */
+static inline int32_t dps_reduce_dtype(int32_t dtype)
+{
+    return dtype == DP_F16 || dtype == DP_BF16 ? DP_F32 : dtype;
+}
+
+static inline float dps_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t dps_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+#if !defined(__FLT16_MAX__)
+#error "dpshim needs a compiler with _Float16 (GCC >= 12 or Clang on x86-64/aarch64)"
+#endif
+
+static inline float dps_f16_to_f32(uint16_t h)
+{
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+
+static inline uint16_t dps_f32_to_f16(float f)
+{
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+
+#endif

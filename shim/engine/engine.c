@@ -1,0 +1,109 @@
+/* Engine configuration and backend life cycle. */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+dps_engine_t dps_e;
+
+/* Keys a later version acts on: a user who sets one now must hear that it does nothing yet. */
+static const dps_key_id_t not_yet_effective[] = {
+    DPS_P_files_rank0_only, DPS_P_files_per_rank, DPS_P_output_stdout, DPS_P_gpu_bind,
+    DPS_P_guard_exit_barrier, DPS_P_guard_timeout, DPS_P_guard_desync, DPS_P_guard_drift_every,
+    DPS_P_diag_dir, DPS_P_adapters_python,
+};
+
+int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
+{
+    const dps_policy_t *p = &s->policy;
+    char src[1100];
+    if (dps_policy_is(p, DPS_P_comm_backend, "nccl")) {
+        snprintf(err, errlen, "%s: [comm] backend = nccl: this build has no nccl backend; use auto or mpi",
+                 dps_policy_source(p, DPS_P_comm_backend, src, sizeof src));
+        return -1;
+    }
+    if (!dps_policy_is(p, DPS_P_comm_compress, "none")) {
+        snprintf(err, errlen, "%s: [comm] compress = %s is not available in this version; use none",
+                 dps_policy_source(p, DPS_P_comm_compress, src, sizeof src),
+                 dps_policy_text(p, DPS_P_comm_compress));
+        return -1;
+    }
+    if (dps_policy_is(p, DPS_P_data_uneven, "join")) {
+        snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
+                 dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof not_yet_effective / sizeof *not_yet_effective; i++) {
+        dps_key_id_t k = not_yet_effective[i];
+        if (strcmp(dps_policy_text(p, k), dps_keys[k].def) != 0 && s->rank == 0)
+            DPS_WARN("%s: [%s] %s is accepted but has no effect in this version",
+                     dps_policy_source(p, k, src, sizeof src), dps_keys[k].section, dps_keys[k].key);
+    }
+    int self = dps_policy_is(p, DPS_P_comm_backend, "self");
+    s->eff_rank = self ? 0 : s->rank;
+    s->eff_size = self ? 1 : s->size;
+    if (self && s->size > 1 && s->rank == 0)
+        DPS_WARN("[comm] backend = self with %d ranks: every rank trains alone on all the data", s->size);
+    s->split_mode = dps_policy_is(p, DPS_P_data_mode, "split");
+    s->reduce_sum = dps_policy_is(p, DPS_P_comm_reduce, "sum");
+    s->bn_sync = dps_policy_is(p, DPS_P_bn_sync, "on");
+    s->uneven = (int)dps_policy_num(p, DPS_P_data_uneven);
+    s->bucket_bytes = (size_t)dps_policy_num(p, DPS_P_comm_bucket_mb) << 20;
+    dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
+    dps_e.be_name = "mpi"; /* host buffers; the only multi-rank backend of this build */
+    return 0;
+}
+
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+const dps_backend_t *dps_comm(const char *hook)
+{
+    if (DPS_LIKELY(dps_e.be == &dps_backend_self)) return NULL;
+    if (DPS_UNLIKELY(dps_e.scope_depth)) {
+        if (dps_g.eff_rank != 0)
+            DPS_WARN_ONCE("%s inside rank-0 scope '%s' on a rank that should skip its body; it "
+                          "acts as world size 1 here", hook, dps_e.scope_name ? dps_e.scope_name : "");
+        return NULL;
+    }
+    if (DPS_UNLIKELY(dps_g.role == DPS_ROLE_CHILD || atomic_load_explicit(&dps_g.forked, memory_order_relaxed))) {
+        DPS_WARN_ONCE("%s called in process %d, a child of rank %d's process: children never "
+                      "enter collectives, so it acts as world size 1 here", hook, (int)getpid(), dps_g.rank);
+        return NULL;
+    }
+    if (DPS_UNLIKELY(dps_e.released)) {
+        DPS_WARN_ONCE("%s after the program's MPI_Finalize: no collective is possible any more; "
+                      "it acts as world size 1", hook);
+        return NULL;
+    }
+    const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
+    if (DPS_LIKELY(be)) return be;
+    pthread_mutex_lock(&open_lock);
+    if (!dps_e.be) {
+        char err[1024];
+        be = dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
+        if (!be) dps_fatal("%s: %s", hook, err);
+        DPS_INFO("%s backend opened by %s", be->name, hook);
+        __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&open_lock);
+    return dps_e.be;
+}
+
+void dps_engine_shutdown(void)
+{
+    if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->finalize();
+}
+
+void dps_engine_before_mpi_finalize(void)
+{
+    if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->release();
+    dps_e.released = 1;
+}
+
+int dps_engine_owns_mpi_init(void)
+{
+    return dps_e.be && dps_e.be != &dps_backend_self && dps_e.be->owns_mpi_init();
+}

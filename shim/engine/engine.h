@@ -1,0 +1,43 @@
+/* The data-parallel engine: backend choice and lazy opening, fused collectives on tensor lists,
+ * and the per-step state the hooks share (batch share, scopes, pending gradients). */
+#ifndef DPS_ENGINE_H
+#define DPS_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "core/dps.h"
+#include "dpshim/hooks.h"
+
+typedef struct dps_engine {
+    const dps_backend_t *be; /* NULL until first use; &dps_backend_self at world size 1 */
+    const char *be_name;
+    int released; /* the program called MPI_Finalize */
+    int scope_depth;
+    const char *scope_name;
+    uint64_t batch_share, batch_n; /* last dp_batch: this rank's share of a global batch */
+    int have_batch;
+    uint64_t step;
+} dps_engine_t;
+
+extern dps_engine_t dps_e;
+extern const dps_backend_t dps_backend_self;
+
+int dps_engine_configure(dps_state_t *s, char *err, size_t errlen);
+void dps_engine_shutdown(void);
+void dps_engine_before_mpi_finalize(void);
+int dps_engine_owns_mpi_init(void);
+
+/* The backend for a collective of `hook`, or NULL when it acts as world size 1 (a single rank,
+ * a rank-0 scope, a child process). Opens the backend on first use; fatal if that fails. */
+const dps_backend_t *dps_comm(const char *hook);
+
+typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_BCAST } dps_fuse_t;
+/* Reduce (each float element first multiplied by scale; 0 gives exact zeros) or broadcast from
+ * rank 0 the tensors t[0..n) in place, packed into buckets of [comm] bucket_mb; tensors of a
+ * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */
+int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+              dps_fuse_t kind, double scale, dps_redop_t op);
+
+#endif

@@ -1,0 +1,141 @@
+/* Fused collectives: many small tensors travel as one bucket, a large one in place. Bucket
+ * order follows the caller's tensor order, so it is identical on every rank. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "engine.h"
+
+static unsigned char *bucket;
+
+static double scaled(double x, double scale) { return scale == 0.0 ? 0.0 : x * scale; }
+
+/* Tensor elements [off, off+k) -> bucket (in the reduction dtype), scaled for a reduction. */
+static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t k, dps_fuse_t kind,
+                 double scale)
+{
+    size_t es = dps_dtype_size(t->dtype);
+    const unsigned char *src = (const unsigned char *)t->data + off * es;
+    float *f = (float *)dst;
+    if (kind == DPS_FUSE_BCAST || (scale == 1.0 && t->dtype != DP_F16 && t->dtype != DP_BF16)) {
+        memcpy(dst, src, k * es);
+        return;
+    }
+    switch (t->dtype) {
+    case DP_F32:
+        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(((const float *)src)[j], scale);
+        break;
+    case DP_F64:
+        for (uint64_t j = 0; j < k; j++) ((double *)dst)[j] = scaled(((const double *)src)[j], scale);
+        break;
+    case DP_F16:
+        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(dps_f16_to_f32(((const uint16_t *)src)[j]), scale);
+        break;
+    case DP_BF16:
+        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(dps_bf16_to_f32(((const uint16_t *)src)[j]), scale);
+        break;
+    default: /* integers are summed as they are */
+        memcpy(dst, src, k * es);
+    }
+}
+
+static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, uint64_t k)
+{
+    size_t es = dps_dtype_size(t->dtype);
+    unsigned char *dst = (unsigned char *)t->data + off * es;
+    const float *f = (const float *)src;
+    switch (t->dtype) {
+    case DP_F16:
+        for (uint64_t j = 0; j < k; j++) ((uint16_t *)dst)[j] = dps_f32_to_f16(f[j]);
+        break;
+    case DP_BF16:
+        for (uint64_t j = 0; j < k; j++) ((uint16_t *)dst)[j] = dps_f32_to_bf16(f[j]);
+        break;
+    default: memcpy(dst, src, k * es);
+    }
+}
+
+static int check_tensor(const char *hook, const dp_tensor *t, size_t i)
+{
+    if (t->count && !t->data) {
+        DPS_ERROR("%s: tensor %zu (%s) has %llu elements but no data", hook, i, t->name ? t->name : "unnamed",
+                  (unsigned long long)t->count);
+        return -1;
+    }
+    if (!dps_dtype_size(t->dtype)) {
+        DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, t->name ? t->name : "unnamed", t->dtype);
+        return -1;
+    }
+    if (t->device != DP_HOST) {
+        DPS_ERROR("%s: tensor %zu (%s) is on CUDA device %d; this build reduces host tensors only", hook,
+                  i, t->name ? t->name : "unnamed", t->device);
+        return -1;
+    }
+    return 0;
+}
+
+static int run(const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
+               int32_t dtype, dps_redop_t op)
+{
+    int rc = kind == DPS_FUSE_BCAST ? be->bcast(buf, count * dps_dtype_size(dtype), 0)
+                                    : be->allreduce(buf, count, dtype, op);
+    /* a failed collective leaves ranks with different values: going on would be silently wrong */
+    if (rc != 0) dps_fatal("%s: %s", hook, be->last_error());
+    return 0;
+}
+
+static int32_t bucket_dtype(const dp_tensor *t, dps_fuse_t kind)
+{
+    return kind == DPS_FUSE_BCAST ? t->dtype : dps_reduce_dtype(t->dtype);
+}
+
+int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+              dps_fuse_t kind, double scale, dps_redop_t op)
+{
+    size_t cap = dps_g.bucket_bytes;
+    for (size_t i = 0; i < n; i++)
+        if (check_tensor(hook, &t[i], i)) return -1;
+    if (!bucket && !(bucket = malloc(cap))) {
+        DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
+        return -1;
+    }
+    size_t i = 0;
+    uint64_t off = 0;
+    while (i < n) {
+        if (off == t[i].count) {
+            i++, off = 0;
+            continue;
+        }
+        int32_t rd = bucket_dtype(&t[i], kind);
+        size_t es = dps_dtype_size(rd), room = cap / es;
+        if (off == 0 && rd == t[i].dtype && t[i].count >= room / 2) {
+            /* large enough to travel alone: no copy */
+            if (kind == DPS_FUSE_ALLREDUCE && scale != 1.0) pack(t[i].data, &t[i], 0, t[i].count, kind, scale);
+            run(hook, be, kind, t[i].data, t[i].count, rd, op);
+            i++;
+            continue;
+        }
+        size_t first = i, used = 0;
+        uint64_t first_off = off;
+        while (i < n && used < room) {
+            const dp_tensor *y = &t[i];
+            if (off == y->count) {
+                i++, off = 0;
+                continue;
+            }
+            if (bucket_dtype(y, kind) != rd || (off == 0 && y->dtype == rd && y->count >= room / 2 && used))
+                break;
+            uint64_t k = y->count - off < room - used ? y->count - off : room - used;
+            pack(bucket + used * es, y, off, k, kind, scale);
+            used += k, off += k;
+        }
+        run(hook, be, kind, bucket, used, rd, op);
+        for (size_t j = first, done = 0; done < used;) {
+            uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
+            unpack(&t[j], first_off, bucket + done * es, k);
+            done += k, first_off += k;
+            if (first_off == t[j].count) j++, first_off = 0;
+        }
+    }
+    return 0;
+}

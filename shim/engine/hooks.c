@@ -1,0 +1,185 @@
+/* The hook ABI v1 (hooks/include/dpshim/hooks.h): what a framework's calls do in a job. At world
+ * size 1 every hook returns before touching data. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "engine.h"
+#include "shard.h"
+
+DPS_EXPORT int dp_rank(void) { return dps_g.rank; }
+DPS_EXPORT int dp_world_size(void) { return dps_g.size; }
+DPS_EXPORT int dp_local_rank(void) { return dps_g.local_rank; }
+
+DPS_EXPORT int dp_params(dp_tensor *t, size_t n)
+{
+    const dps_backend_t *be = dps_comm("dp_params");
+    return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) : 0;
+}
+
+DPS_EXPORT int dp_seed(uint64_t *seed)
+{
+    const dps_backend_t *be = dps_comm("dp_seed");
+    if (!be) return 0;
+    dp_tensor t = {seed, 1, DP_I64, DP_HOST, "seed"};
+    return dps_fused("dp_seed", be, &t, 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM);
+}
+
+DPS_EXPORT size_t dp_batch(uint64_t *idx, size_t n)
+{
+    uint64_t start = 0, share = n;
+    if (dps_g.split_mode && dps_g.eff_size > 1) {
+        dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
+        if (start) memmove(idx, idx + start, share * sizeof *idx);
+    }
+    dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
+    return share;
+}
+
+DPS_EXPORT size_t dp_epoch(uint64_t *idx, size_t n)
+{
+    if (dps_g.split_mode || dps_g.eff_size == 1) return n;
+    size_t head = n < (size_t)dps_g.eff_size ? n : (size_t)dps_g.eff_size;
+    uint64_t *scratch = malloc((head ? head : 1) * sizeof *scratch); /* once per epoch */
+    if (!scratch) {
+        DPS_ERROR("dp_epoch: out of memory");
+        return n;
+    }
+    size_t keep = dps_epoch_shard(idx, n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven, scratch);
+    free(scratch);
+    return keep;
+}
+
+/* Weight of this rank's gradient in the reduced one. */
+static double grad_scale(void)
+{
+    if (dps_g.reduce_sum) return 1.0;
+    if (dps_g.split_mode && dps_e.have_batch) return dps_split_weight(dps_e.batch_share, dps_e.batch_n);
+    return 1.0 / dps_g.eff_size;
+}
+
+/* Gradients announced by dp_grad_ready in this step: pending (not yet reduced) and done. Grown
+ * to the model's size in the first steps, then reused. */
+static struct {
+    dp_tensor *pending;
+    size_t npending, cap_pending, pending_bytes;
+    const void **done;
+    size_t ndone, cap_done;
+    dp_tensor *rest;
+    size_t cap_rest;
+} ready;
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap * 2 : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return -1;
+    *p = q, *cap = c;
+    return 0;
+}
+
+static int flush_pending(const dps_backend_t *be)
+{
+    if (!ready.npending) return 0;
+    if (grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done)) return -1;
+    int rc = dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_ALLREDUCE,
+                       grad_scale(), DPS_RED_SUM);
+    for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
+    ready.npending = ready.pending_bytes = 0;
+    return rc;
+}
+
+DPS_EXPORT int dp_grad_ready(const dp_tensor *t)
+{
+    const dps_backend_t *be = dps_comm("dp_grad_ready");
+    if (!be) return 0;
+    if (grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending)) return -1;
+    ready.pending[ready.npending++] = *t;
+    ready.pending_bytes += t->count * dps_dtype_size(dps_reduce_dtype(t->dtype));
+    /* a full bucket is reduced now; the rest waits for dp_grads */
+    return ready.pending_bytes >= dps_g.bucket_bytes ? flush_pending(be) : 0;
+}
+
+static int announced(const void *data)
+{
+    for (size_t i = 0; i < ready.ndone; i++)
+        if (ready.done[i] == data) return 1;
+    for (size_t i = 0; i < ready.npending; i++)
+        if (ready.pending[i].data == data) return 1;
+    return 0;
+}
+
+DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
+{
+    const dps_backend_t *be = dps_comm("dp_grads");
+    if (!be) return 0;
+    if (grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest)) return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
+    for (size_t i = 0; i < n; i++)
+        if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
+    int rc = dps_fused("dp_grads", be, ready.rest, m, DPS_FUSE_ALLREDUCE, grad_scale(), DPS_RED_SUM);
+    ready.npending = ready.pending_bytes = ready.ndone = 0;
+    return rc;
+}
+
+DPS_EXPORT int dp_bn_stats(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
+{
+    if (!dps_g.bn_sync) return 0;
+    const dps_backend_t *be = dps_comm("dp_bn_stats");
+    if (!be) return 0;
+    if (sum->dtype == DP_F64 && sumsq->dtype == DP_F64) {
+        /* one bucket: the count rides along as a double (exact below 2^53) */
+        double c = (double)*count;
+        dp_tensor t[3] = {*sum, *sumsq, {&c, 1, DP_F64, DP_HOST, "count"}};
+        int rc = dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
+        *count = (uint64_t)c;
+        return rc;
+    }
+    dp_tensor t[3] = {*sum, *sumsq, {count, 1, DP_I64, DP_HOST, "count"}};
+    return dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
+}
+
+DPS_EXPORT int dp_metric(double *v, size_t n, int op)
+{
+    if (op < DP_SUM || op > DP_MAX) {
+        DPS_ERROR("dp_metric: unknown op %d; use DP_SUM, DP_MEAN, DP_MIN or DP_MAX", op);
+        return -1;
+    }
+    const dps_backend_t *be = dps_comm("dp_metric");
+    if (!be) return 0;
+    dps_redop_t r = op == DP_MIN ? DPS_RED_MIN : op == DP_MAX ? DPS_RED_MAX : DPS_RED_SUM;
+    dp_tensor t = {v, n, DP_F64, DP_HOST, "metric"};
+    int rc = dps_fused("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, 1.0, r);
+    if (rc == 0 && op == DP_MEAN)
+        for (size_t i = 0; i < n; i++) v[i] /= dps_g.eff_size;
+    return rc;
+}
+
+DPS_EXPORT int dp_scope_begin(const char *name)
+{
+    dps_e.scope_depth++;
+    dps_e.scope_name = name;
+    return dps_g.eff_rank == 0;
+}
+
+DPS_EXPORT int dp_scope_end(void)
+{
+    if (dps_e.scope_depth == 0) {
+        DPS_WARN("dp_scope_end without a matching dp_scope_begin");
+        return -1;
+    }
+    dps_e.scope_depth--;
+    return 0;
+}
+
+DPS_EXPORT int dp_step_end(uint64_t step)
+{
+    dps_e.step = step;
+    if (ready.npending)
+        DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "
+                      "by dp_grads", (unsigned long long)step);
+    return 0;
+}

@@ -1,0 +1,65 @@
+/* dpshim-diag: explains what dpshim would do here.
+ *   config          effective policy, every value with its source (default, file:line, env)
+ *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
+ *   keys            the policy reference as a Markdown table (the README's comes from it) */
+#include <stdio.h>
+#include <string.h>
+
+#include "policy.h"
+
+extern char **environ;
+
+static int cmd_config(void)
+{
+    dps_policy_t p;
+    dps_error_t e;
+    dps_policy_init(&p);
+    if (dps_policy_load(&p, environ, &e) != 0) {
+        fprintf(stderr, "dpshim-diag: %s\n", e.msg);
+        return 1;
+    }
+    printf("# policy file: %s\n", p.file[0] ? p.file : "(none: built-in defaults)");
+    const char *sec = "";
+    for (int i = 0; i < DPS_NKEYS; i++) {
+        char src[1200];
+        if (strcmp(sec, dps_keys[i].section)) printf("[%s]\n", sec = dps_keys[i].section);
+        printf("%-13s = %-20s # %s\n", dps_keys[i].key, dps_policy_text(&p, (dps_key_id_t)i),
+               dps_policy_source(&p, (dps_key_id_t)i, src, sizeof src));
+    }
+    dps_policy_free(&p);
+    return 0;
+}
+
+static int cmd_check(const char *path)
+{
+    dps_policy_t p;
+    dps_error_t e;
+    dps_policy_init(&p);
+    int rc = dps_policy_load_file(&p, path, &e);
+    if (rc != 0) fprintf(stderr, "dpshim-diag: %s\n", e.msg);
+    else printf("%s: valid\n", path);
+    dps_policy_free(&p);
+    return rc ? 1 : 0;
+}
+
+static int cmd_keys(void)
+{
+    printf("| key | default | allowed | environment | meaning |\n|---|---|---|---|---|\n");
+    for (int i = 0; i < DPS_NKEYS; i++) {
+        char env[64];
+        const dps_key_info_t *k = &dps_keys[i];
+        printf("| `[%s] %s` | `%s` | %s | `%s` | %s |\n", k->section, k->key, k->def,
+               k->type == DPS_KEY_GLOBS ? "globs" : k->type == DPS_KEY_STR ? "text" : k->allowed,
+               dps_policy_env_name((dps_key_id_t)i, env, sizeof env), k->doc);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "config")) return cmd_config();
+    if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
+    if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
+    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys\n");
+    return 2;
+}
