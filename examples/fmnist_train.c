@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nn/dpnn.h"
 
@@ -52,12 +53,10 @@ static int load_set(const char *dir, const char *prefix, dpnn_data_t *d)
     snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
     if (dpnn_data_load(img, lab, d, err, sizeof err) == 0) return 0;
     fprintf(stderr, "fmnist_train: %s\n", err);
-    if (strcmp(dir, DEFAULT_DATA) == 0)
-        fprintf(stderr, "fmnist_train: install Debian's dataset-fashion-mnist package "
-                        "(apt-get install dataset-fashion-mnist) or pass --data DIR\n");
-    else
-        fprintf(stderr, "fmnist_train: --data DIR must hold %s-images-idx3-ubyte.gz and "
-                        "%s-labels-idx1-ubyte.gz\n", prefix, prefix);
+    if (access(img, R_OK) != 0 || access(lab, R_OK) != 0)
+        fprintf(stderr, "fmnist_train: install Debian's dataset-fashion-mnist package (apt-get install "
+                        "dataset-fashion-mnist), which provides " DEFAULT_DATA ", or pass --data DIR "
+                        "holding %s-images-idx3-ubyte.gz and %s-labels-idx1-ubyte.gz\n", prefix, prefix);
     return -1;
 }
 

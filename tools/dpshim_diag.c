@@ -42,15 +42,24 @@ static int cmd_check(const char *path)
     return rc ? 1 : 0;
 }
 
+/* Markdown cell text: '|' would end the cell. */
+static void md(const char *s)
+{
+    for (; *s; s++) *s == '|' ? fputs(" \\| ", stdout) : putchar(*s);
+}
+
 static int cmd_keys(void)
 {
     printf("| key | default | allowed | environment | meaning |\n|---|---|---|---|---|\n");
     for (int i = 0; i < DPS_NKEYS; i++) {
         char env[64];
         const dps_key_info_t *k = &dps_keys[i];
-        printf("| `[%s] %s` | `%s` | %s | `%s` | %s |\n", k->section, k->key, k->def,
-               k->type == DPS_KEY_GLOBS ? "globs" : k->type == DPS_KEY_STR ? "text" : k->allowed,
-               dps_policy_env_name((dps_key_id_t)i, env, sizeof env), k->doc);
+        printf("| `[%s] %s` | %s%s%s | ", k->section, k->key, *k->def ? "`" : "", *k->def ? k->def : "(empty)",
+               *k->def ? "`" : "");
+        md(k->type == DPS_KEY_GLOBS ? "globs" : k->type == DPS_KEY_STR ? "text" : k->allowed);
+        printf(" | `%s` | ", dps_policy_env_name((dps_key_id_t)i, env, sizeof env));
+        md(k->doc);
+        printf(" |\n");
     }
     return 0;
 }

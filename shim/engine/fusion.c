@@ -39,12 +39,12 @@ static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t 
     }
 }
 
-static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, uint64_t k)
+static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, uint64_t k, dps_fuse_t kind)
 {
     size_t es = dps_dtype_size(t->dtype);
     unsigned char *dst = (unsigned char *)t->data + off * es;
     const float *f = (const float *)src;
-    switch (t->dtype) {
+    switch (kind == DPS_FUSE_BCAST ? -1 : t->dtype) { /* a broadcast moves bytes as they are */
     case DP_F16:
         for (uint64_t j = 0; j < k; j++) ((uint16_t *)dst)[j] = dps_f32_to_f16(f[j]);
         break;
@@ -132,7 +132,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
         run(hook, be, kind, bucket, used, rd, op);
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
-            unpack(&t[j], first_off, bucket + done * es, k);
+            unpack(&t[j], first_off, bucket + done * es, k, kind);
             done += k, first_off += k;
             if (first_off == t[j].count) j++, first_off = 0;
         }

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# dev.sh: set up, build, and run dpshim on a Debian machine.
+#   ./dev.sh demo [NP]   install what is missing, build, train Fashion-MNIST on NP ranks (default 4)
+#   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
+#   ./dev.sh setup | build
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev
+          zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist)
+BUILD_DIR=$(realpath -m "${BUILD_DIR:-build}")
+
+setup() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    echo "dev.sh: installing ${missing[*]}"
+    "${sudo[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() {
+    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
+    cmake --build "$BUILD_DIR" -j"$(nproc)"
+}
+
+mpirun_env() {
+    # Open MPI refuses root unless told; containers and CI run as root.
+    if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+}
+
+demo() {
+    local np=${1:-4}
+    mpirun_env
+    echo "dev.sh: mpirun -np $np env LD_PRELOAD=$BUILD_DIR/lib/libdpshim.so $BUILD_DIR/bin/fmnist_train --epochs 3"
+    timeout 1800 mpirun --oversubscribe -np "$np" \
+        env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --epochs 3
+}
+
+run_tests() {
+    mpirun_env
+    ctest --test-dir "$BUILD_DIR" --output-on-failure
+}
+
+case "${1:-}" in
+setup) setup ;;
+build) setup && build ;;
+demo) setup && build && demo "${2:-4}" ;;
+test) setup && build && run_tests ;;
+*)
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac

@@ -1,0 +1,59 @@
+#!/usr/bin/env bats
+# The hook ABI on real ranks (tests/integration/progs/hook_check.c checks each promise) and
+# scale-mode epoch sharding at the hook level (progs/epoch_cover.c).
+load helpers
+
+hook_check() {
+    local n=$1
+    shift
+    run mpi "$n" env "$@" LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -c ' 0 failed' <<<"$output")" "$n"
+}
+
+@test "hooks at world size 1 (singleton): identity results" {
+    run env LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    assert_success
+    assert_output --partial "rank 0 of 1"
+}
+@test "hooks at np=2, default bucket" { hook_check 2; }
+@test "hooks at np=3, 1 MiB buckets (large tensors bypass the bucket)" { hook_check 3 DPSHIM_COMM_BUCKET_MB=1; }
+@test "hooks at np=4" { hook_check 4; }
+@test "hooks at np=3 in scale mode" { hook_check 3 DPSHIM_DATA_MODE=scale; }
+@test "hooks at np=2 with sync-BN off" { hook_check 2 DPSHIM_BN_SYNC=off; }
+@test "hooks with backend = self act as world size 1 on every rank" {
+    run mpi 2 env DPSHIM_COMM_BACKEND=self LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    # dp_world_size still reports the job; collectives are local, so the sums are a rank's own
+    assert_failure
+    assert_output --partial "every rank trains alone"
+}
+
+SIZES=(1 2 3 5 7 10 13 97 1000 1001)
+
+@test "scale mode, pad: every sample seen, equal shards, N = 1..4" {
+    for n in 1 2 3 4; do
+        run mpi "$n" env DPSHIM_DATA_MODE=scale DPSHIM_DATA_UNEVEN=pad LD_PRELOAD="$SHIM" \
+            "$BUILD/bin/epoch_cover" pad "${SIZES[@]}"
+        echo "$output"
+        assert_success
+        assert_equal "$(grep -c ' ok$' <<<"$output")" "${#SIZES[@]}"
+    done
+}
+
+@test "scale mode, drop: no sample twice, equal shards, N = 1..4" {
+    for n in 1 2 3 4; do
+        run mpi "$n" env DPSHIM_DATA_MODE=scale DPSHIM_DATA_UNEVEN=drop LD_PRELOAD="$SHIM" \
+            "$BUILD/bin/epoch_cover" drop "${SIZES[@]}"
+        echo "$output"
+        assert_success
+        assert_equal "$(grep -c ' ok$' <<<"$output")" "${#SIZES[@]}"
+    done
+}
+
+@test "split mode leaves the epoch whole for dp_batch to split" {
+    # every rank keeps the whole epoch, so in pad terms each sample is counted N times
+    run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/epoch_cover" pad 10
+    assert_failure
+    assert_output --partial "per_rank=10 total=20 WRONG"
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bats
+# Bad policy input stops every rank before main() with file, line and key; good input is used.
+load helpers
+
+# run_bad_policy TEXT: 2 ranks with ./dpshim.conf holding TEXT; the trainer must never start.
+run_bad_policy() {
+    cd "$BATS_TEST_TMPDIR"
+    printf '%b' "$1" >dpshim.conf
+    run mpi 2 env LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    echo "$output"
+    assert_failure
+    refute_output --partial "fmnist_train:" # main() never ran
+    # both ranks report it, each exiting with EX_CONFIG
+    assert_output --partial "[dpshim r0/2] ERROR"
+    assert_output --partial "[dpshim r1/2] ERROR"
+    assert_output --partial "Exit code:    78"
+}
+
+@test "unknown key: every rank exits before main, naming file, line, key and a suggestion" {
+    run_bad_policy "[comm]\nbackend = mpi\nbuckt_mb = 8\n"
+    assert_output --partial "dpshim.conf:3: unknown key 'buckt_mb' in [comm]; did you mean 'bucket_mb'?"
+}
+
+@test "bad value: names file, line, key and the allowed values" {
+    run_bad_policy "# comment\n[data]\nmode = splitt\n"
+    assert_output --partial "dpshim.conf:3: [data] mode: bad value 'splitt'; expected one of split|scale; did you mean 'split'?"
+}
+
+@test "duplicate key: names both lines" {
+    run_bad_policy "[guard]\ntimeout = 10\n\ntimeout = 20\n"
+    assert_output --partial "dpshim.conf:4: duplicate key 'timeout' in [guard] (first set on line 2)"
+}
+
+@test "unknown section and out-of-range number" {
+    run_bad_policy "[comms]\nbackend = mpi\n"
+    assert_output --partial "dpshim.conf:1: unknown section [comms]; did you mean 'comm'?"
+    run_bad_policy "[comm]\nbucket_mb = 0\n"
+    assert_output --partial "dpshim.conf:2: [comm] bucket_mb: value 0 out of range"
+}
+
+@test "misspelt DPSHIM_ environment variable is an error with a suggestion" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_BN_SYN=off LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_failure
+    refute_output --partial "fmnist_train:"
+    assert_output --partial "unknown environment variable DPSHIM_BN_SYN; did you mean 'DPSHIM_BN_SYNC'?"
+}
+
+@test "DPSHIM_POLICY naming a missing file is an error" {
+    run env DPSHIM_POLICY=/nonexistent/dpshim.conf LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_equal "$status" 78
+    assert_output --partial "cannot read policy file /nonexistent/dpshim.conf"
+}
+
+@test "a valid policy file is used, and the environment overrides it" {
+    cd "$BATS_TEST_TMPDIR"
+    printf '[diag]\nlog = info\n[comm]\nbucket_mb = 4\n' >dpshim.conf
+    run env LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_success
+    assert_output --partial "policy dpshim.conf"
+    run env DPSHIM_DIAG_LOG=error LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_success
+    refute_output --partial "[dpshim"
+}
+
+@test "dpshim-diag check and config explain a policy" {
+    cd "$BATS_TEST_TMPDIR"
+    printf '[comm]\nbucket_mb = 4\n' >good.conf
+    printf '[comm]\nbucket = 4\n' >bad.conf
+    run "$BUILD/bin/dpshim-diag" check good.conf
+    assert_success
+    run "$BUILD/bin/dpshim-diag" check bad.conf
+    assert_failure
+    assert_output --partial "bad.conf:2: unknown key 'bucket' in [comm]"
+    DPSHIM_POLICY=good.conf DPSHIM_DATA_MODE=scale run "$BUILD/bin/dpshim-diag" config
+    assert_success
+    assert_line --regexp '^bucket_mb += 4 +# good.conf:2$'
+    assert_line --regexp '^mode += scale +# env DPSHIM_DATA_MODE$'
+    assert_line --regexp '^sync += on +# default$'
+}
+
+@test "the example policy file in the tree is valid" {
+    run "$BUILD/bin/dpshim-diag" check "$SRC/policy/dpshim.conf"
+    assert_success
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bats
+# The example trainer's own contract: clear errors for missing or broken data, and a program
+# that calls MPI_Init/MPI_Finalize itself still runs correctly under the shim.
+load helpers
+
+@test "missing dataset: names the path and the Debian package" {
+    run "$TRAINER" --data "$BATS_TEST_TMPDIR/nothing" --steps 1
+    assert_failure
+    assert_output --partial "cannot open $BATS_TEST_TMPDIR/nothing/train-images-idx3-ubyte.gz"
+    assert_output --partial "install Debian's dataset-fashion-mnist package"
+}
+
+@test "truncated or foreign dataset files: a clear error, no crash" {
+    local d=$BATS_TEST_TMPDIR/bad
+    mkdir -p "$d"
+    head -c 100000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz >"$d/train-images-idx3-ubyte.gz"
+    cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/"
+    run "$TRAINER" --data "$d" --steps 1 --no-eval
+    assert_failure
+    assert_output --partial "truncated"
+    echo "not an idx file" | gzip >"$d/train-images-idx3-ubyte.gz"
+    run "$TRAINER" --data "$d" --steps 1 --no-eval
+    assert_failure
+    assert_output --partial "is not an IDX file"
+}
+
+@test "bad arguments: usage and exit 2" {
+    run "$TRAINER" --batch 0
+    assert_equal "$status" 2
+    assert_output --partial "bad or missing value for --batch"
+}
+
+# The MPI-using trainer on N ranks; rank r saves DIR/rank<r>.ckpt.
+train_mpi_np() {
+    local n=$1 dir=$2
+    shift 2
+    mpi "$n" sh -c 'shim=$1 bin=$2 dir=$3; shift 3
+        exec env LD_PRELOAD="$shim" "$bin" "$@" --save "$dir/rank$OMPI_COMM_WORLD_RANK.ckpt"' \
+        sh "$SHIM" "$BUILD/bin/fmnist_train_mpi" "$dir" "$@"
+}
+
+@test "a trainer that calls MPI_Init first and MPI_Finalize itself runs correctly" {
+    "$TRAINER" --steps 5 --no-eval --save "$BATS_TEST_TMPDIR/ref.ckpt" >/dev/null
+    run train_mpi_np 2 "$BATS_TEST_TMPDIR" --steps 5 --no-eval
+    assert_success
+    assert_equal "$(grep -c 'own MPI traffic ok' <<<"$output")" 2
+    assert_le "$(rel_diff "$BATS_TEST_TMPDIR/ref.ckpt" "$BATS_TEST_TMPDIR/rank0.ckpt")" 1e-6
+}
+
+@test "a trainer that calls MPI_Init after the shim initialized MPI runs correctly" {
+    "$TRAINER" --steps 5 --no-eval --save "$BATS_TEST_TMPDIR/ref.ckpt" >/dev/null
+    run train_mpi_np 3 "$BATS_TEST_TMPDIR" --mpi-late --steps 5 --no-eval
+    assert_success
+    assert_equal "$(grep -c 'own MPI traffic ok' <<<"$output")" 3
+    assert_le "$(rel_diff "$BATS_TEST_TMPDIR/ref.ckpt" "$BATS_TEST_TMPDIR/rank0.ckpt")" 1e-6
+}
