@@ -54,3 +54,23 @@ train_mpi_np() {
     assert_equal "$(grep -c 'own MPI traffic ok' <<<"$output")" 3
     assert_le "$(rel_diff "$BATS_TEST_TMPDIR/ref.ckpt" "$BATS_TEST_TMPDIR/rank0.ckpt")" 1e-6
 }
+
+@test "identity from torchrun's environment; a launcher MPI cannot join is a clear error" {
+    run env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" \
+        "$TRAINER" --steps 1 --no-eval
+    assert_output --partial "[dpshim r1/2] INFO rank 1 of 2 (local 1 of 2, launcher torchrun"
+    # no MPI job behind it: the first collective says so and ends the process
+    assert_equal "$status" 70
+    assert_output --partial "MPI says rank 0 of 1, the launcher said rank 1 of 2"
+}
+
+@test "identity from Slurm's environment; an inconsistent one stops before main" {
+    run env SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" \
+        "$TRAINER" --steps 1 --no-eval
+    assert_success
+    assert_output --partial "rank 0 of 1 (local 0 of 1, launcher slurm"
+    run env SLURM_PROCID=5 SLURM_NTASKS=2 LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_equal "$status" 78
+    assert_output --partial "the slurm launcher environment is inconsistent (SLURM_PROCID=5, SLURM_NTASKS=2)"
+    refute_output --partial "fmnist_train:"
+}
