@@ -31,25 +31,19 @@ hook_check() {
 
 SIZES=(1 2 3 5 7 10 13 97 1000 1001)
 
-@test "scale mode, pad: every sample seen, equal shards, N = 1..4" {
+# epoch_cover_all MODE: the scale-mode sharding check at N = 1..4 for every size above.
+epoch_cover_all() {
     for n in 1 2 3 4; do
-        run mpi "$n" env DPSHIM_DATA_MODE=scale DPSHIM_DATA_UNEVEN=pad LD_PRELOAD="$SHIM" \
-            "$BUILD/bin/epoch_cover" pad "${SIZES[@]}"
+        run mpi "$n" env DPSHIM_DATA_MODE=scale DPSHIM_DATA_UNEVEN="$1" LD_PRELOAD="$SHIM" \
+            "$BUILD/bin/epoch_cover" "$1" "${SIZES[@]}"
         echo "$output"
         assert_success
         assert_equal "$(grep -c ' ok$' <<<"$output")" "${#SIZES[@]}"
     done
 }
 
-@test "scale mode, drop: no sample twice, equal shards, N = 1..4" {
-    for n in 1 2 3 4; do
-        run mpi "$n" env DPSHIM_DATA_MODE=scale DPSHIM_DATA_UNEVEN=drop LD_PRELOAD="$SHIM" \
-            "$BUILD/bin/epoch_cover" drop "${SIZES[@]}"
-        echo "$output"
-        assert_success
-        assert_equal "$(grep -c ' ok$' <<<"$output")" "${#SIZES[@]}"
-    done
-}
+@test "scale mode, pad: every sample seen, equal shards, N = 1..4" { epoch_cover_all pad; }
+@test "scale mode, drop: no sample twice, equal shards, N = 1..4" { epoch_cover_all drop; }
 
 @test "split mode leaves the epoch whole for dp_batch to split" {
     # every rank keeps the whole epoch, so in pad terms each sample is counted N times
