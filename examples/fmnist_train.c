@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 /* A single-process Fashion-MNIST trainer on dpnn. It has no notion of ranks: under
  * `mpirun -np N env LD_PRELOAD=libdpshim.so` the same binary trains data-parallel. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ static void usage(FILE *f)
             "  --train-limit N    use only the first N training samples\n"
             "  --no-eval          skip the test-set evaluation\n"
             "  --save PATH        write a checkpoint at the end\n"
+            "  --log PATH         append each epoch's figures to PATH\n"
             "  --load PATH        start from a checkpoint\n");
 }
 
@@ -62,7 +64,7 @@ static int load_set(const char *dir, const char *prefix, dpnn_data_t *d)
 
 int main(int argc, char **argv)
 {
-    const char *data = DEFAULT_DATA, *save = NULL, *load = NULL;
+    const char *data = DEFAULT_DATA, *save = NULL, *load = NULL, *log_path = NULL;
     unsigned long long epochs = 2, steps = 0, batch = 100, seed = 1, limit = 0;
     int eval = 1;
     dpnn_config_t cfg = {.in_dim = 784, .nclass = 10, .nhidden = 2, .hidden = {256, 128},
@@ -80,6 +82,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--momentum")) bad = !v || (cfg.momentum = strtof(v, NULL)) < 0;
         else if (!strcmp(a, "--save")) save = v, bad = !v;
         else if (!strcmp(a, "--load")) load = v, bad = !v;
+        else if (!strcmp(a, "--log")) log_path = v, bad = !v;
         else if (!strcmp(a, "--hidden")) {
             cfg.nhidden = 0;
             for (char *s = v ? strdup(v) : NULL, *save_p = NULL, *tok = s ? strtok_r(s, ",", &save_p) : NULL; tok;
@@ -124,6 +127,11 @@ int main(int argc, char **argv)
     for (int h = 0; h < cfg.nhidden; h++) printf("-%zu", cfg.hidden[h]);
     printf("-10%s, batch %llu, lr %g, momentum %g\n", cfg.batchnorm ? " with batchnorm" : "", batch,
            (double)cfg.lr, (double)cfg.momentum);
+    FILE *log = log_path ? fopen(log_path, "a") : NULL;
+    if (log_path && !log) {
+        fprintf(stderr, "fmnist_train: cannot open %s: %s\n", log_path, strerror(errno));
+        return 1;
+    }
     double acc = -1.0;
     for (unsigned long long e = 1; e <= epochs && !(steps && dpnn_steps(m) >= steps); e++) {
         double t0 = now();
@@ -136,6 +144,7 @@ int main(int argc, char **argv)
         if (eval) printf(", test accuracy %.2f%%", 100.0 * (acc = dpnn_evaluate(m, &test, 1000)));
         printf(" (%.1f s)\n", now() - t0);
         fflush(stdout);
+        if (log) fprintf(log, "epoch %llu steps %llu loss %.6f accuracy %.6f\n", e, (unsigned long long)st.steps, st.loss, acc), fflush(log);
     }
     if (save) {
         if (dpnn_save(m, save, err, sizeof err) != 0) {
@@ -145,6 +154,7 @@ int main(int argc, char **argv)
         printf("saved %s after %llu steps\n", save, (unsigned long long)dpnn_steps(m));
     }
     if (acc >= 0) printf("final test accuracy %.2f%%\n", 100.0 * acc);
+    if (log) fclose(log);
     dpnn_free(m);
     dpnn_data_free(&train);
     dpnn_data_free(&test);

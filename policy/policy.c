@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "policy.h"
 
+#include "glob.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -144,17 +146,16 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
         num = x;
         break;
     }
-    case DPS_KEY_GLOBS: {
-        /* each glob's brackets must close, or it could never match what the user meant */
-        int open = 0;
-        for (size_t i = 0; i < vlen; i++) {
-            if (v[i] == '[') open = 1;
-            else if (v[i] == ']') open = 0;
-            else if (isspace((unsigned char)v[i]) && open) break;
+    case DPS_KEY_GLOBS:
+        for (size_t i = 0; i < vlen;) {
+            while (i < vlen && isspace((unsigned char)v[i])) i++;
+            size_t j = i;
+            while (j < vlen && !isspace((unsigned char)v[j])) j++;
+            const char *why = j > i ? dps_glob_check(v + i, j - i) : NULL;
+            if (why) return fail(e, "%s: '%.*s'", why, (int)(j - i > 64 ? 64 : j - i), v + i);
+            i = j;
         }
-        if (open) return fail(e, "glob with an unclosed '[' in '%.*s'", (int)(vlen > 64 ? 64 : vlen), v);
         break;
-    }
     case DPS_KEY_STR:
         break;
     }
@@ -313,7 +314,8 @@ const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len)
 /* DPSHIM_* variables that are not policy keys. */
 static const char *const dps_other_env[] = {
     DPS_ENV_POLICY,
-    "DPSHIM_RANK_PID", /* set by the shim: which process of the rank owns its collectives */
+    "DPSHIM_RANK_PID",  /* set by the shim: which process of the rank owns its collectives */
+    "DPSHIM_STDOUT_FD", /* set by the shim: the rank's real stdout under [output] stdout = prefix */
 };
 
 int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)

@@ -439,11 +439,9 @@ static const char ckpt_magic[8] = {'D', 'P', 'N', 'N', 'C', 'K', 'P', 'T'};
 
 int dpnn_save(const dpnn_model_t *m, const char *path, char *err, size_t errlen)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = fopen(path, "wb");
     if (!f) {
-        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
         return -1;
     }
     uint32_t version = 1, n = (uint32_t)m->nparams;
@@ -455,9 +453,8 @@ int dpnn_save(const dpnn_model_t *m, const char *path, char *err, size_t errlen)
              fwrite(&t->count, 8, 1, f) == 1 && fwrite(t->data, sizeof(float), t->count, f) == t->count;
     }
     if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
+    if (!ok) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
         return -1;
     }
     return 0;

@@ -50,8 +50,8 @@ uint64_t dpnn_steps(const dpnn_model_t *m);
 /* Classification accuracy in [0,1] on d, BatchNorm in inference mode. */
 double dpnn_evaluate(dpnn_model_t *m, const dpnn_data_t *d, size_t batch);
 
-/* Checkpoints: every parameter and BatchNorm running statistic. Saving writes PATH.tmp and
- * renames it, so a reader never sees half a checkpoint. */
+/* Checkpoints: every parameter and BatchNorm running statistic, written with plain stdio
+ * (under dpshim, [files] rank0_only makes the write rank 0's alone and atomic). */
 int dpnn_save(const dpnn_model_t *m, const char *path, char *err, size_t errlen);
 int dpnn_load(dpnn_model_t *m, const char *path, char *err, size_t errlen);
 

@@ -1,5 +1,10 @@
-/* Who am I in the job: rank, world size, local rank. PMIx first (opened with dlopen, so a
- * process outside a PMIx job never loads it), then the launchers' environment, else singleton. */
+/* Who am I in the job: rank, world size, local rank. The launchers' environment (Open MPI,
+ * PMI, Slurm, torchrun), else PMIx (opened with dlopen), else a singleton.
+ * Why PMIx is not asked first when the environment already answers: a launcher counts a
+ * process that called PMIx_Init as a member that must finalize, so a rank process that leaves
+ * with _exit (a shell, Python's os._exit) would make mpirun fail the whole job, and Open MPI
+ * cannot initialize PMIx again after the shim finalized it early. Where the environment has no
+ * identity (a bare PMIx launcher such as prterun), PMIx is the source. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -149,7 +154,7 @@ int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
         return 0;
     }
     s->role = DPS_ROLE_RANK;
-    bootstrap_pmix(s); /* when it answers, PMIx overrides the environment */
+    if (strcmp(s->launcher, "singleton") == 0) bootstrap_pmix(s);
     char buf[96];
     snprintf(buf, sizeof buf, "%ld:%d:%d:%d:%d", (long)getpid(), s->rank, s->size, s->local_rank,
              s->local_size);

@@ -65,6 +65,10 @@ _Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 
             DPS_WARN(__VA_ARGS__);                                             \
     } while (0)
 
+/* output.c: [output] stdout, in the rank process */
+int dps_output_setup(const dps_state_t *s);
+void dps_output_shutdown(void);
+
 /* bootstrap.c */
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
 void dps_bootstrap_finalize(void);

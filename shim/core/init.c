@@ -1,13 +1,17 @@
 /* Start-up and tear-down of libdpshim in every process that preloads it: identity, policy,
  * engine configuration before main(); backend and PMIx finalization at exit. */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "dps.h"
 #include "engine/engine.h"
+#include "files/files.h"
 
 extern char **environ;
 
@@ -24,11 +28,20 @@ static void at_exit(void)
 {
     if (atomic_load(&dps_g.forked)) return;
     DPS_DEBUG("exit: finalizing the backend and PMIx");
+    dps_files_shutdown();
     /* PMIx first: Open MPI shares the PMIx client, and the launcher counts the process as
      * finalized only when the last reference goes, which must be MPI's own. */
     dps_bootstrap_finalize();
     dps_engine_shutdown();
-    DPS_DEBUG("exit: done");
+    dps_output_shutdown();
+}
+
+/* Children must find the same policy after a chdir: name the file found in ./ for them. */
+static void export_policy_path(void)
+{
+    char abs[PATH_MAX];
+    if (dps_g.policy.file[0] && !getenv(DPS_ENV_POLICY) && realpath(dps_g.policy.file, abs))
+        setenv(DPS_ENV_POLICY, abs, 1);
 }
 
 static _Noreturn void config_error(const char *msg)
@@ -49,6 +62,11 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_policy_load(&dps_g.policy, environ, &e) != 0) config_error(e.msg);
     atomic_store(&dps_log_level, (int)dps_policy_num(&dps_g.policy, DPS_P_diag_log));
     if (dps_engine_configure(&dps_g, err, sizeof err) != 0) config_error(err);
+    if (dps_files_configure(&dps_g.policy, dps_g.rank, err, sizeof err) != 0) config_error(err);
+    export_policy_path();
+    if (dps_g.role == DPS_ROLE_RANK && dps_output_setup(&dps_g) != 0)
+        DPS_WARN("[output] stdout = %s could not be set up (%s); output is not filtered",
+                 dps_policy_text(&dps_g.policy, DPS_P_output_stdout), strerror(errno));
     pthread_atfork(NULL, NULL, on_fork_child);
     atexit(at_exit);
     DPS_INFO("rank %d of %d (local %d of %d, launcher %s, %s process, policy %s)", dps_g.rank,

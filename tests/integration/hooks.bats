@@ -51,3 +51,12 @@ epoch_cover_all() {
     assert_failure
     assert_output --partial "per_rank=10 total=20 WRONG"
 }
+
+@test "identity from PMIx when the launcher's environment names none (as under prterun)" {
+    run mpi 2 env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK \
+        -u OMPI_COMM_WORLD_LOCAL_SIZE DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    echo "$output"
+    assert_success
+    assert_output --partial "rank 1 of 2 (local 1 of 2, launcher pmix"
+    assert_equal "$(grep -c ' 0 failed' <<<"$output")" 2
+}

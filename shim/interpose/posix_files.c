@@ -1,0 +1,409 @@
+/* POSIX file entry points under the file policy (shim/files/): the open family with its
+ * _FORTIFY_SOURCE and 64-bit variants, rename, unlink, mkdir, truncate, chmod, remove, and
+ * close/chdir for the policy's own bookkeeping. Each wrapper calls its own real symbol. With no
+ * [files] globs, or inside the shim, a wrapper is one atomic load and the real call. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/dps.h"
+#include "core/real.h"
+#include "files/files.h"
+
+#define BYPASS() \
+    (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim)
+
+/* The variadic mode exists only with O_CREAT or O_TMPFILE. */
+#define OPEN_MODE(flags)                                                            \
+    mode_t mode = 0;                                                                \
+    if (((flags) & O_CREAT) || ((flags) & O_TMPFILE) == O_TMPFILE) {                \
+        va_list ap;                                                                 \
+        va_start(ap, flags);                                                        \
+        mode = (mode_t)va_arg(ap, int);                                             \
+        va_end(ap);                                                                 \
+    }
+
+/* An open-family body: CALL(path, flags) is the real call. errno as the real call leaves it. */
+#define OPEN_BODY(dirfd_, path_, flags_, CALL)                                      \
+    do {                                                                            \
+        if (BYPASS()) return CALL(path_, flags_);                                   \
+        int saved_ = errno;                                                         \
+        dps_redirect_t r_;                                                          \
+        dps_in_shim++;                                                              \
+        dps_files_open(&r_, dirfd_, path_, flags_);                                 \
+        dps_in_shim--;                                                              \
+        errno = saved_;                                                             \
+        return dps_files_opened(&r_, CALL(r_.path, r_.flags));                      \
+    } while (0)
+
+/* A body for calls that modify one path: NOOP succeeds without effect. */
+#define MODIFY_BODY(dirfd_, path_, CALL)                                            \
+    do {                                                                            \
+        if (BYPASS()) return CALL(path_);                                           \
+        int saved_ = errno;                                                         \
+        dps_redirect_t r_;                                                          \
+        dps_in_shim++;                                                              \
+        dps_files_modify(&r_, dirfd_, path_);                                       \
+        dps_in_shim--;                                                              \
+        errno = saved_;                                                             \
+        return r_.action == DPS_FILE_NOOP ? 0 : CALL(r_.path);                      \
+    } while (0)
+
+DPS_REAL_DECLARE(int, open, (const char *, int, ...));
+DPS_REAL_DECLARE(int, open64, (const char *, int, ...));
+DPS_REAL_DECLARE(int, openat, (int, const char *, int, ...));
+DPS_REAL_DECLARE(int, openat64, (int, const char *, int, ...));
+DPS_REAL_DECLARE(int, creat, (const char *, mode_t));
+DPS_REAL_DECLARE(int, creat64, (const char *, mode_t));
+DPS_REAL_DECLARE(int, __open_2, (const char *, int));
+DPS_REAL_DECLARE(int, __open64_2, (const char *, int));
+DPS_REAL_DECLARE(int, __openat_2, (int, const char *, int));
+DPS_REAL_DECLARE(int, __openat64_2, (int, const char *, int));
+
+DPS_EXPORT int open(const char *path, int flags, ...)
+{
+    OPEN_MODE(flags);
+#define CALL(p, f) DPS_REAL(open)(p, f, mode)
+    OPEN_BODY(AT_FDCWD, path, flags, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int open64(const char *path, int flags, ...)
+{
+    OPEN_MODE(flags);
+#define CALL(p, f) DPS_REAL(open64)(p, f, mode)
+    OPEN_BODY(AT_FDCWD, path, flags, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+    OPEN_MODE(flags);
+#define CALL(p, f) DPS_REAL(openat)(dirfd, p, f, mode)
+    OPEN_BODY(dirfd, path, flags, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+    OPEN_MODE(flags);
+#define CALL(p, f) DPS_REAL(openat64)(dirfd, p, f, mode)
+    OPEN_BODY(dirfd, path, flags, CALL);
+#undef CALL
+}
+
+/* creat(p, m) is open(p, O_CREAT|O_WRONLY|O_TRUNC, m); a sink needs the open form. */
+DPS_EXPORT int creat(const char *path, mode_t mode)
+{
+#define CALL(p, f) ((f) == (O_CREAT | O_WRONLY | O_TRUNC) ? DPS_REAL(creat)(p, mode) : DPS_REAL(open)(p, f, mode))
+    OPEN_BODY(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int creat64(const char *path, mode_t mode)
+{
+#define CALL(p, f) ((f) == (O_CREAT | O_WRONLY | O_TRUNC) ? DPS_REAL(creat64)(p, mode) : DPS_REAL(open64)(p, f, mode))
+    OPEN_BODY(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, CALL);
+#undef CALL
+}
+
+/* _FORTIFY_SOURCE variants: called for open(path, flags) without a mode. */
+DPS_EXPORT int __open_2(const char *path, int flags)
+{
+#define CALL(p, f) DPS_REAL(__open_2)(p, f)
+    OPEN_BODY(AT_FDCWD, path, flags, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int __open64_2(const char *path, int flags)
+{
+#define CALL(p, f) DPS_REAL(__open64_2)(p, f)
+    OPEN_BODY(AT_FDCWD, path, flags, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int __openat_2(int dirfd, const char *path, int flags)
+{
+#define CALL(p, f) DPS_REAL(__openat_2)(dirfd, p, f)
+    OPEN_BODY(dirfd, path, flags, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int __openat64_2(int dirfd, const char *path, int flags)
+{
+#define CALL(p, f) DPS_REAL(__openat64_2)(dirfd, p, f)
+    OPEN_BODY(dirfd, path, flags, CALL);
+#undef CALL
+}
+
+/* --- rename: the destination decides. On a rank that does not write a rank0_only
+ * destination, the source (this rank's own file) goes away, as a rename would make it. --- */
+
+DPS_REAL_DECLARE(int, rename, (const char *, const char *));
+DPS_REAL_DECLARE(int, renameat, (int, const char *, int, const char *));
+DPS_REAL_DECLARE(int, renameat2, (int, const char *, int, const char *, unsigned));
+DPS_REAL_DECLARE(int, unlinkat, (int, const char *, int));
+
+#define RENAME_BODY(fda, a, fdb, b, CALL)                                           \
+    do {                                                                            \
+        if (BYPASS()) return CALL(a, b);                                            \
+        int saved_ = errno;                                                         \
+        dps_redirect_t ra_, rb_;                                                    \
+        dps_in_shim++;                                                              \
+        dps_files_modify(&ra_, fda, a);                                             \
+        dps_files_modify(&rb_, fdb, b);                                             \
+        dps_in_shim--;                                                              \
+        errno = saved_;                                                             \
+        if (rb_.action == DPS_FILE_NOOP)                                            \
+            return ra_.action == DPS_FILE_NOOP ? 0 : DPS_REAL(unlinkat)(fda, ra_.path, 0); \
+        if (ra_.action == DPS_FILE_NOOP) return 0;                                  \
+        return CALL(ra_.path, rb_.path);                                            \
+    } while (0)
+
+DPS_EXPORT int rename(const char *a, const char *b)
+{
+#define CALL(x, y) DPS_REAL(rename)(x, y)
+    RENAME_BODY(AT_FDCWD, a, AT_FDCWD, b, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int renameat(int fda, const char *a, int fdb, const char *b)
+{
+#define CALL(x, y) DPS_REAL(renameat)(fda, x, fdb, y)
+    RENAME_BODY(fda, a, fdb, b, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int renameat2(int fda, const char *a, int fdb, const char *b, unsigned flags)
+{
+#define CALL(x, y) DPS_REAL(renameat2)(fda, x, fdb, y, flags)
+    RENAME_BODY(fda, a, fdb, b, CALL);
+#undef CALL
+}
+
+/* --- calls that modify one path --- */
+
+DPS_REAL_DECLARE(int, unlink, (const char *));
+DPS_REAL_DECLARE(int, remove, (const char *));
+DPS_REAL_DECLARE(int, mkdir, (const char *, mode_t));
+DPS_REAL_DECLARE(int, mkdirat, (int, const char *, mode_t));
+DPS_REAL_DECLARE(int, truncate, (const char *, off_t));
+DPS_REAL_DECLARE(int, truncate64, (const char *, off64_t));
+DPS_REAL_DECLARE(int, chmod, (const char *, mode_t));
+
+DPS_EXPORT int unlink(const char *path)
+{
+#define CALL(p) DPS_REAL(unlink)(p)
+    MODIFY_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int unlinkat(int dirfd, const char *path, int flags)
+{
+#define CALL(p) DPS_REAL(unlinkat)(dirfd, p, flags)
+    MODIFY_BODY(dirfd, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int remove(const char *path)
+{
+#define CALL(p) DPS_REAL(remove)(p)
+    MODIFY_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int mkdir(const char *path, mode_t mode)
+{
+#define CALL(p) DPS_REAL(mkdir)(p, mode)
+    MODIFY_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int mkdirat(int dirfd, const char *path, mode_t mode)
+{
+#define CALL(p) DPS_REAL(mkdirat)(dirfd, p, mode)
+    MODIFY_BODY(dirfd, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int truncate(const char *path, off_t len)
+{
+#define CALL(p) DPS_REAL(truncate)(p, len)
+    MODIFY_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int truncate64(const char *path, off64_t len)
+{
+#define CALL(p) DPS_REAL(truncate64)(p, len)
+    MODIFY_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+/* Not in the minimal list, but copying tools (cp, Python's shutil.copy) set the mode of the
+ * file they just wrote; on a rank that wrote a sink there is nothing to change. */
+DPS_EXPORT int chmod(const char *path, mode_t mode)
+{
+#define CALL(p) DPS_REAL(chmod)(p, mode)
+    MODIFY_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+/* --- lookups: a per_rank file is found under its rank's name (stat before open, as cp and
+ * Python's shutil do, must agree with open) --- */
+
+#define LOOKUP_BODY(dirfd_, path_, CALL)                                            \
+    do {                                                                            \
+        if (BYPASS()) return CALL(path_);                                           \
+        int saved_ = errno;                                                         \
+        dps_redirect_t r_;                                                          \
+        dps_in_shim++;                                                              \
+        dps_files_lookup(&r_, dirfd_, path_);                                       \
+        dps_in_shim--;                                                              \
+        errno = saved_;                                                             \
+        return CALL(r_.path);                                                       \
+    } while (0)
+
+struct statx;
+DPS_REAL_DECLARE(int, stat, (const char *, struct stat *));
+DPS_REAL_DECLARE(int, stat64, (const char *, struct stat64 *));
+DPS_REAL_DECLARE(int, lstat, (const char *, struct stat *));
+DPS_REAL_DECLARE(int, lstat64, (const char *, struct stat64 *));
+DPS_REAL_DECLARE(int, fstatat, (int, const char *, struct stat *, int));
+DPS_REAL_DECLARE(int, fstatat64, (int, const char *, struct stat64 *, int));
+DPS_REAL_DECLARE(int, statx, (int, const char *, int, unsigned, struct statx *));
+DPS_REAL_DECLARE(int, __xstat, (int, const char *, struct stat *));
+DPS_REAL_DECLARE(int, __xstat64, (int, const char *, struct stat64 *));
+DPS_REAL_DECLARE(int, __lxstat, (int, const char *, struct stat *));
+DPS_REAL_DECLARE(int, __lxstat64, (int, const char *, struct stat64 *));
+DPS_REAL_DECLARE(int, __fxstatat, (int, int, const char *, struct stat *, int));
+DPS_REAL_DECLARE(int, __fxstatat64, (int, int, const char *, struct stat64 *, int));
+DPS_REAL_DECLARE(int, access, (const char *, int));
+DPS_REAL_DECLARE(int, faccessat, (int, const char *, int, int));
+
+/* each lookup: its own wrapper and its own real symbol */
+DPS_EXPORT int stat(const char *path, struct stat *st)
+{
+#define CALL(p) DPS_REAL(stat)(p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int stat64(const char *path, struct stat64 *st)
+{
+#define CALL(p) DPS_REAL(stat64)(p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int lstat(const char *path, struct stat *st)
+{
+#define CALL(p) DPS_REAL(lstat)(p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int lstat64(const char *path, struct stat64 *st)
+{
+#define CALL(p) DPS_REAL(lstat64)(p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+#define CALL(p) DPS_REAL(fstatat)(dirfd, p, st, flags)
+    LOOKUP_BODY(dirfd, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags)
+{
+#define CALL(p) DPS_REAL(fstatat64)(dirfd, p, st, flags)
+    LOOKUP_BODY(dirfd, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int statx(int dirfd, const char *path, int flags, unsigned mask, struct statx *st)
+{
+#define CALL(p) DPS_REAL(statx)(dirfd, p, flags, mask, st)
+    LOOKUP_BODY(dirfd, path, CALL);
+#undef CALL
+}
+/* binaries built against glibc before 2.33 call the stat family through these */
+DPS_EXPORT int __xstat(int ver, const char *path, struct stat *st)
+{
+#define CALL(p) DPS_REAL(__xstat)(ver, p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
+{
+#define CALL(p) DPS_REAL(__xstat64)(ver, p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int __lxstat(int ver, const char *path, struct stat *st)
+{
+#define CALL(p) DPS_REAL(__lxstat)(ver, p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int __lxstat64(int ver, const char *path, struct stat64 *st)
+{
+#define CALL(p) DPS_REAL(__lxstat64)(ver, p, st)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
+{
+#define CALL(p) DPS_REAL(__fxstatat)(ver, dirfd, p, st, flags)
+    LOOKUP_BODY(dirfd, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags)
+{
+#define CALL(p) DPS_REAL(__fxstatat64)(ver, dirfd, p, st, flags)
+    LOOKUP_BODY(dirfd, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int access(const char *path, int mode)
+{
+#define CALL(p) DPS_REAL(access)(p, mode)
+    LOOKUP_BODY(AT_FDCWD, path, CALL);
+#undef CALL
+}
+DPS_EXPORT int faccessat(int dirfd, const char *path, int mode, int flags)
+{
+#define CALL(p) DPS_REAL(faccessat)(dirfd, p, mode, flags)
+    LOOKUP_BODY(dirfd, path, CALL);
+#undef CALL
+}
+
+/* --- bookkeeping --- */
+
+DPS_REAL_DECLARE(int, close, (int));
+DPS_REAL_DECLARE(int, chdir, (const char *));
+DPS_REAL_DECLARE(int, fchdir, (int));
+
+DPS_EXPORT int close(int fd)
+{
+    dps_publish_t p;
+    if (DPS_LIKELY(!atomic_load_explicit(&dps_files_pending, memory_order_relaxed)) || !dps_files_take(fd, &p))
+        return DPS_REAL(close)(fd);
+    int rc = DPS_REAL(close)(fd);
+    dps_files_finish(&p, rc == 0 || errno == EINTR);
+    return rc;
+}
+
+DPS_EXPORT int chdir(const char *path)
+{
+    int rc = DPS_REAL(chdir)(path);
+    if (rc == 0) dps_files_cwd_changed();
+    return rc;
+}
+
+DPS_EXPORT int fchdir(int fd)
+{
+    int rc = DPS_REAL(fchdir)(fd);
+    if (rc == 0) dps_files_cwd_changed();
+    return rc;
+}

@@ -1,0 +1,110 @@
+/* stdio file entry points under the file policy: fopen, freopen (and their 64-bit names) are
+ * decided like open with the flags their mode string means; fclose finishes a file rank 0
+ * writes atomically. glibc's stdio calls its own open internally, so these need wrappers. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/dps.h"
+#include "core/real.h"
+#include "files/files.h"
+
+/* The open(2) flags that an fopen mode string stands for. */
+static int mode_flags(const char *mode)
+{
+    int plus = strchr(mode, '+') != NULL, f;
+    switch (mode[0]) {
+    case 'w': f = O_CREAT | O_TRUNC | (plus ? O_RDWR : O_WRONLY); break;
+    case 'a': f = O_CREAT | O_APPEND | (plus ? O_RDWR : O_WRONLY); break;
+    default: f = plus ? O_RDWR : O_RDONLY; break;
+    }
+    return f | (strchr(mode, 'x') ? O_EXCL : 0);
+}
+
+/* The mode for the sink: same direction, never exclusive ('x' would fail on /dev/null). */
+static const char *sink_mode(const char *mode, char *buf, size_t len)
+{
+    size_t n = 0;
+    for (const char *m = mode; *m && n + 1 < len; m++)
+        if (*m != 'x') buf[n++] = *m;
+    buf[n] = '\0';
+    return buf;
+}
+
+#define FOPEN_BODY(path_, mode_, CALL)                                              \
+    do {                                                                            \
+        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim || !mode_)\
+            return CALL(path_, mode_);                                              \
+        int saved_ = errno;                                                         \
+        dps_redirect_t r_;                                                          \
+        char m_[16];                                                                \
+        dps_in_shim++;                                                              \
+        dps_files_open(&r_, AT_FDCWD, path_, mode_flags(mode_));                    \
+        dps_in_shim--;                                                              \
+        errno = saved_;                                                             \
+        FILE *f_ = CALL(r_.path, r_.action == DPS_FILE_SINK ? sink_mode(mode_, m_, sizeof m_) : mode_); \
+        if (f_) dps_files_opened(&r_, fileno(f_));                                  \
+        return f_;                                                                  \
+    } while (0)
+
+DPS_REAL_DECLARE(FILE *, fopen, (const char *, const char *));
+DPS_REAL_DECLARE(FILE *, fopen64, (const char *, const char *));
+DPS_REAL_DECLARE(FILE *, freopen, (const char *, const char *, FILE *));
+DPS_REAL_DECLARE(FILE *, freopen64, (const char *, const char *, FILE *));
+DPS_REAL_DECLARE(int, fclose, (FILE *));
+
+DPS_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+#define CALL(p, m) DPS_REAL(fopen)(p, m)
+    FOPEN_BODY(path, mode, CALL);
+#undef CALL
+}
+
+DPS_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+#define CALL(p, m) DPS_REAL(fopen64)(p, m)
+    FOPEN_BODY(path, mode, CALL);
+#undef CALL
+}
+
+/* freopen closes the stream's old file first: finish it like fclose would. */
+static void reopen_finish_old(FILE *stream, dps_publish_t *p, int *taken)
+{
+    *taken = stream && atomic_load_explicit(&dps_files_pending, memory_order_relaxed) &&
+             dps_files_take(fileno(stream), p);
+}
+
+DPS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
+{
+    dps_publish_t old;
+    int taken;
+    reopen_finish_old(stream, &old, &taken);
+    if (taken) fflush(stream), dps_files_finish(&old, 1);
+#define CALL(p, m) DPS_REAL(freopen)(p, m, stream)
+    FOPEN_BODY(path, mode, CALL);
+#undef CALL
+}
+
+DPS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
+{
+    dps_publish_t old;
+    int taken;
+    reopen_finish_old(stream, &old, &taken);
+    if (taken) fflush(stream), dps_files_finish(&old, 1);
+#define CALL(p, m) DPS_REAL(freopen64)(p, m, stream)
+    FOPEN_BODY(path, mode, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int fclose(FILE *f)
+{
+    dps_publish_t p;
+    if (DPS_LIKELY(!atomic_load_explicit(&dps_files_pending, memory_order_relaxed)) || !f ||
+        !dps_files_take(fileno(f), &p))
+        return DPS_REAL(fclose)(f);
+    int rc = DPS_REAL(fclose)(f);
+    dps_files_finish(&p, rc == 0);
+    return rc;
+}

@@ -1,0 +1,189 @@
+#!/usr/bin/env bats
+# [files] rank0_only and per_rank through every wrapped entry point, for C programs (plain and
+# fortified builds), Python and shell children; unmatched paths behave exactly as without the
+# shim; rank 0's gated files appear whole or not at all.
+load helpers
+
+# The files file_torture gated leaves for N ranks, and nothing else.
+expected_tree() {
+    local n=$1
+    {
+        printf '%s\n' append.ckpt ckpts ckpts/sub ckpts/sub/x.bin creat.ckpt creat64.ckpt excl.ckpt \
+            fopen.ckpt fopen64.ckpt freopen.ckpt freopen64.ckpt open.ckpt open64.ckpt openat.ckpt \
+            openat64.ckpt rename.ckpt renameat.ckpt renameat2.ckpt trunc.ckpt
+        for r in $(seq 0 $((n - 1))); do printf 'train.rank%d.log\nplain.%d.txt\n' "$r" "$r"; done
+    } | sort
+}
+
+torture() {
+    local bin=$1 n=$2 dir=$BATS_TEST_TMPDIR/$1.$2
+    mkdir -p "$dir"
+    run mpi "$n" env DPSHIM_POLICY="$SRC/tests/integration/files/torture.conf" LD_PRELOAD="$SHIM" \
+        "$BUILD/bin/$bin" gated "$dir"
+    echo "$output"
+    assert_success
+    run bash -c "cd '$dir' && find . -mindepth 1 | sed 's|^\./||' | sort"
+    assert_output "$(expected_tree "$n")"
+    # every gated file holds what rank 0 wrote, complete
+    for f in open open64 openat openat64 creat creat64 excl fopen fopen64 freopen freopen64 append rename renameat renameat2; do
+        assert_equal "$(cat "$dir/$f.ckpt")" "$f by rank 0"
+    done
+    assert_equal "$(cat "$dir/trunc.ckpt")" "trunc"
+    assert_equal "$(stat -c %a "$dir/trunc.ckpt")" 600
+    for r in $(seq 0 $((n - 1))); do
+        assert_equal "$(cat "$dir/train.rank$r.log")" "log by rank $r"
+        assert_equal "$(cat "$dir/plain.$r.txt")" "plain by rank $r"
+    done
+}
+
+@test "every entry point at np=3: plain build" { torture file_torture 3; }
+@test "every entry point at np=2: -O2 -D_FORTIFY_SOURCE=2" { torture file_torture_fortify 2; }
+@test "every entry point at np=4: -O2 -D_FORTIFY_SOURCE=2 -D_FILE_OFFSET_BITS=64" { torture file_torture_fortify64 4; }
+
+@test "the fortified builds really call the fortified and 64-bit entry points" {
+    run nm -D "$BUILD/bin/file_torture_fortify"
+    assert_output --partial "__open_2"
+    assert_output --partial "__openat_2"
+    run nm -D "$BUILD/bin/file_torture_fortify64"
+    for s in __open64_2 __openat64_2 open64 openat64 creat64 fopen64 freopen64 truncate64; do
+        assert_output --partial " $s@"
+    done
+}
+
+# errno_run BIN DIR [ENV...]: the unmatched-path calls, their results and errno.
+errno_run() {
+    local bin=$1 dir=$2
+    shift 2
+    rm -rf "$dir" && mkdir -p "$dir"
+    env "$@" "$BUILD/bin/$bin" errno "$dir"
+}
+
+@test "unmatched paths: same return values and errno as without the shim, on rank 0 and rank 1" {
+    for bin in file_torture file_torture_fortify64; do
+        plain=$(errno_run $bin "$BATS_TEST_TMPDIR/plain")
+        assert_equal "$(grep -c 'errno_kept=1' <<<"$plain")" 2
+        shimmed=$(errno_run $bin "$BATS_TEST_TMPDIR/shim" LD_PRELOAD="$SHIM" \
+            DPSHIM_FILES_RANK0_ONLY='*.ckpt ckpts/** /abs/**' DPSHIM_FILES_PER_RANK='*.log')
+        assert_equal "$shimmed" "$plain"
+        # rank 1 of 2, where gating is active (the launcher's environment names the rank)
+        rank1=$(errno_run $bin "$BATS_TEST_TMPDIR/r1" LD_PRELOAD="$SHIM" OMPI_COMM_WORLD_RANK=1 \
+            OMPI_COMM_WORLD_SIZE=2 DPSHIM_FILES_RANK0_ONLY='*.ckpt ckpts/** /abs/**' DPSHIM_FILES_PER_RANK='*.log')
+        assert_equal "$rank1" "$plain"
+    done
+}
+
+@test "the example trainer at np=4: one checkpoint, rank 0's, and one log per rank" {
+    cd "$BATS_TEST_TMPDIR"
+    mkdir gated own
+    # the reference: the same job with every rank saving its own file
+    run train_np 4 "$BATS_TEST_TMPDIR/own" --steps 20 --no-eval
+    assert_success
+    cd gated
+    printf '[files]\nrank0_only = *.ckpt\nper_rank = *.log\n' >dpshim.conf
+    run mpi 4 env LD_PRELOAD="$SHIM" "$TRAINER" --steps 20 --no-eval --save model.ckpt --log train.log
+    assert_success
+    run ls
+    assert_output "$(printf '%s\n' dpshim.conf model.ckpt train.rank0.log train.rank1.log train.rank2.log train.rank3.log)"
+    for r in 0 1 2 3; do assert_equal "$(cut -d' ' -f1-4 train.rank$r.log)" "epoch 1 steps 20"; done
+    run "$CKPT" same model.ckpt ../own/rank0.ckpt
+    assert_success
+    run "$CKPT" diff model.ckpt ../own/rank3.ckpt
+    assert_success
+}
+
+@test "the example trainer's checkpoint is byte-identical to the single-process one (before any step)" {
+    cd "$BATS_TEST_TMPDIR"
+    "$TRAINER" --steps 0 --epochs 0 --no-eval --seed 3 --save single.ckpt >/dev/null
+    mkdir dist && cd dist
+    run mpi 4 env DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" "$TRAINER" --epochs 0 --no-eval --seed 3 --save model.ckpt
+    assert_success
+    run cmp model.ckpt ../single.ckpt
+    assert_success
+}
+
+@test "per_rank logs written by the trainer's children (a shell) land per rank" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 3 env DPSHIM_FILES_PER_RANK='*.log' LD_PRELOAD="$SHIM" sh -c 'echo "child of $OMPI_COMM_WORLD_RANK" >out.log; cp out.log copy.log'
+    assert_success
+    for r in 0 1 2; do
+        assert_equal "$(cat out.rank$r.log)" "child of $r"
+        assert_equal "$(cat copy.rank$r.log)" "child of $r"
+    done
+    run ls
+    assert_output "$(printf 'copy.rank0.log\ncopy.rank1.log\ncopy.rank2.log\nout.rank0.log\nout.rank1.log\nout.rank2.log\n')"
+}
+
+@test "a shell child of the rank process (system(\"cp ...\")) keeps its rank's file policy" {
+    cd "$BATS_TEST_TMPDIR"
+    echo data >src.txt
+    cat >prog.sh <<'SH'
+cp src.txt copy.ckpt
+mkdir -p ckdir
+echo "$OMPI_COMM_WORLD_RANK" >ckdir/who.ckpt
+SH
+    run mpi 3 env DPSHIM_FILES_RANK0_ONLY='*.ckpt ckdir' LD_PRELOAD="$SHIM" sh prog.sh
+    assert_success
+    assert_equal "$(cat copy.ckpt)" data
+    assert_equal "$(cat ckdir/who.ckpt)" 0
+}
+
+@test "Python: open, os.rename, shutil.copy, os.makedirs under the file policy" {
+    [ -x /usr/bin/python3 ] || skip "no /usr/bin/python3"
+    cd "$BATS_TEST_TMPDIR"
+    cat >prog.py <<'PY'
+import os, shutil
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+os.makedirs("runs/exp1", exist_ok=True)
+with open("runs/exp1/model.ckpt", "w") as f:
+    f.write(f"weights from rank {rank}\n")
+with open(f"tmp.{rank}", "w") as f:
+    f.write(f"best from rank {rank}\n")
+os.rename(f"tmp.{rank}", "runs/exp1/best.ckpt")
+shutil.copy("runs/exp1/model.ckpt" if rank == 0 else "/etc/hostname", "runs/exp1/copy.ckpt")
+with open("metrics.log", "w") as f:
+    f.write(f"metrics of rank {rank}\n")
+with open("metrics.log") as f:
+    assert f.read() == f"metrics of rank {rank}\n"
+print("python ok", rank)
+PY
+    run mpi 3 env DPSHIM_FILES_RANK0_ONLY='runs runs/** *.ckpt' DPSHIM_FILES_PER_RANK='*.log' \
+        LD_PRELOAD="$SHIM" /usr/bin/python3 prog.py
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -c 'python ok' <<<"$output")" 3
+    run bash -c "find . -mindepth 1 -not -name 'prog.py' | sort"
+    assert_output "$(printf '%s\n' ./metrics.rank0.log ./metrics.rank1.log ./metrics.rank2.log ./runs ./runs/exp1 \
+        ./runs/exp1/best.ckpt ./runs/exp1/copy.ckpt ./runs/exp1/model.ckpt)"
+    assert_equal "$(cat runs/exp1/model.ckpt)" "weights from rank 0"
+    assert_equal "$(cat runs/exp1/best.ckpt)" "best from rank 0"
+    assert_equal "$(cat runs/exp1/copy.ckpt)" "weights from rank 0"
+}
+
+@test "rank 0's gated file appears whole: a reader never sees it half-written" {
+    cd "$BATS_TEST_TMPDIR"
+    cat >writer.sh <<'SH'
+if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
+    # 20 MB in slow pieces through one open file
+    exec 3>big.ckpt
+    for i in $(seq 1 20); do head -c 1000000 /dev/zero >&3; sleep 0.05; done
+    exec 3>&-
+    touch done.flag
+else
+    # poll: whenever big.ckpt exists it must be complete
+    while [ ! -e done.flag ]; do
+        if [ -e big.ckpt ]; then
+            s=$(stat -c %s big.ckpt)
+            [ "$s" = 20000000 ] || { echo "saw big.ckpt with $s bytes"; exit 1; }
+        fi
+    done
+    [ "$(stat -c %s big.ckpt)" = 20000000 ] || exit 1
+    echo "reader ok"
+fi
+SH
+    run mpi 2 env DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" bash writer.sh
+    echo "$output"
+    assert_success
+    assert_output --partial "reader ok"
+    run ls -A
+    assert_output "$(printf 'big.ckpt\ndone.flag\nwriter.sh\n')"
+}
