@@ -33,6 +33,28 @@ static int fail(dps_error_t *e, const char *fmt, ...)
     return -1;
 }
 
+/* User text echoed in a message: printable ASCII as is, anything else as \xNN, long text cut,
+ * so a binary or hostile file gives a readable one-line error. */
+typedef struct shown {
+    char s[112];
+} shown_t;
+
+static const char *show(shown_t *out, const char *s, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 8 < sizeof out->s; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (i == 48) {
+            memcpy(out->s + o, "...", 3), o += 3;
+            break;
+        }
+        if (c >= 0x20 && c < 0x7f) out->s[o++] = (char)c;
+        else o += (size_t)snprintf(out->s + o, sizeof out->s - o, "\\x%02x", c);
+    }
+    out->s[o] = '\0';
+    return out->s;
+}
+
 /* Levenshtein distance, bounded to short words (names are short; longer input is no near-miss). */
 static size_t edit_distance(const char *a, size_t la, const char *b)
 {
@@ -122,8 +144,9 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
                 namep[i] = names[i];
             }
             if (vlen == 0) return fail(e, "empty value; expected one of %s", k->allowed);
-            return fail(e, "bad value '%.*s'; expected one of %s%s", (int)(vlen > 64 ? 64 : vlen),
-                        v, k->allowed, hint(h, sizeof h, dps_suggest(v, vlen, namep, nc)));
+            shown_t sv;
+            return fail(e, "bad value '%s'; expected one of %s%s", show(&sv, v, vlen), k->allowed,
+                        hint(h, sizeof h, dps_suggest(v, vlen, namep, nc)));
         }
         num = found;
         break;
@@ -137,8 +160,10 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
         memcpy(buf, v, vlen);
         buf[vlen] = '\0';
         for (size_t i = 0; i < vlen; i++)
-            if (!isdigit((unsigned char)buf[i]))
-                return fail(e, "bad value '%s'; expected an integer in %s", buf, k->allowed);
+            if (!isdigit((unsigned char)buf[i])) {
+                shown_t sv;
+                return fail(e, "bad value '%s'; expected an integer in %s", show(&sv, v, vlen), k->allowed);
+            }
         errno = 0;
         unsigned long long x = strtoull(buf, NULL, 10);
         if (errno == ERANGE || x < lo || x > hi)
@@ -152,7 +177,12 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
             size_t j = i;
             while (j < vlen && !isspace((unsigned char)v[j])) j++;
             const char *why = j > i ? dps_glob_check(v + i, j - i) : NULL;
-            if (why) return fail(e, "%s: '%.*s'", why, (int)(j - i > 64 ? 64 : j - i), v + i);
+            if (j - i == 2 && (v[i] == '"' || v[i] == '\'') && v[i + 1] == v[i])
+                why = "empty glob; leave the value empty for none";
+            else if (j > i && (memchr(v + i, '"', j - i) || memchr(v + i, '\'', j - i)))
+                why = "quotes are taken literally; write globs without them";
+            shown_t sv;
+            if (why) return fail(e, "%s: '%s'", why, show(&sv, v + i, j - i));
             i = j;
         }
         break;
@@ -220,7 +250,9 @@ int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *
     size_t slen = 0;
     int seen_line[DPS_NKEYS] = {0};
     char h[96];
+    shown_t sv;
     int lineno = 0;
+    if (len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0) text += 3, len -= 3; /* editors' BOM */
     for (const char *line = text, *stop = text + len; line < stop;) {
         const char *nl = memchr(line, '\n', (size_t)(stop - line));
         const char *end = nl ? nl : stop, *s = line;
@@ -240,27 +272,23 @@ int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *
             const char *ns = s + 1, *ne = end - 1;
             trim(&ns, &ne);
             if (!section_known(ns, (size_t)(ne - ns)))
-                return fail(e, "%s:%d: unknown section [%.*s]%s", fname, lineno,
-                            (int)(ne - ns > 64 ? 64 : ne - ns), ns,
+                return fail(e, "%s:%d: unknown section [%s]%s", fname, lineno, show(&sv, ns, (size_t)(ne - ns)),
                             hint(h, sizeof h, suggest_section(ns, (size_t)(ne - ns))));
             sec = ns, slen = (size_t)(ne - ns);
             continue;
         }
         const char *eq = memchr(s, '=', (size_t)(end - s));
         if (!eq)
-            return fail(e, "%s:%d: expected 'key = value', got '%.*s'", fname, lineno,
-                        (int)(end - s > 64 ? 64 : end - s), s);
+            return fail(e, "%s:%d: expected 'key = value', got '%s'", fname, lineno, show(&sv, s, (size_t)(end - s)));
         const char *ks = s, *ke = eq, *vs = eq + 1, *ve = end;
         trim(&ks, &ke);
         trim(&vs, &ve);
         if (!sec)
-            return fail(e, "%s:%d: key '%.*s' before any [section]", fname, lineno,
-                        (int)(ke - ks > 64 ? 64 : ke - ks), ks);
+            return fail(e, "%s:%d: key '%s' before any [section]", fname, lineno, show(&sv, ks, (size_t)(ke - ks)));
         int id = find_key(sec, slen, ks, (size_t)(ke - ks));
         if (id < 0)
-            return fail(e, "%s:%d: unknown key '%.*s' in [%.*s]%s", fname, lineno,
-                        (int)(ke - ks > 64 ? 64 : ke - ks), ks, (int)slen, sec,
-                        hint(h, sizeof h, suggest_key(sec, slen, ks, (size_t)(ke - ks))));
+            return fail(e, "%s:%d: unknown key '%s' in [%.*s]%s", fname, lineno, show(&sv, ks, (size_t)(ke - ks)),
+                        (int)slen, sec, hint(h, sizeof h, suggest_key(sec, slen, ks, (size_t)(ke - ks))));
         if (seen_line[id])
             return fail(e, "%s:%d: duplicate key '%s' in [%s] (first set on line %d)", fname,
                         lineno, dps_keys[id].key, dps_keys[id].section, seen_line[id]);
@@ -315,7 +343,6 @@ const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len)
 static const char *const dps_other_env[] = {
     DPS_ENV_POLICY,
     "DPSHIM_RANK_PID",  /* set by the shim: which process of the rank owns its collectives */
-    "DPSHIM_STDOUT_FD", /* set by the shim: the rank's real stdout under [output] stdout = prefix */
 };
 
 int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)
@@ -336,7 +363,8 @@ int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)
         if (id >= DPS_NKEYS) continue; /* not a policy key, but ours */
         if (id < 0) {
             char h[96];
-            return fail(e, "unknown environment variable %.*s%s", (int)(nlen > 64 ? 64 : nlen), *ep,
+            shown_t sv;
+            return fail(e, "unknown environment variable %s%s", show(&sv, *ep, nlen),
                         hint(h, sizeof h, dps_suggest(*ep, nlen, cands, nc)));
         }
         dps_error_t ve;

@@ -154,6 +154,7 @@ int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
         return 0;
     }
     s->role = DPS_ROLE_RANK;
+    s->exec_in_place = parsed && pid == getpid();
     if (strcmp(s->launcher, "singleton") == 0) bootstrap_pmix(s);
     char buf[96];
     snprintf(buf, sizeof buf, "%ld:%d:%d:%d:%d", (long)getpid(), s->rank, s->size, s->local_rank,

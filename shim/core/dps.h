@@ -30,6 +30,7 @@ typedef struct dps_state {
     int rank, size, local_rank, local_size;
     const char *launcher; /* "pmix", "openmpi", "pmi", "slurm", "torchrun", "singleton" */
     dps_role_t role;
+    int exec_in_place; /* this rank process replaced an earlier image of itself with exec */
     atomic_int forked; /* set in a fork child before it runs any user code */
 
     dps_policy_t policy;
@@ -67,7 +68,6 @@ _Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 
 
 /* output.c: [output] stdout, in the rank process */
 int dps_output_setup(const dps_state_t *s);
-void dps_output_shutdown(void);
 
 /* bootstrap.c */
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);

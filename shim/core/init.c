@@ -33,7 +33,6 @@ static void at_exit(void)
      * finalized only when the last reference goes, which must be MPI's own. */
     dps_bootstrap_finalize();
     dps_engine_shutdown();
-    dps_output_shutdown();
 }
 
 /* Children must find the same policy after a chdir: name the file found in ./ for them. */
@@ -46,9 +45,7 @@ static void export_policy_path(void)
 
 static _Noreturn void config_error(const char *msg)
 {
-    DPS_ERROR("%s", msg);
-    DPS_ERROR("the program was not started; fix the policy or environment (check a file with "
-              "'dpshim-diag check FILE')");
+    DPS_ERROR("%s; the program was not started (check a policy file with 'dpshim-diag check FILE')", msg);
     dps_bootstrap_finalize();
     exit(DPS_EXIT_CONFIG);
 }

@@ -18,7 +18,7 @@ unset DPSHIM_POLICY
 mpi() {
     local n=$1
     shift
-    timeout --kill-after=10 "$MPI_TIMEOUT" mpirun --oversubscribe -np "$n" "$@"
+    timeout --kill-after=10 "$MPI_TIMEOUT" mpirun --oversubscribe -np "$n" "$@" </dev/null
 }
 
 # train_np N DIR ARGS...: the trainer on N ranks with the shim; rank r saves DIR/rank<r>.ckpt.

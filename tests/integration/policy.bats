@@ -83,3 +83,37 @@ run_bad_policy() {
     run "$BUILD/bin/dpshim-diag" check "$SRC/policy/dpshim.conf"
     assert_success
 }
+
+@test "the malformed-policy corpus: each file stops every rank before main with file:line" {
+    local dir=$SRC/tests/integration/policies/bad n=0
+    while IFS=$'\t' read -r file frag; do
+        [[ $file == \#* || -z $file ]] && continue
+        cd "$dir"
+        run mpi 2 env DPSHIM_POLICY="$file" LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+        [ "$status" -ne 0 ] || fail "$file: the job succeeded"
+        [[ $output != *"fmnist_train:"* ]] || fail "$file: main() ran"
+        for r in 0 1; do
+            # exactly one message per rank, naming the file and line
+            got=$(grep -F "[dpshim r$r/2] ERROR" <<<"$output")
+            [ "$(wc -l <<<"$got")" = 1 ] || fail "$file: rank $r printed: $got"
+            [[ $got == *"$file$frag"* ]] || fail "$file: rank $r said '$got', expected '$file$frag'"
+        done
+        n=$((n + 1))
+    done <"$SRC/tests/integration/policies/bad.tsv"
+    echo "$n malformed policies rejected" >&3
+    [ "$n" -ge 20 ]
+}
+
+@test "a policy path that is a directory is rejected on every rank" {
+    run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR" LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_failure
+    refute_output --partial "fmnist_train:"
+    assert_output --partial "[dpshim r0/2] ERROR policy file $BATS_TEST_TMPDIR is not a regular file"
+    assert_output --partial "[dpshim r1/2] ERROR policy file $BATS_TEST_TMPDIR is not a regular file"
+}
+
+@test "a UTF-8 byte order mark at the start of a policy is accepted" {
+    printf '\xef\xbb\xbf[comm]\nbucket_mb = 4\n' >"$BATS_TEST_TMPDIR/bom.conf"
+    run "$BUILD/bin/dpshim-diag" check "$BATS_TEST_TMPDIR/bom.conf"
+    assert_success
+}
