@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev
-          zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist)
+          zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist python3 clang
+          libclang-rt-14-dev)
 BUILD_DIR=$(realpath -m "${BUILD_DIR:-build}")
 
 setup() {

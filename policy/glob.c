@@ -1,7 +1,9 @@
-/* Path glob matching (see glob.h). Backtracking is bounded by the pattern's '*' and '**'
- * count; patterns come from the policy and are short. */
+/* Path glob matching (see glob.h). The pattern becomes a small automaton that is run over the
+ * path with a set of active states, so matching takes time proportional to path length times
+ * pattern length, whatever the stars: no backtracking for a hostile pattern to exploit. */
 #include "glob.h"
 
+#include <stdint.h>
 #include <string.h>
 
 /* Matches a character class at p (just past '['); sets *end past its ']'. */
@@ -25,50 +27,91 @@ static int class_match(const char *p, char c, const char **end)
     return hit != neg;
 }
 
-static int match(const char *p, const char *s, const char *end)
+#define GLOB_MAX_TOKENS 256
+
+typedef enum { T_LIT, T_ANY, T_CLASS, T_STAR, T_SEGS, T_REST } tok_kind_t;
+/* T_STAR: '*' within a segment; T_SEGS: a '**' segment followed by '/' (zero or more whole
+ * segments); T_REST: a final '**' segment (anything, '/' included). */
+typedef struct tok {
+    tok_kind_t kind;
+    char lit;
+    const char *cls; /* T_CLASS: just past '[' */
+} tok_t;
+
+static int tokenize(const char *p, tok_t *t)
 {
-    while (*p) {
-        if (p[0] == '*' && p[1] == '*' && (p[2] == '/' || p[2] == '\0')) {
-            /* '**' segment: zero or more whole segments */
-            const char *rest = p[2] ? p + 3 : p + 2;
-            if (!*rest) return 1;
-            for (const char *q = s;; q++) {
-                if ((q == s || q[-1] == '/') && match(rest, q, end)) return 1;
-                if (q == end) return 0;
-            }
-        }
-        if (*p == '*') {
-            while (*p == '*') p++;
-            for (const char *q = s;; q++) {
-                if (match(p, q, end)) return 1;
-                if (q == end || *q == '/') return 0;
-            }
-        }
-        if (s == end) return 0;
-        if (*p == '?') {
-            if (*s == '/') return 0;
-        } else if (*p == '[') {
+    int n = 0;
+    for (size_t i = 0; p[i];) {
+        if (n == GLOB_MAX_TOKENS) return -1;
+        int seg_start = i == 0 || p[i - 1] == '/';
+        if (p[i] == '*' && p[i + 1] == '*' && seg_start && (p[i + 2] == '/' || !p[i + 2])) {
+            t[n++].kind = p[i + 2] ? T_SEGS : T_REST;
+            i += p[i + 2] ? 3 : 2;
+        } else if (p[i] == '*') {
+            t[n++].kind = T_STAR;
+            while (p[i] == '*') i++;
+        } else if (p[i] == '?') {
+            t[n++].kind = T_ANY, i++;
+        } else if (p[i] == '[') {
             const char *after;
-            if (*s == '/' || !class_match(p + 1, *s, &after)) return 0;
-            p = after, s++;
-            continue;
+            class_match(p + i + 1, 0, &after);
+            t[n].kind = T_CLASS, t[n++].cls = p + i + 1;
+            i = (size_t)(after - p);
         } else {
-            if (*p == '\\' && p[1]) p++;
-            if (*p != *s) return 0;
+            if (p[i] == '\\' && p[i + 1]) i++;
+            t[n].kind = T_LIT, t[n++].lit = p[i++];
         }
-        p++, s++;
     }
-    return s == end;
+    return n;
+}
+
+/* State 2k: before token k; state 2k+1: inside a segment eaten by T_SEGS token k. */
+#define WORDS ((2 * GLOB_MAX_TOKENS + 2 + 63) / 64)
+#define HAS(set, s) ((set)[(s) / 64] >> ((s) % 64) & 1)
+#define ADD(set, s) ((set)[(s) / 64] |= (uint64_t)1 << ((s) % 64))
+
+static void closure(uint64_t *set, const tok_t *t, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (HAS(set, 2 * k) && (t[k].kind == T_STAR || t[k].kind == T_SEGS || t[k].kind == T_REST))
+            ADD(set, 2 * (k + 1));
 }
 
 int dps_glob_match(const char *pattern, const char *path, size_t len)
 {
-    return match(pattern, path, path + len);
+    tok_t t[GLOB_MAX_TOKENS];
+    int n = tokenize(pattern, t);
+    if (n < 0) return 0;
+    uint64_t cur[WORDS] = {0}, next[WORDS];
+    ADD(cur, 0);
+    closure(cur, t, n);
+    for (size_t i = 0; i < len; i++) {
+        char c = path[i];
+        int alive = 0;
+        memset(next, 0, sizeof next);
+        for (int k = 0; k < n; k++) {
+            const char *after;
+            if (HAS(cur, 2 * k)) switch (t[k].kind) {
+                case T_LIT: if (c == t[k].lit) ADD(next, 2 * (k + 1)); break;
+                case T_ANY: if (c != '/') ADD(next, 2 * (k + 1)); break;
+                case T_CLASS: if (c != '/' && class_match(t[k].cls, c, &after)) ADD(next, 2 * (k + 1)); break;
+                case T_STAR: if (c != '/') ADD(next, 2 * k); break;
+                case T_SEGS: ADD(next, c == '/' ? 2 * k : 2 * k + 1); break;
+                case T_REST: ADD(next, 2 * k); break;
+                }
+            if (HAS(cur, 2 * k + 1)) ADD(next, c == '/' ? 2 * k : 2 * k + 1);
+        }
+        closure(next, t, n);
+        for (int w = 0; w < WORDS; w++) alive |= (cur[w] = next[w]) != 0;
+        if (!alive) return 0;
+    }
+    return HAS(cur, 2 * n);
 }
 
 const char *dps_glob_check(const char *g, size_t len)
 {
     if (len == 0) return "empty glob";
+    if (len > GLOB_MAX_TOKENS) return "glob longer than 256 characters";
     for (size_t i = 0; i < len; i++) {
         if (g[i] == '\\') {
             if (++i == len) return "glob ends with a lone '\\'";

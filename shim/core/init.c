@@ -45,7 +45,7 @@ static void export_policy_path(void)
 
 static _Noreturn void config_error(const char *msg)
 {
-    DPS_ERROR("%s; the program was not started (check a policy file with 'dpshim-diag check FILE')", msg);
+    DPS_ERROR("%s [the program was not started; dpshim-diag check FILE validates a policy file]", msg);
     dps_bootstrap_finalize();
     exit(DPS_EXIT_CONFIG);
 }

@@ -33,6 +33,14 @@ int main(void)
     yes("*", "anything");
     no("?", "");
     yes("", "");
+    /* patterns that make a backtracking matcher take exponential time finish at once */
+    char path[201];
+    memset(path, 'a', 200), path[200] = '\0';
+    no("*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b", path);
+    no("**/**/**/**/**/**/**/**/**/b", "a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/a/c");
+    yes("**/**/x", "x");
+    yes("a/**", "a/");
+    no("a/**", "a");
     CHECK(dps_glob_check("*.ckpt", 6) == NULL, "valid glob rejected");
     CHECK(dps_glob_check("ckpt[0-9", 8) != NULL, "unclosed class accepted");
     CHECK(dps_glob_check("a\\", 2) != NULL, "lone backslash accepted");
