@@ -2,6 +2,7 @@
 # dev.sh: set up, build, and run dpshim on a Debian machine.
 #   ./dev.sh demo [NP]   install what is missing, build, train Fashion-MNIST on NP ranks (default 4)
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
+#   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh setup | build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,9 +38,9 @@ mpirun_env() {
 demo() {
     local np=${1:-4}
     mpirun_env
-    echo "dev.sh: mpirun -np $np env LD_PRELOAD=$BUILD_DIR/lib/libdpshim.so $BUILD_DIR/bin/fmnist_train --epochs 3"
-    timeout 1800 mpirun --oversubscribe -np "$np" \
-        env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --epochs 3
+    echo "dev.sh: mpirun -np $np env DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD=$BUILD_DIR/lib/libdpshim.so $BUILD_DIR/bin/fmnist_train --epochs 3 --save $BUILD_DIR/fmnist.ckpt"
+    timeout 1800 mpirun --oversubscribe -np "$np" env DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_FILES_RANK0_ONLY='*.ckpt' \
+        LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --epochs 3 --save "$BUILD_DIR/fmnist.ckpt"
 }
 
 run_tests() {
@@ -51,11 +52,38 @@ run_tests() {
     ctest --test-dir "$BUILD_DIR" --output-on-failure
 }
 
+# median of the numbers on stdin
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+bench_files() {
+    local dir n=50000 rounds=7
+    # tmpfs when there is one: the disk's own noise would hide what the shim adds
+    dir=$(mktemp -d -p "$([ -d /dev/shm ] && echo /dev/shm || echo /tmp)")
+    echo "open+write+close of an unmatched path in $dir, $n iterations, median of $rounds alternating rounds:"
+    printf '  %-44s %10s %10s %7s\n' "policy" "plain ns" "shim ns" "ratio"
+    local -a policies=("(no [files] globs)|" "rank0_only = *.ckpt, per_rank = *.log|*.ckpt" \
+                       "rank0_only = ckpts/** /scratch/**|ckpts/** /scratch/**")
+    for row in "${policies[@]}"; do
+        local label=${row%%|*} globs=${row#*|} plain=() shim=()
+        for _ in $(seq "$rounds"); do
+            plain+=("$("$BUILD_DIR/bin/bench_files" $n "$dir/data.bin")")
+            shim+=("$(env DPSHIM_FILES_RANK0_ONLY="$globs" DPSHIM_FILES_PER_RANK="${globs:+*.log}" \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/bench_files" $n "$dir/data.bin")")
+        done
+        local p s
+        p=$(printf '%s\n' "${plain[@]}" | median)
+        s=$(printf '%s\n' "${shim[@]}" | median)
+        printf '  %-44s %10.1f %10.1f %7.3f\n' "$label" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN { print a / b }')"
+    done
+    rm -rf "$dir"
+}
+
 case "${1:-}" in
 setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
+bench) setup && build && bench_files ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
