@@ -50,6 +50,22 @@ torture() {
     done
 }
 
+@test "threads writing gated and per-rank files at once (np=2): complete files, no temporaries" {
+    local dir=$BATS_TEST_TMPDIR/threads
+    mkdir -p "$dir"
+    run mpi 2 env DPSHIM_POLICY="$SRC/tests/integration/files/torture.conf" LD_PRELOAD="$SHIM" \
+        "$BUILD/bin/file_torture" threads "$dir"
+    assert_success
+    run bash -c "cd '$dir' && ls -A | sort"
+    assert_output "$(for t in 0 1 2 3 4 5 6 7; do printf 't%d.ckpt\nt%d.rank0.log\nt%d.rank1.log\n' $t $t $t; done | sort)"
+    for t in 0 1 2 3 4 5 6 7; do
+        # the last round, complete, by rank 0
+        assert_equal "$(sort -u "$dir/t$t.ckpt")" "thread $t round 49 by rank 0"
+        assert_equal "$(wc -l <"$dir/t$t.ckpt")" 100
+        assert_equal "$(wc -l <"$dir/t$t.rank1.log")" 50
+    done
+}
+
 # errno_run BIN DIR [ENV...]: the unmatched-path calls, their results and errno.
 errno_run() {
     local bin=$1 dir=$2

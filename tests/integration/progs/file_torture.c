@@ -1,12 +1,14 @@
 /* Every file entry point the shim wraps, on paths the policy gates and on paths it does not.
  *   file_torture gated DIR   (under mpirun, policy from files_torture.conf): each rank runs
  *       every call on the same shared DIR; the bats test then checks what is on disk.
+ *   file_torture threads DIR 8 threads writing gated and per-rank files at the same time.
  *   file_torture errno DIR   every call on unmatched paths, printing "call rc errno" lines, so
  *       a run with the shim can be compared with one without.
  * Built twice: plainly, and with -O2 -D_FORTIFY_SOURCE=2 -D_FILE_OFFSET_BITS=64, where the
  * headers route the same source to __open_2, open64, fopen64, truncate64 and friends. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +107,38 @@ static void gated(const char *dir)
     close(dfd);
 }
 
+/* Threads writing gated and per-rank files at once: the publication table and the path
+ * decisions must hold up; every file ends complete, no temporary is left behind. */
+static void *thread_writer(void *arg)
+{
+    long t = (long)arg;
+    for (int i = 0; i < 50; i++) {
+        char path[64], line[64];
+        snprintf(path, sizeof path, "t%ld.ckpt", t);
+        FILE *f = fopen(path, "w");
+        if (!f) return (void *)1;
+        int n = snprintf(line, sizeof line, "thread %ld round %d by rank %d\n", t, i, rank);
+        for (int k = 0; k < 100; k++) fwrite(line, 1, (size_t)n, f);
+        if (fclose(f) != 0) return (void *)1;
+        snprintf(path, sizeof path, "t%ld.log", t);
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd < 0 || write(fd, line, (size_t)n) != n || close(fd) != 0) return (void *)1;
+    }
+    return NULL;
+}
+
+static void threads(const char *dir)
+{
+    if (chdir(dir) != 0) return fail("chdir");
+    pthread_t th[8];
+    for (long t = 0; t < 8; t++) pthread_create(&th[t], NULL, thread_writer, (void *)t);
+    for (int t = 0; t < 8; t++) {
+        void *rc;
+        pthread_join(th[t], &rc);
+        if (rc) fail("thread");
+    }
+}
+
 #define SHOW(call) report(#call, (long)(call))
 static void report(const char *what, long rc)
 {
@@ -158,6 +192,7 @@ int main(int argc, char **argv)
     }
     rank = dp_rank ? dp_rank() : 0;
     if (!strcmp(argv[1], "gated")) gated(argv[2]);
+    else if (!strcmp(argv[1], "threads")) threads(argv[2]);
     else errno_mode(argv[2]);
     if (failures) fprintf(stderr, "file_torture rank %d: %d failures\n", rank, failures);
     return failures ? 1 : 0;
