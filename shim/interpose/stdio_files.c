@@ -70,18 +70,17 @@ DPS_EXPORT FILE *fopen64(const char *path, const char *mode)
 }
 
 /* freopen closes the stream's old file first: finish it like fclose would. */
-static void reopen_finish_old(FILE *stream, dps_publish_t *p, int *taken)
+static void finish_old(FILE *stream)
 {
-    *taken = stream && atomic_load_explicit(&dps_files_pending, memory_order_relaxed) &&
-             dps_files_take(fileno(stream), p);
+    dps_publish_t old;
+    if (stream && atomic_load_explicit(&dps_files_pending, memory_order_relaxed) &&
+        dps_files_take(fileno(stream), &old))
+        dps_files_finish(&old, fflush(stream) == 0);
 }
 
 DPS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
 {
-    dps_publish_t old;
-    int taken;
-    reopen_finish_old(stream, &old, &taken);
-    if (taken) fflush(stream), dps_files_finish(&old, 1);
+    finish_old(stream);
 #define CALL(p, m) DPS_REAL(freopen)(p, m, stream)
     FOPEN_BODY(path, mode, CALL);
 #undef CALL
@@ -89,10 +88,7 @@ DPS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
 
 DPS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
 {
-    dps_publish_t old;
-    int taken;
-    reopen_finish_old(stream, &old, &taken);
-    if (taken) fflush(stream), dps_files_finish(&old, 1);
+    finish_old(stream);
 #define CALL(p, m) DPS_REAL(freopen64)(p, m, stream)
     FOPEN_BODY(path, mode, CALL);
 #undef CALL
