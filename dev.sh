@@ -78,12 +78,35 @@ bench_files() {
     rm -rf "$dir"
 }
 
+# Seconds of the trainer's epoch line "(x s)".
+epoch_seconds() { sed -n 's/^epoch 1: .*(\([0-9.]*\) s)$/\1/p' | head -1; }
+
+bench_guard() {
+    local rounds=5 steps=600 on=() off=()
+    echo "example trainer, 4 ranks, $steps steps (batch 100), median of $rounds alternating rounds:"
+    for _ in $(seq "$rounds"); do
+        for mode in on off; do
+            local env=(DPSHIM_OUTPUT_STDOUT=rank0)
+            [ $mode = off ] && env+=(DPSHIM_GUARD_TIMEOUT=0 DPSHIM_GUARD_EXIT_BARRIER=off)
+            local t
+            t=$(timeout 600 mpirun --oversubscribe -np 4 env "${env[@]}" LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+                "$BUILD_DIR/bin/fmnist_train" --steps $steps --no-eval 2>/dev/null | epoch_seconds)
+            if [ $mode = on ]; then on+=("$t"); else off+=("$t"); fi
+        done
+    done
+    local a b
+    a=$(printf '%s\n' "${on[@]}" | median)
+    b=$(printf '%s\n' "${off[@]}" | median)
+    printf '  guard on (watchdog, exit barrier): %.3f s   guard off: %.3f s   ratio on/off: %.3f\n' "$a" "$b" \
+        "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
+}
+
 case "${1:-}" in
 setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-bench) setup && build && bench_files ;;
+bench) setup && build && mpirun_env && bench_files && bench_guard ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -142,7 +142,7 @@ int main(int argc, char **argv)
         }
         printf("epoch %llu: %llu steps, loss %.4f", e, (unsigned long long)st.steps, st.loss);
         if (eval) printf(", test accuracy %.2f%%", 100.0 * (acc = dpnn_evaluate(m, &test, 1000)));
-        printf(" (%.1f s)\n", now() - t0);
+        printf(" (%.2f s)\n", now() - t0);
         fflush(stdout);
         if (log) fprintf(log, "epoch %llu steps %llu loss %.6f accuracy %.6f\n", e, (unsigned long long)st.steps, st.loss, acc), fflush(log);
     }

@@ -20,6 +20,12 @@ typedef struct dps_backend {
     void (*finalize)(void);
     /* 1 when the backend itself called MPI_Init, so the program's MPI_Init must not. */
     int (*owns_mpi_init)(void);
+    /* The guard's side channel, apart from the data path, usable from the guard's thread while
+     * the main thread is blocked in a collective; NULL when the backend has none (self, or an
+     * MPI the program initialized without MPI_THREAD_MULTIPLE). Small messages only. */
+    int (*guard_send)(const void *msg, size_t len, int dest);
+    /* 1 and the message when one has arrived, 0 when none, -1 on error. */
+    int (*guard_poll)(void *msg, size_t len, int *src);
 } dps_backend_t;
 
 /* Plugin entry point, resolved by name in libdpshim-<name>.so. */

@@ -1,6 +1,7 @@
 /* Engine configuration and backend life cycle. */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "guard/guard.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -11,8 +12,7 @@ dps_engine_t dps_e;
 
 /* Keys a later version acts on: a user who sets one now must hear that it does nothing yet. */
 static const dps_key_id_t not_yet_effective[] = {
-    DPS_P_gpu_bind,
-    DPS_P_guard_exit_barrier, DPS_P_guard_timeout, DPS_P_guard_desync, DPS_P_guard_drift_every,
+    DPS_P_gpu_bind, DPS_P_guard_desync, DPS_P_guard_drift_every,
     DPS_P_diag_dir, DPS_P_adapters_python,
 };
 
@@ -63,7 +63,10 @@ const dps_backend_t *dps_comm(const char *hook)
 {
     if (DPS_LIKELY(dps_e.be == &dps_backend_self)) return NULL;
     if (DPS_UNLIKELY(dps_e.scope_depth)) {
-        if (dps_g.eff_rank != 0)
+        if (dps_g.eff_rank == 0)
+            DPS_WARN_ONCE("%s inside rank-0 scope '%s': it acts as world size 1 here (no other rank "
+                          "takes part), so it cannot block", hook, dps_e.scope_name ? dps_e.scope_name : "");
+        else
             DPS_WARN_ONCE("%s inside rank-0 scope '%s' on a rank that should skip its body; it "
                           "acts as world size 1 here", hook, dps_e.scope_name ? dps_e.scope_name : "");
         return NULL;
@@ -86,6 +89,7 @@ const dps_backend_t *dps_comm(const char *hook)
         be = dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
         if (!be) dps_fatal("%s: %s", hook, err);
         DPS_INFO("%s backend opened by %s", be->name, hook);
+        dps_guard_start(be);
         __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&open_lock);
@@ -99,6 +103,7 @@ void dps_engine_shutdown(void)
 
 void dps_engine_before_mpi_finalize(void)
 {
+    dps_guard_exit(); /* the guard talks over MPI: done before the program finalizes it */
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->release();
     dps_e.released = 1;
 }

@@ -5,6 +5,7 @@
 
 #include "dtype.h"
 #include "engine.h"
+#include "guard/guard.h"
 
 static unsigned char *bucket;
 
@@ -77,10 +78,17 @@ static int check_tensor(const char *hook, const dp_tensor *t, size_t i)
 static int run(const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
                int32_t dtype, dps_redop_t op)
 {
+    dps_guard_enter(hook, kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE, dtype, count);
     int rc = kind == DPS_FUSE_BCAST ? be->bcast(buf, count * dps_dtype_size(dtype), 0)
                                     : be->allreduce(buf, count, dtype, op);
+    dps_guard_leave();
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
-    if (rc != 0) dps_fatal("%s: %s", hook, be->last_error());
+    if (rc != 0) {
+        char where[96];
+        dps_guard_where(where, sizeof where);
+        dps_fatal("%s (%s): %s%s", hook, where, be->last_error(),
+                  strstr(be->last_error(), "TRUNCATE") ? " (ranks are calling different collectives: a desync)" : "");
+    }
     return 0;
 }
 

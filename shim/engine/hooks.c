@@ -5,6 +5,7 @@
 
 #include "dtype.h"
 #include "engine.h"
+#include "guard/guard.h"
 #include "shard.h"
 
 DPS_EXPORT int dp_rank(void) { return dps_g.rank; }
@@ -178,6 +179,7 @@ DPS_EXPORT int dp_scope_end(void)
 DPS_EXPORT int dp_step_end(uint64_t step)
 {
     dps_e.step = step;
+    dps_guard_step(step);
     if (ready.npending)
         DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "
                       "by dp_grads", (unsigned long long)step);

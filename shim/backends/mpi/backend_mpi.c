@@ -11,7 +11,7 @@
 #include "backends/backend.h"
 #include "dpshim/hooks.h"
 
-static MPI_Comm comm = MPI_COMM_NULL;
+static MPI_Comm comm = MPI_COMM_NULL, guard_comm = MPI_COMM_NULL;
 static int initialized_by_us;
 static char errbuf[512];
 
@@ -70,12 +70,31 @@ static int mpi_barrier(void) { return check(PMPI_Barrier(comm), "MPI_Barrier"); 
 
 static const char *mpi_last_error(void) { return errbuf; }
 
+/* The guard channel: eager point-to-point messages on a communicator of its own. */
+static int mpi_guard_send(const void *msg, size_t len, int dest)
+{
+    return PMPI_Send(msg, (int)len, MPI_BYTE, dest, 0, guard_comm) == MPI_SUCCESS ? 0 : -1;
+}
+
+static int mpi_guard_poll(void *msg, size_t len, int *src)
+{
+    int flag = 0;
+    MPI_Status st;
+    if (PMPI_Iprobe(MPI_ANY_SOURCE, 0, guard_comm, &flag, &st) != MPI_SUCCESS) return -1;
+    if (!flag) return 0;
+    if (PMPI_Recv(msg, (int)len, MPI_BYTE, st.MPI_SOURCE, 0, guard_comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return -1;
+    *src = st.MPI_SOURCE;
+    return 1;
+}
+
 static void mpi_release(void)
 {
     int fin = 0;
     PMPI_Finalized(&fin);
     if (comm != MPI_COMM_NULL && !fin) PMPI_Comm_free(&comm);
-    comm = MPI_COMM_NULL;
+    if (guard_comm != MPI_COMM_NULL && !fin) PMPI_Comm_free(&guard_comm);
+    comm = guard_comm = MPI_COMM_NULL;
 }
 
 static void mpi_finalize(void)
@@ -106,6 +125,11 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     }
     if (check(PMPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup")) goto fail;
     PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (init) PMPI_Query_thread(&provided);
+    /* the guard talks from its own thread while the main thread waits in a collective */
+    int guard = provided == MPI_THREAD_MULTIPLE &&
+                PMPI_Comm_dup(MPI_COMM_WORLD, &guard_comm) == MPI_SUCCESS;
+    if (guard) PMPI_Comm_set_errhandler(guard_comm, MPI_ERRORS_RETURN);
     PMPI_Comm_rank(comm, &rank);
     PMPI_Comm_size(comm, &size);
     if (rank != expect_rank || size != expect_size) {
@@ -118,7 +142,8 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
         return -1;
     }
     *out = (dps_backend_t){"mpi", mpi_allreduce, mpi_bcast, mpi_barrier, mpi_last_error,
-                           mpi_release, mpi_finalize, mpi_owns_init};
+                           mpi_release, mpi_finalize, mpi_owns_init,
+                           guard ? mpi_guard_send : NULL, guard ? mpi_guard_poll : NULL};
     return 0;
 fail:
     snprintf(err, errlen, "mpi backend: %s", errbuf);

@@ -1,0 +1,33 @@
+/* The guard: no silent hangs. It tracks where the main thread is (which collective, which step),
+ * and a watchdog thread talks to the other ranks over the backend's side channel: a collective
+ * that waits longer than [guard] timeout, or one that a rank which already left can never join,
+ * ends the job with one table of where every rank is. At exit a rank waits for the others
+ * ([guard] exit_barrier), and a crashing rank says where it was before it dies. */
+#ifndef DPS_GUARD_H
+#define DPS_GUARD_H
+
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "core/dps.h"
+
+/* Exit status of a job the guard ended. */
+#define DPS_EXIT_GUARD 75
+
+void dps_guard_configure(const dps_state_t *s);
+/* The rank process is up: crash reports. */
+void dps_guard_install_crash_handlers(void);
+/* The backend opened: the watchdog starts when the backend has a side channel. */
+void dps_guard_start(const dps_backend_t *be);
+/* Around every collective of the main thread. */
+void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count);
+void dps_guard_leave(void);
+void dps_guard_step(uint64_t step);
+/* "collective #57 after step 6", for messages. */
+void dps_guard_where(char *buf, size_t len);
+/* At exit of the rank process, before the backend finalizes: the exit barrier. */
+void dps_guard_exit(void);
+
+enum { DPS_COLL_ALLREDUCE, DPS_COLL_BCAST };
+
+#endif

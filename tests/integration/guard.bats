@@ -1,0 +1,64 @@
+#!/usr/bin/env bats
+# The guard: a rank that leaves early, stalls, crashes or calls a collective the others do not
+# ends the job within [guard] timeout + 15 s, non-zero, naming the rank, the step and the
+# operation; healthy jobs are never stopped.
+load helpers
+
+TIMEOUT=5
+
+# fault FAULT RANK STEP: the 4-rank training loop with one fault; its time goes to $elapsed.
+fault() {
+    local start=$SECONDS
+    run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
+    elapsed=$((SECONDS - start))
+    echo "$output"
+    echo "ended after $elapsed s" >&3
+    [ "$elapsed" -le $((TIMEOUT + 15)) ] || fail "took $elapsed s"
+}
+
+@test "rank 1 exits at step 5 while the others go on" {
+    fault exit 1 5
+    assert_failure
+    assert_output --partial "guard: rank 1 left the program after step 4 (its last collective #5), while rank 0 waits in dp_grads collective #6"
+    assert_output --regexp "rank 1: left the program \(exit\) after step 4 and collective #5  <-- culprit"
+    [ "$elapsed" -lt "$TIMEOUT" ] # detected at once, not by the timeout
+}
+
+@test "rank 1 stalls inside step 5: the watchdog lists every rank's position" {
+    fault stall 1 5
+    assert_failure
+    assert_output --partial "guard: dp_grads collective #6 (after step 4) has waited"
+    assert_output --regexp "rank 1: in the program's own code for [0-9.]+ s, since dp_grads collective #5 after step 4  <-- culprit"
+    for r in 0 2 3; do
+        assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x 1000\), collective #6 after step 4, waiting"
+    done
+}
+
+@test "rank 3 dies with SIGSEGV at step 4: named with its signal and step" {
+    fault crash 3 4
+    assert_failure
+    assert_output --partial "guard: rank 3 crashed with signal 11 (Segmentation fault) after step 3, after dp_grads collective #4"
+}
+
+@test "rank 2 calls one extra all-reduce at step 3: the job ends naming rank, step and call" {
+    fault extra 2 3
+    assert_failure
+    assert_output --regexp "\[dpshim r2/4\] ERROR dp_metric \(collective #[0-9]+ after step 2\): .*a desync"
+}
+
+@test "rank 0 calls a collective inside a scope: no hang, the right result, a note" {
+    fault scope 0 3
+    assert_success
+    assert_output --partial "rank 0: collective inside the scope gave 7"
+    assert_output --partial "dp_metric inside rank-0 scope 'save': it acts as world size 1"
+    assert_equal "$(grep -c 'finished 10 steps, 4 ranks' <<<"$output")" 4
+}
+
+@test "20 consecutive healthy 4-rank trainer runs with the guard on: all exit 0" {
+    cd "$BATS_TEST_TMPDIR"
+    for i in $(seq 1 20); do
+        run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT LD_PRELOAD="$SHIM" "$TRAINER" --steps 20 --no-eval --train-limit 4000
+        [ "$status" -eq 0 ] || fail "run $i: $output"
+        refute_output --partial "guard:"
+    done
+}
