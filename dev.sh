@@ -82,12 +82,13 @@ bench_files() {
 epoch_seconds() { sed -n 's/^epoch 1: .*(\([0-9.]*\) s)$/\1/p' | head -1; }
 
 bench_guard() {
-    local rounds=5 steps=600 on=() off=()
+    local rounds=11 steps=600 on=() off=()
     echo "example trainer, 4 ranks, $steps steps (batch 100), median of $rounds alternating rounds:"
     for _ in $(seq "$rounds"); do
         for mode in on off; do
-            local env=(DPSHIM_OUTPUT_STDOUT=rank0)
-            [ $mode = off ] && env+=(DPSHIM_GUARD_TIMEOUT=0 DPSHIM_GUARD_EXIT_BARRIER=off)
+            local env=(DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_GUARD_DRIFT_EVERY=100)
+            [ $mode = off ] && env=(DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_GUARD_TIMEOUT=0 DPSHIM_GUARD_EXIT_BARRIER=off \
+                DPSHIM_GUARD_DESYNC=off DPSHIM_GUARD_DRIFT_EVERY=0)
             local t
             t=$(timeout 600 mpirun --oversubscribe -np 4 env "${env[@]}" LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
                 "$BUILD_DIR/bin/fmnist_train" --steps $steps --no-eval 2>/dev/null | epoch_seconds)
@@ -97,7 +98,7 @@ bench_guard() {
     local a b
     a=$(printf '%s\n' "${on[@]}" | median)
     b=$(printf '%s\n' "${off[@]}" | median)
-    printf '  guard on (watchdog, exit barrier): %.3f s   guard off: %.3f s   ratio on/off: %.3f\n' "$a" "$b" \
+    printf '  guards on (watchdog, exit barrier, desync = step, drift every 100): %.3f s   off: %.3f s   ratio: %.3f\n' "$a" "$b" \
         "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
 }
 

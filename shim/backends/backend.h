@@ -4,6 +4,7 @@
 #define DPS_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
 
@@ -26,6 +27,10 @@ typedef struct dps_backend {
     int (*guard_send)(const void *msg, size_t len, int dest);
     /* 1 and the message when one has arrived, 0 when none, -1 on error. */
     int (*guard_poll)(void *msg, size_t len, int *src);
+    /* Collectives of the main thread on the side channel (consistency checks): element-wise
+     * minimum of n uint64, and every rank's `bytes` bytes gathered in rank order. */
+    int (*guard_min_u64)(uint64_t *v, size_t n);
+    int (*guard_allgather)(const void *mine, void *all, size_t bytes);
 } dps_backend_t;
 
 /* Plugin entry point, resolved by name in libdpshim-<name>.so. */

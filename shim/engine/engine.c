@@ -12,7 +12,7 @@ dps_engine_t dps_e;
 
 /* Keys a later version acts on: a user who sets one now must hear that it does nothing yet. */
 static const dps_key_id_t not_yet_effective[] = {
-    DPS_P_gpu_bind, DPS_P_guard_desync, DPS_P_guard_drift_every,
+    DPS_P_gpu_bind,
     DPS_P_diag_dir, DPS_P_adapters_python,
 };
 

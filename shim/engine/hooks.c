@@ -14,6 +14,7 @@ DPS_EXPORT int dp_local_rank(void) { return dps_g.local_rank; }
 
 DPS_EXPORT int dp_params(dp_tensor *t, size_t n)
 {
+    dps_guard_params(t, n);
     const dps_backend_t *be = dps_comm("dp_params");
     return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) : 0;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/dtype.h"
+#include "dpshim/hooks.h"
 
 /* Where the main thread is; written by it, read by the watchdog and the crash handler. */
 static struct {
@@ -27,8 +28,14 @@ static struct {
     atomic_int leaving; /* the program is exiting */
 } pos;
 
+enum { DESYNC_OFF, DESYNC_STEP, DESYNC_FULL };
+
 static struct {
-    int on, exit_barrier;
+    int on, exit_barrier, desync;
+    uint64_t drift_every;
+    uint64_t fp; /* rolling fingerprint of this rank's collectives since the last step check */
+    dp_tensor *params;
+    size_t nparams;
     double timeout;
     int rank, size;
     const dps_backend_t *be;
@@ -48,14 +55,34 @@ void dps_guard_configure(const dps_state_t *s)
     g.rank = s->rank, g.size = s->size;
     g.timeout = (double)dps_policy_num(&s->policy, DPS_P_guard_timeout);
     g.exit_barrier = dps_policy_is(&s->policy, DPS_P_guard_exit_barrier, "on");
+    g.desync = (int)dps_policy_num(&s->policy, DPS_P_guard_desync);
+    g.drift_every = dps_policy_num(&s->policy, DPS_P_guard_drift_every);
     /* with neither a watchdog nor an exit barrier there is nothing for the thread to do */
     g.on = s->eff_size > 1 && (g.timeout > 0 || g.exit_barrier);
     atomic_store(&pos.since_ns, now_ns());
     atomic_store(&pos.hook, "start");
 }
 
+static void check_call(const char *hook, int collective, int32_t dtype, uint64_t count);
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+/* What a collective is, as a number every rank computes alike. */
+static uint64_t describe_call(const char *hook, int collective, int32_t dtype, uint64_t count)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = hook; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    return mix(mix(mix(h, (uint64_t)collective), (uint64_t)dtype), count);
+}
+
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
+    if (g.desync == DESYNC_FULL) check_call(hook, collective, dtype, count);
+    g.fp = mix(g.fp, describe_call(hook, collective, dtype, count));
     atomic_store_explicit(&pos.hook, hook, memory_order_relaxed);
     atomic_store_explicit(&pos.coll, collective, memory_order_relaxed);
     atomic_store_explicit(&pos.dtype, dtype, memory_order_relaxed);
@@ -71,7 +98,24 @@ void dps_guard_leave(void)
     atomic_store_explicit(&pos.since_ns, now_ns(), memory_order_release);
 }
 
-void dps_guard_step(uint64_t step) { atomic_store_explicit(&pos.step, step, memory_order_relaxed); }
+static void check_step(uint64_t step);
+static void check_drift(uint64_t step);
+
+void dps_guard_step(uint64_t step)
+{
+    atomic_store_explicit(&pos.step, step, memory_order_relaxed);
+    if (g.desync == DESYNC_STEP) check_step(step);
+    if (g.drift_every && step % g.drift_every == 0) check_drift(step);
+}
+
+void dps_guard_params(const dp_tensor *t, size_t n)
+{
+    dp_tensor *copy = malloc((n ? n : 1) * sizeof *copy);
+    if (!copy) return;
+    memcpy(copy, t, n * sizeof *t);
+    free(g.params);
+    g.params = copy, g.nparams = n;
+}
 
 void dps_guard_where(char *buf, size_t len)
 {
@@ -131,6 +175,9 @@ static void describe(const guard_msg_t *m, char *buf, size_t len)
     if (m->leaving)
         snprintf(buf, len, "left the program (exit) after step %llu and collective #%llu",
                  (unsigned long long)m->step, (unsigned long long)m->seq);
+    else if (m->in_coll && m->coll < 0)
+        snprintf(buf, len, "in the guard's %s after collective #%llu and step %llu, waiting %.1f s", m->hook,
+                 (unsigned long long)m->seq, (unsigned long long)m->step, m->seconds);
     else if (m->in_coll)
         snprintf(buf, len, "in %s (%s %s x %llu), collective #%llu after step %llu, waiting %.1f s", m->hook,
                  m->coll == DPS_COLL_BCAST ? "broadcast" : "all-reduce", dps_dtype_name(m->dtype),
@@ -300,6 +347,172 @@ void dps_guard_exit(void)
     atomic_store(&g.stop, 1);
     pthread_join(g.thread, NULL);
     atomic_store(&g.running, 0);
+}
+
+/* --- consistency checks: collectives of the main thread on the side channel --- */
+
+static int checks_possible(void) { return g.be && g.be->guard_min_u64 && !atomic_load(&pos.leaving); }
+
+/* Marks the main thread as inside a check, so the watchdog covers it, without counting it as
+ * one of the program's collectives. */
+typedef struct check_mark {
+    const char *hook;
+    int coll;
+} check_mark_t;
+
+static check_mark_t check_begin(const char *what)
+{
+    check_mark_t prev = {atomic_load(&pos.hook), atomic_load(&pos.coll)};
+    atomic_store(&pos.hook, what);
+    atomic_store(&pos.coll, -1); /* not one of the program's collectives */
+    atomic_store(&pos.since_ns, now_ns());
+    atomic_store(&pos.in_coll, 1);
+    return prev;
+}
+
+/* Back to where the program was: its last collective stays the one reports name. */
+static void check_end(check_mark_t prev)
+{
+    atomic_store(&pos.hook, prev.hook);
+    atomic_store(&pos.coll, prev.coll);
+    dps_guard_leave();
+}
+
+/* 1 when x is the same on every rank. */
+static int same_everywhere(uint64_t x)
+{
+    uint64_t v[2] = {x, ~x};
+    if (g.be->guard_min_u64(v, 2) != 0) return 1; /* a failed check must not end a healthy job */
+    return v[0] == ~v[1];
+}
+
+typedef struct call_info {
+    uint64_t key, seq, step, count;
+    int32_t coll, dtype;
+    char hook[32];
+} call_info_t;
+
+static _Noreturn void report_mismatch(const char *headline, const call_info_t *mine)
+{
+    call_info_t *all = calloc((size_t)g.size, sizeof *all);
+    if (all && g.be->guard_allgather(mine, all, sizeof *mine) == 0 && g.rank == 0) {
+        DPS_ERROR("guard: %s; each rank's call:", headline);
+        for (int r = 0; r < g.size; r++) {
+            int votes = 0;
+            for (int q = 0; q < g.size; q++) votes += all[q].key == all[r].key;
+            DPS_ERROR("guard:   rank %d: %s (%s %s x %llu), collective #%llu after step %llu%s", r, all[r].hook,
+                      all[r].coll == DPS_COLL_BCAST ? "broadcast" : "all-reduce", dps_dtype_name(all[r].dtype),
+                      (unsigned long long)all[r].count, (unsigned long long)all[r].seq,
+                      (unsigned long long)all[r].step, 2 * votes <= g.size ? "  <-- culprit" : "");
+        }
+        DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    } else {
+        DPS_ERROR("guard: %s; ending the job (exit status %d), rank 0 prints every rank's call", headline,
+                  DPS_EXIT_GUARD);
+        struct timespec pause_ = {2, 0};
+        nanosleep(&pause_, NULL);
+    }
+    fflush(NULL);
+    _exit(DPS_EXIT_GUARD);
+}
+
+static call_info_t last_call(uint64_t key)
+{
+    call_info_t c = {.key = key, .seq = atomic_load(&pos.seq), .step = atomic_load(&pos.step),
+                     .count = atomic_load(&pos.count), .coll = atomic_load(&pos.coll), .dtype = atomic_load(&pos.dtype)};
+    snprintf(c.hook, sizeof c.hook, "%s", atomic_load(&pos.hook));
+    return c;
+}
+
+/* [guard] desync = full: every rank is about to make the same call, or the job ends naming the
+ * first call that differs. */
+static void check_call(const char *hook, int collective, int32_t dtype, uint64_t count)
+{
+    if (!checks_possible()) return;
+    uint64_t key = mix(describe_call(hook, collective, dtype, count), atomic_load(&pos.seq) + 1);
+    check_mark_t mark = check_begin("desync check");
+    int same = same_everywhere(key);
+    check_end(mark);
+    if (same) return;
+    call_info_t c = {.key = key, .seq = atomic_load(&pos.seq) + 1, .step = atomic_load(&pos.step),
+                     .count = count, .coll = collective, .dtype = dtype};
+    snprintf(c.hook, sizeof c.hook, "%s", hook);
+    report_mismatch("desync: the ranks are about to make different collective calls", &c);
+}
+
+/* [guard] desync = step: the same sequence of collectives in the step on every rank. */
+static void check_step(uint64_t step)
+{
+    if (!checks_possible()) return;
+    uint64_t key = mix(g.fp, atomic_load(&pos.seq));
+    call_info_t mine = last_call(key); /* before the check marks the position */
+    check_mark_t mark = check_begin("desync check (step end)");
+    int same = same_everywhere(key);
+    check_end(mark);
+    if (!same) {
+        char head[160];
+        snprintf(head, sizeof head, "desync in step %llu: the ranks made different collective calls (last calls shown)",
+                 (unsigned long long)step);
+        report_mismatch(head, &mine);
+    }
+    g.fp = 0;
+}
+
+static uint64_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 0x84222325cbf29ce4ull ^ n, v;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) memcpy(&v, b + i, 8), h = mix(h, v);
+    for (; i < n; i++) h = mix(h, b[i]);
+    return h;
+}
+
+/* [guard] drift_every: the parameters dp_params last saw are bitwise the same on every rank. */
+static void check_drift(uint64_t step)
+{
+    if (!checks_possible() || !g.nparams) return;
+    size_t n = g.nparams;
+    uint64_t *v = malloc(2 * n * sizeof *v), *mine = malloc(n * sizeof *mine);
+    if (!v || !mine) return free(v), free(mine);
+    for (size_t i = 0; i < n; i++) {
+        mine[i] = hash_bytes(g.params[i].data, g.params[i].count * dps_dtype_size(g.params[i].dtype));
+        v[i] = mine[i], v[n + i] = ~mine[i];
+    }
+    check_mark_t mark = check_begin("drift check");
+    int ok = g.be->guard_min_u64(v, 2 * n) != 0;
+    size_t bad = n;
+    for (size_t i = 0; !ok && i < n; i++)
+        if (v[i] != ~v[n + i]) {
+            bad = i;
+            break;
+        }
+    if (bad == n) {
+        check_end(mark);
+        free(v), free(mine);
+        return;
+    }
+    uint64_t *all = calloc((size_t)g.size, sizeof *all);
+    int gathered = all && g.be->guard_allgather(&mine[bad], all, sizeof *all) == 0;
+    const char *name = g.params[bad].name ? g.params[bad].name : "unnamed";
+    if (g.rank == 0) {
+        DPS_ERROR("guard: drift after step %llu: parameter tensor %zu '%s' is not the same on every rank",
+                  (unsigned long long)step, bad, name);
+        for (int r = 0; gathered && r < g.size; r++) {
+            int votes = 0;
+            for (int q = 0; q < g.size; q++) votes += all[q] == all[r];
+            DPS_ERROR("guard:   rank %d: checksum %016llx%s", r, (unsigned long long)all[r],
+                      2 * votes <= g.size ? "  <-- differs" : "");
+        }
+        DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    } else {
+        DPS_ERROR("guard: drift after step %llu in tensor '%s'; ending the job (exit status %d), rank 0 prints "
+                  "every rank's checksum", (unsigned long long)step, name, DPS_EXIT_GUARD);
+        struct timespec pause_ = {2, 0};
+        nanosleep(&pause_, NULL);
+    }
+    fflush(NULL);
+    _exit(DPS_EXIT_GUARD);
 }
 
 /* --- crashes: say where, then die as the signal wants --- */

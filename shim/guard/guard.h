@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "core/dps.h"
+#include "dpshim/hooks.h"
 
 /* Exit status of a job the guard ended. */
 #define DPS_EXIT_GUARD 75
@@ -22,7 +23,10 @@ void dps_guard_start(const dps_backend_t *be);
 /* Around every collective of the main thread. */
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count);
 void dps_guard_leave(void);
+/* After each optimizer step: the desync and drift checks the policy asks for. */
 void dps_guard_step(uint64_t step);
+/* The parameters the drift check compares (what dp_params last saw). */
+void dps_guard_params(const dp_tensor *t, size_t n);
 /* "collective #57 after step 6", for messages. */
 void dps_guard_where(char *buf, size_t len);
 /* At exit of the rank process, before the backend finalizes: the exit barrier. */

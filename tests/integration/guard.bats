@@ -9,7 +9,9 @@ TIMEOUT=5
 # fault FAULT RANK STEP: the 4-rank training loop with one fault; its time goes to $elapsed.
 fault() {
     local start=$SECONDS
-    run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
+    run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT ${DPSHIM_GUARD_DESYNC:+DPSHIM_GUARD_DESYNC=$DPSHIM_GUARD_DESYNC} \
+        ${DPSHIM_GUARD_DRIFT_EVERY:+DPSHIM_GUARD_DRIFT_EVERY=$DPSHIM_GUARD_DRIFT_EVERY} \
+        LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
     elapsed=$((SECONDS - start))
     echo "$output"
     echo "ended after $elapsed s" >&3
@@ -40,10 +42,33 @@ fault() {
     assert_output --partial "guard: rank 3 crashed with signal 11 (Segmentation fault) after step 3, after dp_grads collective #4"
 }
 
-@test "rank 2 calls one extra all-reduce at step 3: the job ends naming rank, step and call" {
+@test "rank 2 calls one extra all-reduce at step 3, desync = step: caught, naming rank, step and call" {
     fault extra 2 3
     assert_failure
-    assert_output --regexp "\[dpshim r2/4\] ERROR dp_metric \(collective #[0-9]+ after step 2\): .*a desync"
+    assert_output --regexp "rank 2: in dp_metric \(all-reduce f64 x 1\), collective #5 after step 2, waiting [0-9.]+ s  <-- culprit"
+    assert_output --regexp "rank 0: in the guard's desync check \(step end\) after collective #4 and step 3"
+}
+
+@test "rank 2 calls one extra all-reduce at step 3, desync = full: caught at that very call" {
+    DPSHIM_GUARD_DESYNC=full fault extra 2 3
+    assert_failure
+    assert_output --partial "guard: desync: the ranks are about to make different collective calls; each rank's call:"
+    assert_output --partial "rank 2: dp_metric (all-reduce f64 x 1), collective #5 after step 2  <-- culprit"
+    assert_output --partial "rank 0: dp_grads (all-reduce f32 x 1000), collective #5 after step 3"
+    [ "$elapsed" -lt "$TIMEOUT" ] # at once, not by the watchdog
+}
+
+@test "rank 2's parameters are perturbed at step 10: the drift check names step and tensor" {
+    DPSHIM_GUARD_DRIFT_EVERY=5 fault perturb 2 10
+    assert_failure
+    assert_output --partial "guard: drift after step 10: parameter tensor 0 'w' is not the same on every rank"
+    assert_output --regexp "rank 2: checksum [0-9a-f]{16}  <-- differs"
+}
+
+@test "every check on (desync = full, drift every step) in a healthy run: no false alarm" {
+    DPSHIM_GUARD_DESYNC=full DPSHIM_GUARD_DRIFT_EVERY=1 fault
+    assert_success
+    assert_equal "$(grep -c 'finished 10 steps, 4 ranks' <<<"$output")" 4
 }
 
 @test "rank 0 calls a collective inside a scope: no hang, the right result, a note" {
@@ -54,10 +79,11 @@ fault() {
     assert_equal "$(grep -c 'finished 10 steps, 4 ranks' <<<"$output")" 4
 }
 
-@test "20 consecutive healthy 4-rank trainer runs with the guard on: all exit 0" {
+@test "20 consecutive healthy 4-rank trainer runs with every guard on: all exit 0" {
     cd "$BATS_TEST_TMPDIR"
     for i in $(seq 1 20); do
-        run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT LD_PRELOAD="$SHIM" "$TRAINER" --steps 20 --no-eval --train-limit 4000
+        run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT DPSHIM_GUARD_DESYNC=full DPSHIM_GUARD_DRIFT_EVERY=5 \
+            LD_PRELOAD="$SHIM" "$TRAINER" --steps 20 --no-eval --train-limit 4000
         [ "$status" -eq 0 ] || fail "run $i: $output"
         refute_output --partial "guard:"
     done

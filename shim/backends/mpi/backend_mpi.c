@@ -88,6 +88,16 @@ static int mpi_guard_poll(void *msg, size_t len, int *src)
     return 1;
 }
 
+static int mpi_guard_min_u64(uint64_t *v, size_t n)
+{
+    return PMPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_UINT64_T, MPI_MIN, guard_comm) == MPI_SUCCESS ? 0 : -1;
+}
+
+static int mpi_guard_allgather(const void *mine, void *all, size_t bytes)
+{
+    return PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, guard_comm) == MPI_SUCCESS ? 0 : -1;
+}
+
 static void mpi_release(void)
 {
     int fin = 0;
@@ -143,7 +153,8 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     }
     *out = (dps_backend_t){"mpi", mpi_allreduce, mpi_bcast, mpi_barrier, mpi_last_error,
                            mpi_release, mpi_finalize, mpi_owns_init,
-                           guard ? mpi_guard_send : NULL, guard ? mpi_guard_poll : NULL};
+                           guard ? mpi_guard_send : NULL, guard ? mpi_guard_poll : NULL,
+                           guard ? mpi_guard_min_u64 : NULL, guard ? mpi_guard_allgather : NULL};
     return 0;
 fail:
     snprintf(err, errlen, "mpi backend: %s", errbuf);

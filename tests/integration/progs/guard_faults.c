@@ -1,7 +1,8 @@
 /* A training loop on the hook ABI with one fault injected, for the guard's tests.
  *   guard_faults STEPS [FAULT RANK STEP]
  * FAULT: exit (return from main early), stall (sleep forever inside the step), crash (SIGSEGV),
- * extra (one more all-reduce than the others), scope (a collective inside a rank-0 scope). */
+ * extra (one more all-reduce than the others), scope (a collective inside a rank-0 scope),
+ * perturb (change one parameter after the update, as a nondeterministic kernel would). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|extra|scope RANK STEP] (under the shim)\n");
+        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|extra|scope|perturb RANK STEP] (under the shim)\n");
         return 2;
     }
     int steps = atoi(argv[1]), rank = dp_rank(), size = dp_world_size();
@@ -50,6 +51,7 @@ int main(int argc, char **argv)
         }
         if (!strcmp(fault, "scope") && s == fstep) dp_scope_end();
         for (int i = 0; i < 1000; i++) w[i] -= 0.01f * g[i];
+        if (here && !strcmp(fault, "perturb")) w[17] += 1e-3f;
         dp_step_end((uint64_t)s);
         usleep(20000);
     }
