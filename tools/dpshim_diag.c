@@ -1,10 +1,19 @@
 /* dpshim-diag: explains what dpshim would do here.
  *   config          effective policy, every value with its source (default, file:line, env)
  *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
- *   keys            the policy reference as a Markdown table (the README's comes from it) */
+ *   keys            the policy reference as a Markdown table (the README's comes from it)
+ *   env             what the shim detects here (launcher, ranks, backends, GPUs, versions)
+ *   report DIR [--trace OUT.json] [--svg OUT.svg]
+ *                   merge the per-rank files of a [diag] dir */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <libgen.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "diag_report.h"
 #include "policy.h"
 
 extern char **environ;
@@ -64,11 +73,48 @@ static int cmd_keys(void)
     return 0;
 }
 
+/* The shim answers for itself: dpshim-diag loads libdpshim.so (from ../lib beside this program,
+ * or DPSHIM_LIB) and asks it what its start-up found. */
+static int cmd_env(void)
+{
+    char self[4096], lib[4200];
+    const char *given = getenv("DPSHIM_LIB");
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (given) snprintf(lib, sizeof lib, "%s", given);
+    else if (n > 0) self[n] = '\0', snprintf(lib, sizeof lib, "%s/../lib/libdpshim.so", dirname(self));
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    int (*describe)(char *, size_t) = h ? (int (*)(char *, size_t))dlsym(h, "dpshim_describe") : NULL;
+    if (!describe) {
+        fprintf(stderr, "dpshim-diag: cannot load %s (%s); set DPSHIM_LIB to libdpshim.so\n", lib, dlerror());
+        return 1;
+    }
+    static char buf[8192];
+    describe(buf, sizeof buf);
+    fputs(buf, stdout);
+    return 0;
+}
+
+static int cmd_report(int argc, char **argv)
+{
+    const char *trace = NULL, *svg = NULL;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace = argv[++i];
+        else if (!strcmp(argv[i], "--svg") && i + 1 < argc) svg = argv[++i];
+        else {
+            fprintf(stderr, "dpshim-diag: report DIR [--trace OUT.json] [--svg OUT.svg]: bad argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    return dps_diag_report(argv[2], trace, svg);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && !strcmp(argv[1], "env")) return cmd_env();
+    if (argc >= 3 && !strcmp(argv[1], "report")) return cmd_report(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "config")) return cmd_config();
     if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
-    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys\n");
+    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | report DIR [--trace OUT.json] [--svg OUT.svg]\n");
     return 2;
 }

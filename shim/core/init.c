@@ -12,6 +12,7 @@
 #include "dps.h"
 #include "engine/engine.h"
 #include "files/files.h"
+#include "diag/diag.h"
 #include "guard/guard.h"
 
 extern char **environ;
@@ -31,6 +32,7 @@ static void at_exit(void)
     DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_files_shutdown();
     dps_guard_exit();
+    dps_diag_write();
     /* PMIx first: Open MPI shares the PMIx client, and the launcher counts the process as
      * finalized only when the last reference goes, which must be MPI's own. */
     dps_bootstrap_finalize();
@@ -63,6 +65,7 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_engine_configure(&dps_g, err, sizeof err) != 0) config_error(err);
     if (dps_files_configure(&dps_g.policy, dps_g.rank, err, sizeof err) != 0) config_error(err);
     dps_guard_configure(&dps_g);
+    dps_diag_configure(&dps_g);
     if (dps_g.role == DPS_ROLE_RANK) dps_guard_install_crash_handlers();
     export_policy_path();
     if (dps_g.role == DPS_ROLE_RANK && dps_output_setup(&dps_g) != 0)

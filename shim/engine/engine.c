@@ -12,8 +12,7 @@ dps_engine_t dps_e;
 
 /* Keys a later version acts on: a user who sets one now must hear that it does nothing yet. */
 static const dps_key_id_t not_yet_effective[] = {
-    DPS_P_gpu_bind,
-    DPS_P_diag_dir, DPS_P_adapters_python,
+    DPS_P_gpu_bind, DPS_P_adapters_python,
 };
 
 int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)

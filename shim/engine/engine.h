@@ -19,6 +19,7 @@ typedef struct dps_engine {
     uint64_t batch_share, batch_n; /* last dp_batch: this rank's share of a global batch */
     int have_batch;
     uint64_t step;
+    uint64_t seq; /* collectives so far */
 } dps_engine_t;
 
 extern dps_engine_t dps_e;

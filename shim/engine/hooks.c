@@ -5,6 +5,7 @@
 
 #include "dtype.h"
 #include "engine.h"
+#include "diag/diag.h"
 #include "guard/guard.h"
 #include "shard.h"
 
@@ -181,6 +182,7 @@ DPS_EXPORT int dp_step_end(uint64_t step)
 {
     dps_e.step = step;
     dps_guard_step(step);
+    dps_diag_step(step);
     if (ready.npending)
         DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "
                       "by dp_grads", (unsigned long long)step);

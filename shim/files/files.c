@@ -14,6 +14,7 @@
 
 #include "core/dps.h"
 #include "core/real.h"
+#include "diag/diag.h"
 #include "glob.h"
 
 atomic_int dps_files_on;
@@ -181,6 +182,7 @@ static void classify(dps_redirect_t *r, int dirfd, const char *path)
     views_t v;
     make_views(&v, dirfd, path);
     if (matches(&per_rank, &v)) { /* per_rank wins: the file is no longer shared */
+        atomic_fetch_add_explicit(&dps_diag_count.rank_paths, 1, memory_order_relaxed);
         rank_path(path, r->buf, sizeof r->buf);
         r->path = r->buf;
         return;
@@ -193,7 +195,10 @@ void dps_files_lookup(dps_redirect_t *r, int dirfd, const char *path) { classify
 void dps_files_modify(dps_redirect_t *r, int dirfd, const char *path)
 {
     classify(r, dirfd, path);
-    if (r->gated && my_rank != 0) r->action = DPS_FILE_NOOP;
+    if (r->gated && my_rank != 0) {
+        r->action = DPS_FILE_NOOP;
+        atomic_fetch_add_explicit(&dps_diag_count.noops, 1, memory_order_relaxed);
+    }
 }
 
 /* --- open and publish ----------------------------------------------------------------------- */
@@ -218,6 +223,7 @@ void dps_files_open(dps_redirect_t *r, int dirfd, const char *path, int flags)
     if (!r->gated || !writing) return; /* reads are never redirected */
     if (my_rank != 0) {
         r->action = DPS_FILE_SINK;
+        atomic_fetch_add_explicit(&dps_diag_count.sinks, 1, memory_order_relaxed);
         r->path = "/dev/null";
         r->flags = (flags & (O_CLOEXEC | O_APPEND | O_NONBLOCK)) | (acc == O_RDONLY ? O_RDWR : acc);
         return;
@@ -266,7 +272,9 @@ void dps_files_finish(dps_publish_t *p, int ok)
     if (!ok) {
         DPS_ERROR("closing %s failed: the previous version is kept", p->final);
         DPS_REAL(unlink)(p->tmp);
-    } else if (DPS_REAL(rename)(p->tmp, p->final) != 0) {
+    } else if (DPS_REAL(rename)(p->tmp, p->final) == 0) {
+        atomic_fetch_add_explicit(&dps_diag_count.published, 1, memory_order_relaxed);
+    } else {
         DPS_ERROR("cannot publish %s (written as %s): %s", p->final, p->tmp, strerror(errno));
         DPS_REAL(unlink)(p->tmp);
     }

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "diag/diag.h"
 #include "engine/dtype.h"
 #include "dpshim/hooks.h"
 
@@ -201,8 +202,26 @@ static void majority(int *in_coll, uint64_t *seq)
     }
 }
 
+/* The diagnostics files, with the collective this rank is stuck in (if it is). */
+static void diag_fail(const char *why)
+{
+    int in = atomic_load(&pos.in_coll) && atomic_load(&pos.coll) >= 0;
+    dps_diag_fail(why, atomic_load(&pos.hook), in ? atomic_load(&pos.seq) : 0,
+                  now_ns() - atomic_load(&pos.since_ns), atomic_load(&pos.step));
+}
+
 static _Noreturn void finish_report(void)
 {
+    for (int r = 0; !w.first.kind && known(r); r++) /* the report that started it all */
+        if (w.have[r] && w.status[r].why != WHY_ANSWER) w.first = w.status[r];
+    char why[256];
+    if (w.first.why == WHY_PEER_LEFT)
+        snprintf(why, sizeof why, "guard: rank %d left the program after step %llu; the job was ended", w.first.left_rank,
+                 (unsigned long long)w.first.left_step);
+    else
+        snprintf(why, sizeof why, "guard: %s collective #%llu after step %llu waited longer than the timeout on rank %d",
+                 w.first.hook, (unsigned long long)w.first.seq, (unsigned long long)w.first.step, w.first.rank);
+    diag_fail(why);
     int printer = g.rank;
     for (int r = 0; known(r); r++)
         if (w.have[r] && w.status[r].why != WHY_ANSWER) {
@@ -256,7 +275,7 @@ static void start_report(int why, int left_rank)
         m.left_step = w.left_step[left_rank];
         m.left_seq = w.left_seq[left_rank];
     }
-    if (!w.first.kind) w.first = m;
+    if (why != WHY_ANSWER && !w.first.kind) w.first = m; /* answers do not say what went wrong */
     w.status[g.rank] = m, w.have[g.rank] = 1;
     send_all(&m);
     w.deadline = now_ns() + 3000000000u; /* time for every reachable rank to answer */
@@ -394,6 +413,9 @@ typedef struct call_info {
 
 static _Noreturn void report_mismatch(const char *headline, const call_info_t *mine)
 {
+    char why[256];
+    snprintf(why, sizeof why, "guard: %s", headline);
+    diag_fail(why);
     call_info_t *all = calloc((size_t)g.size, sizeof *all);
     if (all && g.be->guard_allgather(mine, all, sizeof *mine) == 0 && g.rank == 0) {
         DPS_ERROR("guard: %s; each rank's call:", headline);
@@ -495,6 +517,9 @@ static void check_drift(uint64_t step)
     uint64_t *all = calloc((size_t)g.size, sizeof *all);
     int gathered = all && g.be->guard_allgather(&mine[bad], all, sizeof *all) == 0;
     const char *name = g.params[bad].name ? g.params[bad].name : "unnamed";
+    char why[256];
+    snprintf(why, sizeof why, "guard: drift after step %llu in parameter tensor '%s'", (unsigned long long)step, name);
+    diag_fail(why);
     if (g.rank == 0) {
         DPS_ERROR("guard: drift after step %llu: parameter tensor %zu '%s' is not the same on every rank",
                   (unsigned long long)step, bad, name);

@@ -1,0 +1,83 @@
+/* dpshim_describe: what this process's start-up found, for `dpshim-diag env`. Not a hook: the
+ * tool loads libdpshim.so and calls it. Libraries are only opened to read their versions. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dps.h"
+
+static void add(char *buf, size_t len, size_t *o, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void add(char *buf, size_t len, size_t *o, const char *fmt, ...)
+{
+    if (*o >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *o, len - *o, fmt, ap);
+    va_end(ap);
+    if (n > 0) *o += (size_t)n;
+}
+
+/* The version string a library reports through fn, or NULL when it is not there. */
+static const char *mpi_version(char *out, size_t len)
+{
+    void *h = dlopen("libmpi.so.40", RTLD_NOW | RTLD_LOCAL);
+    int (*get)(char *, int *) = h ? (int (*)(char *, int *))dlsym(h, "MPI_Get_library_version") : NULL;
+    static char v[8192]; /* MPI_MAX_LIBRARY_VERSION_STRING is at most a few KiB */
+    int n = 0;
+    if (!get || get(v, &n) != 0) return NULL;
+    v[strcspn(v, ",\n")] = '\0';
+    snprintf(out, len, "%.200s", v);
+    return out;
+}
+
+static const char *pmix_version(void)
+{
+    void *h = dlopen("libpmix.so.2", RTLD_NOW | RTLD_LOCAL);
+    const char *(*get)(void) = h ? (const char *(*)(void))dlsym(h, "PMIx_Get_version") : NULL;
+    return get ? get() : NULL;
+}
+
+static int nccl_version(void)
+{
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    int (*get)(int *) = h ? (int (*)(int *))dlsym(h, "ncclGetVersion") : NULL;
+    int v = 0;
+    return get && get(&v) == 0 ? v : 0;
+}
+
+static int count_gpus(void)
+{
+    int n = 0;
+    DIR *d = opendir("/dev");
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (!strncmp(e->d_name, "nvidia", 6) && e->d_name[6] >= '0' && e->d_name[6] <= '9') n++;
+    if (d) closedir(d);
+    return n;
+}
+
+DPS_EXPORT int dpshim_describe(char *buf, size_t len)
+{
+    size_t o = 0;
+    char v[512];
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    Dl_info info;
+    add(buf, len, &o, "library    %s\n", dladdr((void *)&dpshim_describe, &info) ? info.dli_fname : "?");
+    add(buf, len, &o, "launcher   %s\n", dps_g.launcher);
+    add(buf, len, &o, "rank       %d of %d (local %d of %d), %s process\n", dps_g.rank, dps_g.size,
+        dps_g.local_rank, dps_g.local_size, dps_g.role == DPS_ROLE_RANK ? "rank" : "child");
+    add(buf, len, &o, "policy     %s\n", dps_g.policy.file[0] ? dps_g.policy.file : "built-in defaults");
+    add(buf, len, &o, "backend    %s (world size %d for collectives)\n",
+        dps_g.eff_size == 1 ? "self" : "mpi", dps_g.eff_size);
+    add(buf, len, &o, "mpi        %s\n", mpi_version(v, sizeof v) ? v : "not found (libmpi.so.40)");
+    const char *pv = pmix_version();
+    add(buf, len, &o, "pmix       %s\n", pv ? pv : "not found (libpmix.so.2)");
+    int nv = nccl_version();
+    if (nv) add(buf, len, &o, "nccl       %d.%d.%d found; no nccl backend in this build\n", nv / 10000, nv / 100 % 100, nv % 100);
+    else add(buf, len, &o, "nccl       not found (libnccl.so.2)\n");
+    add(buf, len, &o, "gpus       %d device(s) in /dev, CUDA_VISIBLE_DEVICES %s\n", count_gpus(), cvd ? cvd : "unset");
+    return (int)o;
+}

@@ -1,0 +1,132 @@
+/* Diagnostics files (see diag.h). Events go to a buffer that grows by doubling, so recording
+ * one costs a store or two; files are written once, at exit, with the shim's own calls passing
+ * through its interposers untouched. */
+#define _GNU_SOURCE
+#include "diag.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "files/files.h"
+
+dps_diag_counters_t dps_diag_count;
+
+typedef struct event {
+    char kind; /* 'c' collective, 's' step end */
+    const char *hook;
+    uint64_t begin_ns, end_ns, seq, step, bytes;
+} event_t;
+
+static struct {
+    int on;
+    char dir[1024];
+    const dps_state_t *s;
+    event_t *ev;
+    size_t n, cap;
+    uint64_t start_ns, collectives, bytes, comm_ns, steps;
+    char failure[256];
+} d;
+
+uint64_t dps_diag_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void dps_diag_configure(const dps_state_t *s)
+{
+    const char *dir = dps_policy_text(&s->policy, DPS_P_diag_dir);
+    d.s = s;
+    d.on = dir && *dir && s->role == DPS_ROLE_RANK;
+    snprintf(d.dir, sizeof d.dir, "%s", dir ? dir : "");
+    d.start_ns = dps_diag_now();
+}
+
+static void add(event_t e)
+{
+    if (d.n == d.cap) {
+        size_t cap = d.cap ? 2 * d.cap : 4096;
+        event_t *p = realloc(d.ev, cap * sizeof *p);
+        if (!p) return; /* diagnostics never break the job: drop the event */
+        d.ev = p, d.cap = cap;
+    }
+    d.ev[d.n++] = e;
+}
+
+void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
+                         uint64_t seq, uint64_t step)
+{
+    if (!d.on) return;
+    d.collectives++, d.bytes += bytes, d.comm_ns += end_ns - begin_ns;
+    add((event_t){'c', hook, begin_ns, end_ns, seq, step, bytes});
+}
+
+void dps_diag_step(uint64_t step)
+{
+    if (!d.on) return;
+    d.steps++;
+    uint64_t t = dps_diag_now();
+    add((event_t){'s', "dp_step_end", t, t, 0, step, 0});
+}
+
+static FILE *open_out(const char *what)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s.rank%d.txt", d.dir, what, d.s->rank);
+    return fopen(path, "w");
+}
+
+void dps_diag_write(void)
+{
+    if (!d.on || atomic_load(&dps_g.forked)) return;
+    int saved = errno;
+    dps_in_shim++;
+    if (mkdir(d.dir, 0755) != 0 && errno != EEXIST) {
+        DPS_WARN("[diag] dir = %s: cannot create it (%s); no diagnostics written", d.dir, strerror(errno));
+        goto out;
+    }
+    FILE *st = open_out("stats"), *tr = open_out("trace");
+    if (!st || !tr) {
+        DPS_WARN("[diag] dir = %s: cannot write there (%s); no diagnostics written", d.dir, strerror(errno));
+        if (st) fclose(st);
+        if (tr) fclose(tr);
+        goto out;
+    }
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    fprintf(st, "dpshim-stats %d\nrank %d\nsize %d\nlocal_rank %d\nhost %s\nlauncher %s\n"
+                "start_ns %llu\nend_ns %llu\nsteps %llu\ncollectives %llu\nbytes %llu\ncomm_ns %llu\n"
+                "gated_sinks %llu\ngated_noops %llu\npublished %llu\nrank_paths %llu\n",
+            DPS_DIAG_FORMAT_VERSION, d.s->rank, d.s->size, d.s->local_rank, host, d.s->launcher,
+            (unsigned long long)d.start_ns, (unsigned long long)dps_diag_now(), (unsigned long long)d.steps,
+            (unsigned long long)d.collectives, (unsigned long long)d.bytes, (unsigned long long)d.comm_ns,
+            (unsigned long long)atomic_load(&dps_diag_count.sinks), (unsigned long long)atomic_load(&dps_diag_count.noops),
+            (unsigned long long)atomic_load(&dps_diag_count.published),
+            (unsigned long long)atomic_load(&dps_diag_count.rank_paths));
+    if (d.failure[0]) fprintf(st, "failure %s\n", d.failure);
+    fprintf(tr, "dpshim-trace %d\n# kind begin_ns end_ns seq step bytes hook\n", DPS_DIAG_FORMAT_VERSION);
+    for (size_t i = 0; i < d.n; i++)
+        fprintf(tr, "%c %llu %llu %llu %llu %llu %s\n", d.ev[i].kind, (unsigned long long)d.ev[i].begin_ns,
+                (unsigned long long)d.ev[i].end_ns, (unsigned long long)d.ev[i].seq,
+                (unsigned long long)d.ev[i].step, (unsigned long long)d.ev[i].bytes, d.ev[i].hook);
+    if (fclose(st) != 0 || fclose(tr) != 0)
+        DPS_WARN("[diag] dir = %s: writing the diagnostics failed (%s)", d.dir, strerror(errno));
+out:
+    dps_in_shim--;
+    errno = saved;
+}
+
+void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step)
+{
+    if (!d.on) return;
+    snprintf(d.failure, sizeof d.failure, "%s", why);
+    uint64_t now = dps_diag_now();
+    if (in_flight_seq) add((event_t){'c', hook, now - ago_ns, now, in_flight_seq, step, 0});
+    dps_diag_write();
+}

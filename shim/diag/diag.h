@@ -1,0 +1,32 @@
+/* Diagnostics files ([diag] dir): per-rank statistics and an event trace, written at exit of
+ * each rank process in a versioned text format that tools/dpshim-diag reads. Off (one branch
+ * per collective) when [diag] dir is empty. */
+#ifndef DPS_DIAG_H
+#define DPS_DIAG_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "core/dps.h"
+
+#define DPS_DIAG_FORMAT_VERSION 1
+
+/* Counted always: the file policy's effects. */
+typedef struct dps_diag_counters {
+    atomic_uint_fast64_t sinks, noops, published, rank_paths;
+} dps_diag_counters_t;
+extern dps_diag_counters_t dps_diag_count;
+
+void dps_diag_configure(const dps_state_t *s);
+uint64_t dps_diag_now(void); /* wall-clock ns, comparable across the ranks of a node */
+/* A collective of the main thread: hook, payload bytes, its number and the step it follows. */
+void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
+                         uint64_t seq, uint64_t step);
+void dps_diag_step(uint64_t step);
+/* At exit of the rank process. */
+void dps_diag_write(void);
+/* The guard is about to end the job: say why in the stats, record the collective still in
+ * flight (when in_flight_seq > 0; it began ago_ns ago), and write the files now. */
+void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step);
+
+#endif

@@ -1,0 +1,68 @@
+#!/usr/bin/env bats
+# [diag] dir and dpshim-diag: per-rank statistics and traces, merged into a table, a Chrome
+# trace and an SVG timeline; failures the guard ended show up in the report.
+load helpers
+
+@test "a healthy 4-rank run: stats and traces per rank, a report, a valid trace and picture" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 4 env DPSHIM_DIAG_DIR=diag DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" "$TRAINER" \
+        --steps 30 --no-eval --save m.ckpt
+    assert_success
+    for r in 0 1 2 3; do
+        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 1"
+        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 1"
+        assert_equal "$(sed -n 's/^steps //p' diag/stats.rank$r.txt)" 30
+    done
+    run "$BUILD/bin/dpshim-diag" report diag --trace t.json --svg t.svg
+    echo "$output"
+    assert_success
+    assert_line --regexp '^dpshim report of diag: 4 ranks, host .*, launcher openmpi'
+    for r in 0 1 2 3; do assert_line --regexp "^ +$r +30 +[0-9]+ +[0-9.]+ "; done
+    assert_output --partial "3 writes to a sink"
+    assert_output --partial "1 files published whole by rank 0"
+    assert_line "problems: none"
+    # the trace is JSON with a lane per rank, the picture is SVG with one per rank
+    run /usr/bin/python3 -c "import json; e = json.load(open('t.json'))['traceEvents']; print(len({x['tid'] for x in e}), sum(x.get('cat') == 'comm' for x in e))"
+    assert_output --regexp "^4 [0-9]+$"
+    run /usr/bin/python3 -c "import xml.etree.ElementTree as T; r = T.parse('t.svg').getroot(); print(sum(t.text.startswith('rank ') for t in r.iter('{http://www.w3.org/2000/svg}text')))"
+    assert_output 4
+}
+
+@test "a job the guard ended: the report names the failure on every rank" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 4 env DPSHIM_DIAG_DIR=diag DPSHIM_GUARD_TIMEOUT=3 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 stall 1 5
+    assert_failure
+    run "$BUILD/bin/dpshim-diag" report diag --svg t.svg
+    assert_success
+    for r in 0 1 2 3; do
+        assert_line --regexp "^  rank $r: guard: dp_grads collective #6 after step 4 waited longer than the timeout"
+    done
+}
+
+@test "a rank without files (crashed or killed before exit) is reported as such" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 4 env DPSHIM_DIAG_DIR=diag LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10
+    assert_success
+    rm diag/*.rank2.txt # what a rank killed by a signal leaves: nothing
+    run "$BUILD/bin/dpshim-diag" report diag
+    assert_success
+    assert_line --regexp "^ +2  no files: the rank crashed, was killed, or left with _exit"
+    assert_output --partial "problems: ranks without files"
+}
+
+@test "report of a directory that is not a [diag] dir: a clear error" {
+    run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR"
+    assert_failure
+    assert_output --partial "no stats.rank0.txt"
+}
+
+@test "dpshim-diag env: what the shim detects, on each rank" {
+    run "$BUILD/bin/dpshim-diag" env
+    assert_success
+    assert_line --regexp '^launcher +singleton$'
+    assert_line --regexp '^mpi +Open MPI v4'
+    run mpi 2 "$BUILD/bin/dpshim-diag" env
+    assert_success
+    assert_line --regexp '^rank +1 of 2 \(local 1 of 2\), rank process$'
+    assert_line --regexp '^backend +mpi \(world size 2 for collectives\)$'
+}
