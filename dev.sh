@@ -102,12 +102,20 @@ bench_guard() {
         "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
 }
 
+bench_allreduce() {
+    for np in 2 4; do
+        timeout 600 mpirun --oversubscribe -np $np env DPSHIM_COMM_REDUCE=sum DPSHIM_DIAG_LOG=info \
+            LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/bench_allreduce" 64 2>&1 |
+            grep -v 'INFO rank\|INFO mpi backend opened'
+    done
+}
+
 case "${1:-}" in
 setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-bench) setup && build && mpirun_env && bench_files && bench_guard ;;
+bench) setup && build && mpirun_env && bench_files && bench_allreduce && bench_guard ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -28,7 +28,8 @@ static int self_owns_mpi_init(void) { return 0; }
 /* World size 1: a sum over one rank is the value itself. */
 const dps_backend_t dps_backend_self = {"self", self_allreduce, self_bcast, self_barrier,
                                         self_last_error, self_release, self_release,
-                                        self_owns_mpi_init, NULL, NULL, NULL, NULL};
+                                        self_owns_mpi_init, NULL, NULL, NULL, NULL, NULL,
+                                        self_last_error};
 
 typedef struct backend_row {
     const char *name;

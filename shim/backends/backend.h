@@ -31,6 +31,10 @@ typedef struct dps_backend {
      * minimum of n uint64, and every rank's `bytes` bytes gathered in rank order. */
     int (*guard_min_u64)(uint64_t *v, size_t n);
     int (*guard_allgather)(const void *mine, void *all, size_t bytes);
+    /* Large all-reductions go in pieces of this many bytes; 0: measure at the first large one. */
+    void (*set_piece)(size_t bytes);
+    /* What the backend chose and measured, for logs and diagnostics ("" when nothing yet). */
+    const char *(*tuning)(void);
 } dps_backend_t;
 
 /* Plugin entry point, resolved by name in libdpshim-<name>.so. */

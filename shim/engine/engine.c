@@ -88,6 +88,8 @@ const dps_backend_t *dps_comm(const char *hook)
         be = dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
         if (!be) dps_fatal("%s: %s", hook, err);
         DPS_INFO("%s backend opened by %s", be->name, hook);
+        uint64_t piece_kb = dps_policy_num(&dps_g.policy, DPS_P_comm_piece_kb);
+        if (piece_kb && be->set_piece) be->set_piece((size_t)piece_kb << 10);
         dps_guard_start(be);
         __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
     }
@@ -97,6 +99,8 @@ const dps_backend_t *dps_comm(const char *hook)
 
 void dps_engine_shutdown(void)
 {
+    if (dps_e.be && dps_e.be != &dps_backend_self && dps_e.be->tuning()[0] && dps_g.rank == 0)
+        DPS_INFO("%s backend: %s", dps_e.be->name, dps_e.be->tuning());
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->finalize();
 }
 

@@ -20,6 +20,12 @@ hook_check() {
 @test "hooks at np=2, default bucket" { hook_check 2; }
 @test "hooks at np=3, 1 MiB buckets (large tensors bypass the bucket)" { hook_check 3 DPSHIM_COMM_BUCKET_MB=1; }
 @test "hooks at np=4" { hook_check 4; }
+@test "hooks at np=2 with large all-reductions in 64 KiB pieces" { hook_check 2 DPSHIM_COMM_PIECE_KB=64; }
+@test "the measured piece size is reported and the same on every rank" {
+    run mpi 2 env DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    assert_success
+    assert_output --regexp "\[dpshim r0/2\] INFO mpi backend: all-reduce pieces of [0-9]+ KiB \(measured on 16 MiB: "
+}
 @test "hooks at np=3 in scale mode" { hook_check 3 DPSHIM_DATA_MODE=scale; }
 @test "hooks at np=2 with sync-BN off" { hook_check 2 DPSHIM_BN_SYNC=off; }
 @test "hooks with backend = self act as world size 1 on every rank" {
