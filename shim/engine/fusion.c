@@ -10,6 +10,16 @@
 
 static unsigned char *bucket;
 
+/* A tensor this large goes to the backend in place: its own reduction already runs at full
+ * speed (in pieces), while packing it would cost two copies. Smaller ones are packed, since
+ * for them each call's latency is what counts. */
+#define DPS_INPLACE_MIN_BYTES (256u << 10)
+
+static int in_place(const dp_tensor *t, int32_t rd, size_t es, size_t room)
+{
+    return rd == t->dtype && (t->count >= room / 2 || t->count * es >= DPS_INPLACE_MIN_BYTES);
+}
+
 static double scaled(double x, double scale) { return scale == 0.0 ? 0.0 : x * scale; }
 
 /* Tensor elements [off, off+k) -> bucket (in the reduction dtype), scaled for a reduction. */
@@ -119,7 +129,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
         }
         int32_t rd = bucket_dtype(&t[i], kind);
         size_t es = dps_dtype_size(rd), room = cap / es;
-        if (off == 0 && rd == t[i].dtype && t[i].count >= room / 2) {
+        if (off == 0 && in_place(&t[i], rd, es, room)) {
             /* large enough to travel alone: no copy */
             if (kind == DPS_FUSE_ALLREDUCE && scale != 1.0) pack(t[i].data, &t[i], 0, t[i].count, kind, scale);
             run(hook, be, kind, t[i].data, t[i].count, rd, op);
@@ -134,7 +144,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
                 i++, off = 0;
                 continue;
             }
-            if (bucket_dtype(y, kind) != rd || (off == 0 && y->dtype == rd && y->count >= room / 2 && used))
+            if (bucket_dtype(y, kind) != rd || (off == 0 && in_place(y, rd, es, room) && used))
                 break;
             uint64_t k = y->count - off < room - used ? y->count - off : room - used;
             pack(bucket + used * es, y, off, k, kind, scale);

@@ -1,7 +1,9 @@
 /* All-reduce through the shim's path (dp_grads, [comm] reduce = sum) against the backend
  * called directly (one MPI_Allreduce per buffer), side by side in one run, with a bitwise check
  * that both gave the same sums (integer-valued floats, so any summation order is exact).
- *   mpirun -np N env DPSHIM_COMM_REDUCE=sum LD_PRELOAD=libdpshim.so bench_allreduce [MiB]
+ *   mpirun -np N env DPSHIM_COMM_REDUCE=sum LD_PRELOAD=libdpshim.so bench_allreduce SET
+ * SET: a size in MiB (one buffer), resnet50 (its 161 parameter tensors, 25.6M floats) or small
+ * (161 tensors of 1 KiB).
  * Prints time, algbw and busbw (nccl-tests definitions: algbw = bytes / time, busbw = algbw *
  * 2(n-1)/n) and, for reference, this machine's single-core memcpy bandwidth. */
 #define _GNU_SOURCE
@@ -18,6 +20,26 @@ static void fill(float *b, size_t n, int rank)
     for (size_t i = 0; i < n; i++) b[i] = (float)((i + (size_t)rank) % 7);
 }
 
+/* ResNet-50's parameter tensors (torchvision layout): conv1 and its BatchNorm, four stages of
+ * bottleneck blocks (3, 4, 6, 3) with a downsampling branch in each first block, and fc. */
+static size_t resnet50(size_t *sz)
+{
+    size_t n = 0, in = 64;
+    sz[n++] = 64 * 3 * 7 * 7, sz[n++] = 64, sz[n++] = 64;
+    const size_t blocks[4] = {3, 4, 6, 3}, width[4] = {64, 128, 256, 512};
+    for (int st = 0; st < 4; st++)
+        for (size_t b = 0; b < blocks[st]; b++) {
+            size_t w = width[st];
+            sz[n++] = w * in, sz[n++] = w, sz[n++] = w;
+            sz[n++] = w * w * 9, sz[n++] = w, sz[n++] = w;
+            sz[n++] = 4 * w * w, sz[n++] = 4 * w, sz[n++] = 4 * w;
+            if (b == 0) sz[n++] = 4 * w * in, sz[n++] = 4 * w, sz[n++] = 4 * w;
+            in = 4 * w;
+        }
+    sz[n++] = 1000 * 2048, sz[n++] = 1000;
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     int provided, rank, size; /* as the shim itself would: the guard needs MPI_THREAD_MULTIPLE */
@@ -28,23 +50,30 @@ int main(int argc, char **argv)
         if (!rank) fprintf(stderr, "bench_allreduce: run it with LD_PRELOAD=libdpshim.so\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64, n = (mib << 20) / sizeof(float);
+    const char *set = argc > 1 ? argv[1] : "64";
+    size_t sz[200], nt = 0, n = 0;
+    if (!strcmp(set, "resnet50")) nt = resnet50(sz);
+    else if (!strcmp(set, "small")) for (nt = 0; nt < 161; nt++) sz[nt] = 256;
+    else sz[0] = (strtoul(set, NULL, 10) << 20) / sizeof(float), nt = 1;
+    for (size_t i = 0; i < nt; i++) n += sz[i];
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *src = malloc(n * sizeof *src);
     fill(src, n, rank);
-    dp_tensor t = {b, n, DP_F32, DP_HOST, "bench"};
+    dp_tensor t[200];
+    for (size_t i = 0, off = 0; i < nt; off += sz[i++]) t[i] = (dp_tensor){b + off, sz[i], DP_F32, DP_HOST, "bench"};
     memcpy(b, src, n * sizeof *b);
-    dp_grads(&t, 1); /* first use: opens the backend and measures the piece size */
+    dp_grads(t, nt); /* first use: opens the backend and measures the piece size */
     double plain = 1e30, shim = 1e30;
     for (int rep = 0; rep < 5; rep++) {
         memcpy(a, src, n * sizeof *a);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (size_t i = 0, off = 0; i < nt; off += sz[i++])
+            MPI_Allreduce(MPI_IN_PLACE, a + off, (int)sz[i], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         double t1 = MPI_Wtime() - t0;
         memcpy(b, src, n * sizeof *b);
         MPI_Barrier(MPI_COMM_WORLD);
         t0 = MPI_Wtime();
-        dp_grads(&t, 1);
+        dp_grads(t, nt);
         double t2 = MPI_Wtime() - t0;
         MPI_Allreduce(MPI_IN_PLACE, &t1, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         MPI_Allreduce(MPI_IN_PLACE, &t2, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -62,14 +91,13 @@ int main(int argc, char **argv)
     }
     if (!rank) {
         double bytes = (double)n * sizeof(float), f = 2.0 * (size - 1) / size;
-        printf("%zu MiB all-reduce, np=%d, best of 5:\n", mib, size);
-        printf("  plain MPI_Allreduce  %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", plain * 1e3, bytes / plain / 1e9,
-               f * bytes / plain / 1e9);
-        printf("  dpshim dp_grads      %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", shim * 1e3, bytes / shim / 1e9,
-               f * bytes / shim / 1e9);
-        printf("  speedup plain/shim   %8.2f x   results bitwise equal: %s\n", plain / shim, all_same ? "yes" : "NO");
-        printf("  memcpy, one core     %8.2f GB/s  (shim busbw is %.0f%% of it)\n", bytes / mc / 1e9,
-               100 * (f * bytes / shim) / (bytes / mc));
+        printf("%s: %zu tensor(s), %.1f MiB, np=%d, best of 5:\n", set, nt, bytes / (1 << 20), size);
+        printf("  plain, one MPI_Allreduce per tensor %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", plain * 1e3,
+               bytes / plain / 1e9, f * bytes / plain / 1e9);
+        printf("  dpshim dp_grads                     %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", shim * 1e3,
+               bytes / shim / 1e9, f * bytes / shim / 1e9);
+        printf("  speedup plain/shim %.2fx, results bitwise equal: %s; memcpy on one core %.2f GB/s (shim busbw %.0f%% of it)\n",
+               plain / shim, all_same ? "yes" : "NO", bytes / mc / 1e9, 100 * (f * bytes / shim) / (bytes / mc));
     }
     free(a), free(b), free(src);
     MPI_Finalize();
