@@ -102,6 +102,19 @@ bench_guard() {
         "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
 }
 
+bench_single() {
+    local rounds=7 plain=() shim=()
+    echo "example trainer alone (no launcher), 600 steps, median of $rounds alternating rounds:"
+    for _ in $(seq "$rounds"); do
+        plain+=("$("$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval | epoch_seconds)")
+        shim+=("$(LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval | epoch_seconds)")
+    done
+    local a b
+    a=$(printf '%s\n' "${shim[@]}" | median)
+    b=$(printf '%s\n' "${plain[@]}" | median)
+    printf '  with the shim %.3f s, without %.3f s, ratio %.3f\n' "$a" "$b" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
+}
+
 bench_allreduce() {
     for set in 64 resnet50 small; do
         for np in 2 4; do
@@ -117,7 +130,7 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-bench) setup && build && mpirun_env && bench_files && bench_allreduce && bench_guard ;;
+bench) setup && build && mpirun_env && bench_files && bench_single && bench_allreduce && bench_guard ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
