@@ -17,7 +17,7 @@
 
 extern char **environ;
 
-dps_state_t dps_g = {.size = 1, .eff_size = 1, .launcher = "singleton"};
+dps_state_t dps_g = {.size = 1, .eff_size = 1, .launcher = "singleton", .compress_dtype = -1};
 
 static void on_fork_child(void)
 {

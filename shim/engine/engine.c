@@ -24,12 +24,6 @@ int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
                  dps_policy_source(p, DPS_P_comm_backend, src, sizeof src));
         return -1;
     }
-    if (!dps_policy_is(p, DPS_P_comm_compress, "none")) {
-        snprintf(err, errlen, "%s: [comm] compress = %s is not available in this version; use none",
-                 dps_policy_source(p, DPS_P_comm_compress, src, sizeof src),
-                 dps_policy_text(p, DPS_P_comm_compress));
-        return -1;
-    }
     if (dps_policy_is(p, DPS_P_data_uneven, "join")) {
         snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
                  dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
@@ -51,6 +45,9 @@ int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
     s->bn_sync = dps_policy_is(p, DPS_P_bn_sync, "on");
     s->uneven = (int)dps_policy_num(p, DPS_P_data_uneven);
     s->bucket_bytes = (size_t)dps_policy_num(p, DPS_P_comm_bucket_mb) << 20;
+    s->compress_dtype = dps_policy_is(p, DPS_P_comm_compress, "fp16")   ? DP_F16
+                        : dps_policy_is(p, DPS_P_comm_compress, "bf16") ? DP_BF16
+                                                                        : -1;
     dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
     dps_e.be_name = "mpi"; /* host buffers; the only multi-rank backend of this build */
     return 0;

@@ -34,7 +34,8 @@ int dps_engine_owns_mpi_init(void);
  * a rank-0 scope, a child process). Opens the backend on first use; fatal if that fails. */
 const dps_backend_t *dps_comm(const char *hook);
 
-typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_BCAST } dps_fuse_t;
+/* GRADS: an all-reduce that [comm] compress may send in half precision. */
+typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST } dps_fuse_t;
 /* Reduce (each float element first multiplied by scale; 0 gives exact zeros) or broadcast from
  * rank 0 the tensors t[0..n) in place, packed into buckets of [comm] bucket_mb; tensors of a
  * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */

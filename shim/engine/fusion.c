@@ -22,13 +22,31 @@ static int in_place(const dp_tensor *t, int32_t rd, size_t es, size_t room)
 
 static double scaled(double x, double scale) { return scale == 0.0 ? 0.0 : x * scale; }
 
-/* Tensor elements [off, off+k) -> bucket (in the reduction dtype), scaled for a reduction. */
+static float load_float(const unsigned char *src, int32_t dtype, uint64_t j)
+{
+    switch (dtype) {
+    case DP_F16: return dps_f16_to_f32(((const uint16_t *)src)[j]);
+    case DP_BF16: return dps_bf16_to_f32(((const uint16_t *)src)[j]);
+    default: return ((const float *)src)[j];
+    }
+}
+
+static void store_half(unsigned char *dst, int32_t dtype, uint64_t j, float x)
+{
+    ((uint16_t *)dst)[j] = dtype == DP_F16 ? dps_f32_to_f16(x) : dps_f32_to_bf16(x);
+}
+
+/* Tensor elements [off, off+k) -> bucket (in the reduction dtype rd), scaled for a reduction. */
 static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t k, dps_fuse_t kind,
-                 double scale)
+                 double scale, int32_t rd)
 {
     size_t es = dps_dtype_size(t->dtype);
     const unsigned char *src = (const unsigned char *)t->data + off * es;
     float *f = (float *)dst;
+    if (kind != DPS_FUSE_BCAST && (rd == DP_F16 || rd == DP_BF16)) { /* [comm] compress */
+        for (uint64_t j = 0; j < k; j++) store_half(dst, rd, j, (float)scaled(load_float(src, t->dtype, j), scale));
+        return;
+    }
     if (kind == DPS_FUSE_BCAST || (scale == 1.0 && t->dtype != DP_F16 && t->dtype != DP_BF16)) {
         memcpy(dst, src, k * es);
         return;
@@ -51,11 +69,20 @@ static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t 
     }
 }
 
-static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, uint64_t k, dps_fuse_t kind)
+static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, uint64_t k, dps_fuse_t kind,
+                   int32_t rd)
 {
     size_t es = dps_dtype_size(t->dtype);
     unsigned char *dst = (unsigned char *)t->data + off * es;
     const float *f = (const float *)src;
+    if (kind != DPS_FUSE_BCAST && (rd == DP_F16 || rd == DP_BF16) && rd != t->dtype) { /* compressed */
+        for (uint64_t j = 0; j < k; j++) {
+            float x = load_float(src, rd, j);
+            if (t->dtype == DP_F32) ((float *)dst)[j] = x;
+            else store_half(dst, t->dtype, j, x);
+        }
+        return;
+    }
     switch (kind == DPS_FUSE_BCAST ? -1 : t->dtype) { /* a broadcast moves bytes as they are */
     case DP_F16:
         for (uint64_t j = 0; j < k; j++) ((uint16_t *)dst)[j] = dps_f32_to_f16(f[j]);
@@ -107,7 +134,11 @@ static int run(const char *hook, const dps_backend_t *be, dps_fuse_t kind, void 
 
 static int32_t bucket_dtype(const dp_tensor *t, dps_fuse_t kind)
 {
-    return kind == DPS_FUSE_BCAST ? t->dtype : dps_reduce_dtype(t->dtype);
+    if (kind == DPS_FUSE_BCAST) return t->dtype;
+    if (kind == DPS_FUSE_GRADS && dps_g.compress_dtype >= 0 &&
+        (t->dtype == DP_F32 || t->dtype == DP_F16 || t->dtype == DP_BF16))
+        return dps_g.compress_dtype; /* gradients travel in half precision */
+    return dps_reduce_dtype(t->dtype);
 }
 
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
@@ -131,7 +162,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
         size_t es = dps_dtype_size(rd), room = cap / es;
         if (off == 0 && in_place(&t[i], rd, es, room)) {
             /* large enough to travel alone: no copy */
-            if (kind == DPS_FUSE_ALLREDUCE && scale != 1.0) pack(t[i].data, &t[i], 0, t[i].count, kind, scale);
+            if (kind != DPS_FUSE_BCAST && scale != 1.0) pack(t[i].data, &t[i], 0, t[i].count, kind, scale, rd);
             run(hook, be, kind, t[i].data, t[i].count, rd, op);
             i++;
             continue;
@@ -147,13 +178,13 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
             if (bucket_dtype(y, kind) != rd || (off == 0 && in_place(y, rd, es, room) && used))
                 break;
             uint64_t k = y->count - off < room - used ? y->count - off : room - used;
-            pack(bucket + used * es, y, off, k, kind, scale);
+            pack(bucket + used * es, y, off, k, kind, scale, rd);
             used += k, off += k;
         }
         run(hook, be, kind, bucket, used, rd, op);
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
-            unpack(&t[j], first_off, bucket + done * es, k, kind);
+            unpack(&t[j], first_off, bucket + done * es, k, kind, rd);
             done += k, first_off += k;
             if (first_off == t[j].count) j++, first_off = 0;
         }

@@ -87,7 +87,7 @@ static int flush_pending(const dps_backend_t *be)
 {
     if (!ready.npending) return 0;
     if (grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done)) return -1;
-    int rc = dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_ALLREDUCE,
+    int rc = dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
                        grad_scale(), DPS_RED_SUM);
     for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
     ready.npending = ready.pending_bytes = 0;
@@ -123,7 +123,7 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
     for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
     for (size_t i = 0; i < n; i++)
         if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
-    int rc = dps_fused("dp_grads", be, ready.rest, m, DPS_FUSE_ALLREDUCE, grad_scale(), DPS_RED_SUM);
+    int rc = dps_fused("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_scale(), DPS_RED_SUM);
     ready.npending = ready.pending_bytes = ready.ndone = 0;
     return rc;
 }
