@@ -116,10 +116,10 @@ bench_single() {
 }
 
 bench_allreduce() {
-    for set in 64 resnet50 small; do
+    for set in sweep 64 resnet50 small; do
         for np in 2 4; do
-            timeout 600 mpirun --oversubscribe -np $np env DPSHIM_COMM_REDUCE=sum DPSHIM_DIAG_LOG=info \
-                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/bench_allreduce" $set 2>&1 |
+            timeout 600 mpirun --oversubscribe -np $np env DPSHIM_DIAG_LOG=info \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/dpshim-diag" bench $set 2>&1 |
                 grep -v 'INFO rank\|INFO mpi backend opened'
         done
     done

@@ -3,6 +3,8 @@
  *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
  *   keys            the policy reference as a Markdown table (the README's comes from it)
  *   env             what the shim detects here (launcher, ranks, backends, GPUs, versions)
+ *   bench [SET]     (under mpirun, with the shim preloaded) all-reduce through the shim
+ *                   against plain MPI: dpshim-bench beside this program does the work
  *   report DIR [--trace OUT.json] [--svg OUT.svg]
  *                   merge the per-rank files of a [diag] dir */
 #define _GNU_SOURCE
@@ -94,6 +96,21 @@ static int cmd_env(void)
     return 0;
 }
 
+static int cmd_bench(char **argv)
+{
+    char self[4096], bench[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = '\0';
+    snprintf(bench, sizeof bench, "%s/dpshim-bench", dirname(self));
+    /* [comm] reduce = sum makes the shim's result comparable bit for bit with plain MPI */
+    setenv("DPSHIM_COMM_REDUCE", "sum", 1);
+    argv[1] = bench;
+    execv(bench, argv + 1);
+    fprintf(stderr, "dpshim-diag: cannot run %s\n", bench);
+    return 1;
+}
+
 static int cmd_report(int argc, char **argv)
 {
     const char *trace = NULL, *svg = NULL;
@@ -111,10 +128,11 @@ static int cmd_report(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "env")) return cmd_env();
+    if (argc >= 2 && !strcmp(argv[1], "bench")) return cmd_bench(argv);
     if (argc >= 3 && !strcmp(argv[1], "report")) return cmd_report(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "config")) return cmd_config();
     if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
-    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | report DIR [--trace OUT.json] [--svg OUT.svg]\n");
+    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | bench [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n");
     return 2;
 }

@@ -15,6 +15,7 @@
 #include "files/files.h"
 
 dps_diag_counters_t dps_diag_count;
+int dps_diag_on;
 
 typedef struct event {
     char kind; /* 'c' collective, 's' step end */
@@ -43,7 +44,7 @@ void dps_diag_configure(const dps_state_t *s)
 {
     const char *dir = dps_policy_text(&s->policy, DPS_P_diag_dir);
     d.s = s;
-    d.on = dir && *dir && s->role == DPS_ROLE_RANK;
+    d.on = dps_diag_on = dir && *dir && s->role == DPS_ROLE_RANK;
     snprintf(d.dir, sizeof d.dir, "%s", dir ? dir : "");
     d.start_ns = dps_diag_now();
 }

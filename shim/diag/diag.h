@@ -18,6 +18,8 @@ typedef struct dps_diag_counters {
 extern dps_diag_counters_t dps_diag_count;
 
 void dps_diag_configure(const dps_state_t *s);
+/* [diag] dir is set in this process: collectives are timed only then. */
+extern int dps_diag_on;
 uint64_t dps_diag_now(void); /* wall-clock ns, comparable across the ranks of a node */
 /* A collective of the main thread: hook, payload bytes, its number and the step it follows. */
 void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,

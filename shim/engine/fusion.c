@@ -117,10 +117,11 @@ static int run(const char *hook, const dps_backend_t *be, dps_fuse_t kind, void 
                int32_t dtype, dps_redop_t op)
 {
     dps_guard_enter(hook, kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE, dtype, count);
-    uint64_t t0 = dps_diag_now();
+    uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
     int rc = kind == DPS_FUSE_BCAST ? be->bcast(buf, count * dps_dtype_size(dtype), 0)
                                     : be->allreduce(buf, count, dtype, op);
-    dps_diag_collective(hook, count * dps_dtype_size(dtype), t0, dps_diag_now(), ++dps_e.seq, dps_e.step);
+    ++dps_e.seq;
+    if (dps_diag_on) dps_diag_collective(hook, count * dps_dtype_size(dtype), t0, dps_diag_now(), dps_e.seq, dps_e.step);
     dps_guard_leave();
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {

@@ -66,3 +66,12 @@ load helpers
     assert_line --regexp '^rank +1 of 2 \(local 1 of 2\), rank process$'
     assert_line --regexp '^backend +mpi \(world size 2 for collectives\)$'
 }
+
+@test "dpshim-diag bench: the shim's sums equal plain MPI's, bit for bit" {
+    for set in small 1 resnet50; do
+        run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench $set
+        echo "$output"
+        assert_success
+        assert_output --partial "results bitwise equal: yes"
+    done
+}

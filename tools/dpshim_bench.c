@@ -1,9 +1,10 @@
-/* All-reduce through the shim's path (dp_grads, [comm] reduce = sum) against the backend
- * called directly (one MPI_Allreduce per buffer), side by side in one run, with a bitwise check
- * that both gave the same sums (integer-valued floats, so any summation order is exact).
- *   mpirun -np N env DPSHIM_COMM_REDUCE=sum LD_PRELOAD=libdpshim.so bench_allreduce SET
- * SET: a size in MiB (one buffer), resnet50 (its 161 parameter tensors, 25.6M floats) or small
- * (161 tensors of 1 KiB).
+/* dpshim-bench (also `dpshim-diag bench`): all-reduce through the shim's path (dp_grads with
+ * [comm] reduce = sum) against the backend called directly (one MPI_Allreduce per buffer), side
+ * by side in one run, with a bitwise check that both gave the same sums (integer-valued floats,
+ * so any summation order is exact).
+ *   mpirun -np N env LD_PRELOAD=libdpshim.so dpshim-bench [SET]
+ * SET: sweep (default: one buffer of 4 B, 16 B, ... 256 MiB), a size in MiB (one buffer),
+ * resnet50 (its 161 parameter tensors, 25.6M floats) or small (161 tensors of 1 KiB).
  * Prints time, algbw and busbw (nccl-tests definitions: algbw = bytes / time, busbw = algbw *
  * 2(n-1)/n) and, for reference, this machine's single-core memcpy bandwidth. */
 #define _GNU_SOURCE
@@ -40,22 +41,15 @@ static size_t resnet50(size_t *sz)
     return n;
 }
 
-int main(int argc, char **argv)
+static int rank, size;
+
+/* One set of tensors: returns 1 when both paths gave bitwise the same sums. With `row`, one
+ * line of the sweep table instead of the long form. */
+static int run_set(const char *set, size_t *sz, size_t nt, int row)
 {
-    int provided, rank, size; /* as the shim itself would: the guard needs MPI_THREAD_MULTIPLE */
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (!dp_grads) {
-        if (!rank) fprintf(stderr, "bench_allreduce: run it with LD_PRELOAD=libdpshim.so\n");
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    const char *set = argc > 1 ? argv[1] : "64";
-    size_t sz[200], nt = 0, n = 0;
-    if (!strcmp(set, "resnet50")) nt = resnet50(sz);
-    else if (!strcmp(set, "small")) for (nt = 0; nt < 161; nt++) sz[nt] = 256;
-    else sz[0] = (strtoul(set, NULL, 10) << 20) / sizeof(float), nt = 1;
+    size_t n = 0;
     for (size_t i = 0; i < nt; i++) n += sz[i];
+    (void)set;
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *src = malloc(n * sizeof *src);
     fill(src, n, rank);
     dp_tensor t[200];
@@ -89,7 +83,12 @@ int main(int argc, char **argv)
         t0 = MPI_Wtime() - t0;
         if (t0 < mc) mc = t0;
     }
-    if (!rank) {
+    if (!rank && row) {
+        double bytes = (double)n * sizeof(float), f = 2.0 * (size - 1) / size;
+        printf("%12.0f %10.3f %9.3f %9.3f %10.3f %9.3f %9.3f %7.2f %6s\n", bytes, plain * 1e3, bytes / plain / 1e9,
+               f * bytes / plain / 1e9, shim * 1e3, bytes / shim / 1e9, f * bytes / shim / 1e9, plain / shim,
+               all_same ? "yes" : "NO");
+    } else if (!rank) {
         double bytes = (double)n * sizeof(float), f = 2.0 * (size - 1) / size;
         printf("%s: %zu tensor(s), %.1f MiB, np=%d, best of 5:\n", set, nt, bytes / (1 << 20), size);
         printf("  plain, one MPI_Allreduce per tensor %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", plain * 1e3,
@@ -100,6 +99,37 @@ int main(int argc, char **argv)
                plain / shim, all_same ? "yes" : "NO", bytes / mc / 1e9, 100 * (f * bytes / shim) / (bytes / mc));
     }
     free(a), free(b), free(src);
+    return all_same;
+}
+
+int main(int argc, char **argv)
+{
+    int provided; /* as the shim itself would: the guard needs MPI_THREAD_MULTIPLE */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (!dp_grads) {
+        if (!rank) fprintf(stderr, "dpshim-bench: run it under mpirun with LD_PRELOAD=libdpshim.so\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    const char *set = argc > 1 ? argv[1] : "sweep";
+    size_t sz[200], nt = 0;
+    int ok = 1;
+    if (!strcmp(set, "sweep")) {
+        if (!rank)
+            printf("all-reduce of one f32 buffer, np=%d, best of 5 (GB/s: algbw = bytes/time, busbw = algbw*2(n-1)/n)\n"
+                   "%12s %10s %9s %9s %10s %9s %9s %7s %6s\n", size, "bytes", "plain ms", "algbw", "busbw",
+                   "dpshim ms", "algbw", "busbw", "ratio", "same");
+        for (size_t bytes = 4; bytes <= (256u << 20); bytes *= 4) {
+            sz[0] = bytes / sizeof(float), nt = 1;
+            ok &= run_set("sweep", sz, nt, 1);
+        }
+    } else {
+        if (!strcmp(set, "resnet50")) nt = resnet50(sz);
+        else if (!strcmp(set, "small")) for (nt = 0; nt < 161; nt++) sz[nt] = 256;
+        else sz[0] = (strtoul(set, NULL, 10) << 20) / sizeof(float), nt = 1;
+        ok = run_set(set, sz, nt, 0);
+    }
     MPI_Finalize();
-    return all_same ? 0 : 1;
+    return ok ? 0 : 1;
 }
