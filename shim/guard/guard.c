@@ -358,12 +358,11 @@ void dps_guard_exit(void)
         uint64_t deadline = g.timeout > 0 ? now_ns() + (uint64_t)(g.timeout * 1e9) : UINT64_MAX;
         struct timespec nap = {0, 2 * 1000000};
         while (w.nleft < g.size - 1 && now_ns() < deadline) nanosleep(&nap, NULL);
-        if (w.nleft < g.size - 1) {
-            DPS_ERROR("guard: rank %d finished, but %d rank(s) did not finish within [guard] timeout = %.0f s",
-                      g.rank, g.size - 1 - w.nleft, g.timeout);
-            fflush(NULL);
-            _exit(DPS_EXIT_GUARD);
-        }
+        /* Others still busy (rank 0 saving or evaluating alone, say) is no error: leave anyway.
+         * A rank that later needs us in a collective learns that we left and ends the job. */
+        if (w.nleft < g.size - 1)
+            DPS_WARN("guard: rank %d finished; %d rank(s) still running after [guard] timeout = %.0f s, leaving "
+                     "without them", g.rank, g.size - 1 - w.nleft, g.timeout);
     }
     atomic_store(&g.stop, 1);
     pthread_join(g.thread, NULL);

@@ -88,3 +88,11 @@ fault() {
         refute_output --partial "guard:"
     done
 }
+
+@test "rank 0 working alone after the others finished (longer than the timeout) is no error" {
+    run mpi 2 env DPSHIM_GUARD_TIMEOUT=2 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 linger 0 5
+    echo "$output"
+    assert_success
+    assert_output --partial "rank 1 finished; 1 rank(s) still running after [guard] timeout = 2 s, leaving without them"
+    assert_equal "$(grep -c 'finished 5 steps, 2 ranks' <<<"$output")" 2
+}

@@ -2,7 +2,8 @@
  *   guard_faults STEPS [FAULT RANK STEP]
  * FAULT: exit (return from main early), stall (sleep forever inside the step), crash (SIGSEGV),
  * extra (one more all-reduce than the others), scope (a collective inside a rank-0 scope),
- * perturb (change one parameter after the update, as a nondeterministic kernel would). */
+ * perturb (change one parameter after the update, as a nondeterministic kernel would),
+ * linger (after the last step, RANK keeps working alone for STEP seconds). */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -16,7 +17,7 @@
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|extra|scope|perturb RANK STEP] (under the shim)\n");
+        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|extra|scope|perturb|linger RANK STEP] (under the shim)\n");
         return 2;
     }
     int steps = atoi(argv[1]), rank = dp_rank(), size = dp_world_size();
@@ -58,5 +59,6 @@ int main(int argc, char **argv)
     double v = 1;
     dp_metric(&v, 1, DP_SUM);
     printf("rank %d finished %d steps, %g ranks\n", rank, steps, v);
+    if (!strcmp(fault, "linger") && rank == frank) sleep((unsigned)fstep);
     return v == size ? 0 : 1;
 }
