@@ -94,31 +94,34 @@ static int read_trace(const char *dir, int r, rank_data_t *d, char *err, size_t 
     return 1;
 }
 
-/* The collectives with the same number on every rank: who arrived last, and how long the
- * others waited for it. */
+/* Steps every rank's cursor `at` to its next collective. 1 when every rank has one and they
+ * carry the same number (the same collective); then *latest is when the last rank arrived,
+ * *last is that rank and *second when the one before it arrived. 0 at the end, or where the
+ * ranks' sequences diverge (a desync). */
+static int next_matched(const rank_data_t *rd, int size, size_t *at, uint64_t *latest, uint64_t *second, int *last)
+{
+    *latest = *second = 0, *last = -1;
+    for (int r = 0; r < size; r++) {
+        while (at[r] < rd[r].n && rd[r].ev[at[r]].kind != 'c') at[r]++;
+        if (at[r] >= rd[r].n) return 0;
+    }
+    for (int r = 0; r < size; r++) {
+        const ev_t *e = &rd[r].ev[at[r]];
+        if (e->seq != rd[0].ev[at[0]].seq) return 0;
+        if (e->begin >= *latest) *second = *latest, *latest = e->begin, *last = r;
+        else if (e->begin > *second) *second = e->begin;
+    }
+    return 1;
+}
+
+/* Who arrived last at each collective, and how long the others waited for it. */
 static void match_collectives(rank_data_t *rd, int size)
 {
     size_t *at = calloc((size_t)size, sizeof *at);
-    for (;;) {
-        uint64_t latest = 0, second = 0, seq = 0;
-        int last = -1, all = 1;
-        for (int r = 0; r < size; r++) {
-            while (at[r] < rd[r].n && rd[r].ev[at[r]].kind != 'c') at[r]++;
-            if (at[r] >= rd[r].n) all = 0;
-        }
-        if (!all) break;
-        seq = rd[0].ev[at[0]].seq;
-        for (int r = 0; r < size; r++) {
-            const ev_t *e = &rd[r].ev[at[r]];
-            if (e->seq != seq) all = 0;
-            if (e->begin >= latest) second = latest, latest = e->begin, last = r;
-            else if (e->begin > second) second = e->begin;
-        }
-        if (!all) break; /* the ranks' sequences diverge here: reported as a desync */
-        for (int r = 0; r < size; r++) {
-            rd[r].wait_s += (double)(latest - rd[r].ev[at[r]].begin) * 1e-9;
-            at[r]++;
-        }
+    uint64_t latest, second;
+    int last;
+    while (at && next_matched(rd, size, at, &latest, &second, &last)) {
+        for (int r = 0; r < size; r++) rd[r].wait_s += (double)(latest - rd[r].ev[at[r]++].begin) * 1e-9;
         if (size > 1) rd[last].last++, rd[last].late_s += (double)(latest - second) * 1e-9;
     }
     free(at);
@@ -172,15 +175,9 @@ static void svg_timeline(FILE *f, rank_data_t *rd, int size, uint64_t t0, uint64
                 y + 4, span * x_of, lane - 8);
     }
     /* collectives, matched across ranks by number, so waiting can be drawn */
-    for (;;) {
-        uint64_t latest = 0;
-        int all = 1;
-        for (int r = 0; r < size; r++) {
-            while (at[r] < rd[r].n && rd[r].ev[at[r]].kind != 'c') at[r]++;
-            if (at[r] >= rd[r].n) all = 0;
-            else if (rd[r].ev[at[r]].begin > latest) latest = rd[r].ev[at[r]].begin;
-        }
-        if (!all) break;
+    uint64_t latest, second;
+    int last;
+    while (next_matched(rd, size, at, &latest, &second, &last)) {
         for (int r = 0; r < size; r++) {
             const ev_t *e = &rd[r].ev[at[r]++];
             double y = top + lane * r + 4, h = lane - 8;

@@ -59,10 +59,8 @@ static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t 
         for (uint64_t j = 0; j < k; j++) ((double *)dst)[j] = scaled(((const double *)src)[j], scale);
         break;
     case DP_F16:
-        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(dps_f16_to_f32(((const uint16_t *)src)[j]), scale);
-        break;
     case DP_BF16:
-        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(dps_bf16_to_f32(((const uint16_t *)src)[j]), scale);
+        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(load_float(src, t->dtype, j), scale);
         break;
     default: /* integers are summed as they are */
         memcpy(dst, src, k * es);
@@ -85,10 +83,8 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
     }
     switch (kind == DPS_FUSE_BCAST ? -1 : t->dtype) { /* a broadcast moves bytes as they are */
     case DP_F16:
-        for (uint64_t j = 0; j < k; j++) ((uint16_t *)dst)[j] = dps_f32_to_f16(f[j]);
-        break;
     case DP_BF16:
-        for (uint64_t j = 0; j < k; j++) ((uint16_t *)dst)[j] = dps_f32_to_bf16(f[j]);
+        for (uint64_t j = 0; j < k; j++) store_half(dst, t->dtype, j, f[j]);
         break;
     default: memcpy(dst, src, k * es);
     }

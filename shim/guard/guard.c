@@ -204,6 +204,18 @@ static void majority(int *in_coll, uint64_t *seq)
     }
 }
 
+/* Ends this rank after a report. The launcher ends the job at the first non-zero exit, so a
+ * rank that did not print the report gives the one that did time to finish first. */
+static _Noreturn void end_job(int printed)
+{
+    if (!printed) {
+        struct timespec pause_ = {2, 0};
+        nanosleep(&pause_, NULL);
+    }
+    fflush(NULL);
+    _exit(DPS_EXIT_GUARD);
+}
+
 /* The diagnostics files, with the collective this rank is stuck in (if it is). */
 static void diag_fail(const char *why)
 {
@@ -259,12 +271,8 @@ static _Noreturn void finish_report(void)
         DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     } else {
         DPS_ERROR("guard: ending the job (exit status %d); rank %d prints where every rank is", DPS_EXIT_GUARD, printer);
-        /* the launcher ends the job at the first non-zero exit: let the printer go first */
-        struct timespec pause_ = {2, 0};
-        nanosleep(&pause_, NULL);
     }
-    fflush(NULL);
-    _exit(DPS_EXIT_GUARD);
+    end_job(printer == g.rank);
 }
 
 static void start_report(int why, int left_rank)
@@ -429,14 +437,10 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
                       (unsigned long long)all[r].step, 2 * votes <= g.size ? "  <-- culprit" : "");
         }
         DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
-    } else {
-        DPS_ERROR("guard: %s; ending the job (exit status %d), rank 0 prints every rank's call", headline,
-                  DPS_EXIT_GUARD);
-        struct timespec pause_ = {2, 0};
-        nanosleep(&pause_, NULL);
+        end_job(1);
     }
-    fflush(NULL);
-    _exit(DPS_EXIT_GUARD);
+    DPS_ERROR("guard: %s; ending the job (exit status %d), rank 0 prints every rank's call", headline, DPS_EXIT_GUARD);
+    end_job(0);
 }
 
 static call_info_t last_call(uint64_t key)
@@ -531,14 +535,11 @@ static void check_drift(uint64_t step)
                       2 * votes <= g.size ? "  <-- differs" : "");
         }
         DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
-    } else {
-        DPS_ERROR("guard: drift after step %llu in tensor '%s'; ending the job (exit status %d), rank 0 prints "
-                  "every rank's checksum", (unsigned long long)step, name, DPS_EXIT_GUARD);
-        struct timespec pause_ = {2, 0};
-        nanosleep(&pause_, NULL);
+        end_job(1);
     }
-    fflush(NULL);
-    _exit(DPS_EXIT_GUARD);
+    DPS_ERROR("guard: drift after step %llu in tensor '%s'; ending the job (exit status %d), rank 0 prints every "
+              "rank's checksum", (unsigned long long)step, name, DPS_EXIT_GUARD);
+    end_job(0);
 }
 
 /* --- crashes: say where, then die as the signal wants --- */

@@ -11,6 +11,7 @@
 
 #include "backends/backend.h"
 #include "dpshim/hooks.h"
+#include "engine/dtype.h"
 
 static MPI_Comm comm = MPI_COMM_NULL, guard_comm = MPI_COMM_NULL;
 static int initialized_by_us;
@@ -31,38 +32,26 @@ static int check(int rc, const char *what)
 static MPI_Datatype half_type = MPI_DATATYPE_NULL;
 static MPI_Op f16_sum = MPI_OP_NULL, bf16_sum = MPI_OP_NULL;
 
+/* a += b over n halves of the given type, in f32 */
+static void half_sum(const void *in, void *inout, int n, int dtype)
+{
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < n; i++)
+        b[i] = dtype == DP_F16 ? dps_f32_to_f16(dps_f16_to_f32(a[i]) + dps_f16_to_f32(b[i]))
+                               : dps_f32_to_bf16(dps_bf16_to_f32(a[i]) + dps_bf16_to_f32(b[i]));
+}
+
 static void f16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *t)
 {
     (void)t;
-    for (int i = 0; i < *len; i++) {
-        _Float16 a, b;
-        memcpy(&a, (char *)in + 2 * i, 2), memcpy(&b, (char *)inout + 2 * i, 2);
-        b = (_Float16)((float)a + (float)b);
-        memcpy((char *)inout + 2 * i, &b, 2);
-    }
-}
-
-static uint16_t bf16_round(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    half_sum(in, inout, *len, DP_F16);
 }
 
 static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *t)
 {
     (void)t;
-    for (int i = 0; i < *len; i++) {
-        uint16_t a, b;
-        memcpy(&a, (char *)in + 2 * i, 2), memcpy(&b, (char *)inout + 2 * i, 2);
-        uint32_t ua = (uint32_t)a << 16, ub = (uint32_t)b << 16;
-        float fa, fb;
-        memcpy(&fa, &ua, 4), memcpy(&fb, &ub, 4);
-        b = bf16_round(fa + fb);
-        memcpy((char *)inout + 2 * i, &b, 2);
-    }
+    half_sum(in, inout, *len, DP_BF16);
 }
 
 static MPI_Datatype mpi_dtype(int dtype)
