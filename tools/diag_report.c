@@ -22,6 +22,7 @@ typedef struct rank_data {
     int present, size;
     char host[128], launcher[32], failure[256];
     uint64_t start, end, steps, collectives, bytes, comm, sinks, noops, published, rank_paths;
+    uint64_t bg_collectives, bg_bytes, bg_comm; /* [comm] overlap: the progress thread's */
     ev_t *ev;
     size_t n;
     double wait_s;   /* inside collectives, waiting for the last rank to arrive */
@@ -53,6 +54,9 @@ static int read_stats(const char *dir, int r, rank_data_t *d, char *err, size_t 
         else if (!strcmp(key, "collectives")) d->collectives = x;
         else if (!strcmp(key, "bytes")) d->bytes = x;
         else if (!strcmp(key, "comm_ns")) d->comm = x;
+        else if (!strcmp(key, "bg_collectives")) d->bg_collectives = x;
+        else if (!strcmp(key, "bg_bytes")) d->bg_bytes = x;
+        else if (!strcmp(key, "bg_comm_ns")) d->bg_comm = x;
         else if (!strcmp(key, "gated_sinks")) d->sinks = x;
         else if (!strcmp(key, "gated_noops")) d->noops = x;
         else if (!strcmp(key, "published")) d->published = x;
@@ -136,12 +140,22 @@ static void json_events(FILE *f, const rank_data_t *rd, int size, uint64_t t0)
         fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}}",
                 first ? "" : ",\n", r, r);
         first = 0;
+        if (rd[r].bg_collectives)
+            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d background\"}}",
+                    size + r, r);
         uint64_t prev = rd[r].start;
         for (size_t i = 0; i < rd[r].n; i++) {
             const ev_t *e = &rd[r].ev[i];
             if (e->kind == 's') {
                 fprintf(f, ",\n{\"name\":\"step %llu\",\"ph\":\"i\",\"s\":\"t\",\"pid\":0,\"tid\":%d,\"ts\":%.3f}",
                         (unsigned long long)e->step, r, (double)(e->begin - t0) / 1e3);
+                continue;
+            }
+            if (e->kind == 'b') { /* the progress thread: a lane of its own */
+                fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"background\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,"
+                           "\"dur\":%.3f,\"args\":{\"seq\":%llu,\"step\":%llu,\"bytes\":%llu}}",
+                        e->hook, size + r, (double)(e->begin - t0) / 1e3, (double)(e->end - e->begin) / 1e3,
+                        (unsigned long long)e->seq, (unsigned long long)e->step, (unsigned long long)e->bytes);
                 continue;
             }
             if (e->begin > prev)
@@ -252,10 +266,15 @@ int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
         }
         double wall = (double)(d->end - d->start) * 1e-9, comm = (double)d->comm * 1e-9;
         printf("%4d  %5llu  %11llu  %10.1f  %7.3f  %9.3f  %7.3f  %9.3f  %5.1f%%  %5.1f%%\n", r,
-               (unsigned long long)d->steps, (unsigned long long)d->collectives, (double)d->bytes / 1e6, wall,
+               (unsigned long long)d->steps, (unsigned long long)d->collectives, (double)(d->bytes + d->bg_bytes) / 1e6, wall,
                wall - comm, comm, d->wait_s, wall > 0 ? 100 * comm / wall : 0,
                d->collectives ? 100.0 * (double)d->last / (double)d->collectives : 0);
     }
+    for (int r = 0; r < size; r++)
+        if (rd[r].present && rd[r].bg_collectives)
+            printf("%4d  in the background ([comm] overlap): %llu reductions, %.1f MB, %.3f s, of which only the "
+                   "wait in dp_grads counts as comm above\n", r, (unsigned long long)rd[r].bg_collectives,
+                   (double)rd[r].bg_bytes / 1e6, (double)rd[r].bg_comm * 1e-9);
     int straggler = -1;
     for (int r = 0; r < size; r++)
         if (rd[r].present && (straggler < 0 || rd[r].late_s > rd[straggler].late_s)) straggler = r;

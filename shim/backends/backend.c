@@ -26,10 +26,10 @@ static void self_release(void) {}
 static int self_owns_mpi_init(void) { return 0; }
 
 /* World size 1: a sum over one rank is the value itself. */
-const dps_backend_t dps_backend_self = {"self", self_allreduce, self_bcast, self_barrier,
-                                        self_last_error, self_release, self_release,
-                                        self_owns_mpi_init, NULL, NULL, NULL, NULL, NULL,
-                                        self_last_error};
+const dps_backend_t dps_backend_self = {
+    .name = "self", .allreduce = self_allreduce, .bcast = self_bcast, .barrier = self_barrier,
+    .last_error = self_last_error, .release = self_release, .finalize = self_release,
+    .owns_mpi_init = self_owns_mpi_init, .tuning = self_last_error};
 
 typedef struct backend_row {
     const char *name;

@@ -31,6 +31,11 @@ typedef struct dps_backend {
      * minimum of n uint64, and every rank's `bytes` bytes gathered in rank order. */
     int (*guard_min_u64)(uint64_t *v, size_t n);
     int (*guard_allgather)(const void *mine, void *all, size_t bytes);
+    /* The background channel: allreduce on a communicator of its own, called only from the
+     * engine's progress thread while the main thread may run the other collectives; NULL when
+     * the backend has none (then gradients are reduced synchronously). */
+    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op);
+    const char *(*last_error_bg)(void);
     /* Large all-reductions go in pieces of this many bytes; 0: measure at the first large one. */
     void (*set_piece)(size_t bytes);
     /* What the backend chose and measured, for logs and diagnostics ("" when nothing yet). */

@@ -40,6 +40,7 @@ typedef struct dps_state {
     int split_mode, reduce_sum, bn_sync;
     int uneven; /* index into [data] uneven: pad, drop, join */
     size_t bucket_bytes;
+    int overlap; /* [comm] overlap = on */
     int32_t compress_dtype; /* DP_F16 or DP_BF16 for [comm] compress, else -1 */
 } dps_state_t;
 

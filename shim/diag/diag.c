@@ -5,6 +5,7 @@
 #include "diag.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ dps_diag_counters_t dps_diag_count;
 int dps_diag_on;
 
 typedef struct event {
-    char kind; /* 'c' collective, 's' step end */
+    char kind; /* 'c' collective, 'b' background collective, 's' step end */
     const char *hook;
     uint64_t begin_ns, end_ns, seq, step, bytes;
 } event_t;
@@ -30,6 +31,7 @@ static struct {
     event_t *ev;
     size_t n, cap;
     uint64_t start_ns, collectives, bytes, comm_ns, steps;
+    uint64_t bg_collectives, bg_bytes, bg_comm_ns;
     char failure[256];
 } d;
 
@@ -49,23 +51,37 @@ void dps_diag_configure(const dps_state_t *s)
     d.start_ns = dps_diag_now();
 }
 
+/* The main and the progress thread both record; the lock is uncontended but for overlaps. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void add(event_t e)
 {
+    pthread_mutex_lock(&lock);
+    if (e.kind == 'c') d.collectives++, d.bytes += e.bytes, d.comm_ns += e.end_ns - e.begin_ns;
+    if (e.kind == 'b') d.bg_collectives++, d.bg_bytes += e.bytes, d.bg_comm_ns += e.end_ns - e.begin_ns;
     if (d.n == d.cap) {
         size_t cap = d.cap ? 2 * d.cap : 4096;
         event_t *p = realloc(d.ev, cap * sizeof *p);
-        if (!p) return; /* diagnostics never break the job: drop the event */
+        if (!p) goto out; /* diagnostics never break the job: drop the event */
         d.ev = p, d.cap = cap;
     }
     d.ev[d.n++] = e;
+out:
+    pthread_mutex_unlock(&lock);
 }
 
 void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
                          uint64_t seq, uint64_t step)
 {
     if (!d.on) return;
-    d.collectives++, d.bytes += bytes, d.comm_ns += end_ns - begin_ns;
     add((event_t){'c', hook, begin_ns, end_ns, seq, step, bytes});
+}
+
+void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
+                         uint64_t seq, uint64_t step)
+{
+    if (!d.on) return;
+    add((event_t){'b', hook, begin_ns, end_ns, seq, step, bytes});
 }
 
 void dps_diag_step(uint64_t step)
@@ -103,10 +119,12 @@ void dps_diag_write(void)
     gethostname(host, sizeof host - 1);
     fprintf(st, "dpshim-stats %d\nrank %d\nsize %d\nlocal_rank %d\nhost %s\nlauncher %s\n"
                 "start_ns %llu\nend_ns %llu\nsteps %llu\ncollectives %llu\nbytes %llu\ncomm_ns %llu\n"
+                "bg_collectives %llu\nbg_bytes %llu\nbg_comm_ns %llu\n"
                 "gated_sinks %llu\ngated_noops %llu\npublished %llu\nrank_paths %llu\n",
             DPS_DIAG_FORMAT_VERSION, d.s->rank, d.s->size, d.s->local_rank, host, d.s->launcher,
             (unsigned long long)d.start_ns, (unsigned long long)dps_diag_now(), (unsigned long long)d.steps,
             (unsigned long long)d.collectives, (unsigned long long)d.bytes, (unsigned long long)d.comm_ns,
+            (unsigned long long)d.bg_collectives, (unsigned long long)d.bg_bytes, (unsigned long long)d.bg_comm_ns,
             (unsigned long long)atomic_load(&dps_diag_count.sinks), (unsigned long long)atomic_load(&dps_diag_count.noops),
             (unsigned long long)atomic_load(&dps_diag_count.published),
             (unsigned long long)atomic_load(&dps_diag_count.rank_paths));

@@ -24,6 +24,9 @@ uint64_t dps_diag_now(void); /* wall-clock ns, comparable across the ranks of a 
 /* A collective of the main thread: hook, payload bytes, its number and the step it follows. */
 void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
                          uint64_t seq, uint64_t step);
+/* A collective of the progress thread ([comm] overlap), numbered apart from the main thread's. */
+void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
+                         uint64_t seq, uint64_t step);
 void dps_diag_step(uint64_t step);
 /* At exit of the rank process. */
 void dps_diag_write(void);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "engine.h"
 #include "guard/guard.h"
+#include "progress.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -45,6 +46,7 @@ int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
     s->bn_sync = dps_policy_is(p, DPS_P_bn_sync, "on");
     s->uneven = (int)dps_policy_num(p, DPS_P_data_uneven);
     s->bucket_bytes = (size_t)dps_policy_num(p, DPS_P_comm_bucket_mb) << 20;
+    s->overlap = dps_policy_is(p, DPS_P_comm_overlap, "on");
     s->compress_dtype = dps_policy_is(p, DPS_P_comm_compress, "fp16")   ? DP_F16
                         : dps_policy_is(p, DPS_P_comm_compress, "bf16") ? DP_BF16
                                                                         : -1;
@@ -96,6 +98,7 @@ const dps_backend_t *dps_comm(const char *hook)
 
 void dps_engine_shutdown(void)
 {
+    dps_progress_stop();
     if (dps_e.be && dps_e.be != &dps_backend_self && dps_e.be->tuning()[0] && dps_g.rank == 0)
         DPS_INFO("%s backend: %s", dps_e.be->name, dps_e.be->tuning());
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->finalize();
@@ -103,6 +106,7 @@ void dps_engine_shutdown(void)
 
 void dps_engine_before_mpi_finalize(void)
 {
+    dps_progress_stop();
     dps_guard_exit(); /* the guard talks over MPI: done before the program finalizes it */
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->release();
     dps_e.released = 1;

@@ -34,6 +34,11 @@ int dps_engine_owns_mpi_init(void);
  * a rank-0 scope, a child process). Opens the backend on first use; fatal if that fails. */
 const dps_backend_t *dps_comm(const char *hook);
 
+/* A tensor this large goes to the backend in place: its own reduction already runs at full
+ * speed (in pieces), while packing it would cost two copies. Smaller ones are packed, since
+ * for them each call's latency is what counts. */
+#define DPS_INPLACE_MIN_BYTES (256u << 10)
+
 /* GRADS: an all-reduce that [comm] compress may send in half precision. */
 typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST } dps_fuse_t;
 /* Reduce (each float element first multiplied by scale; 0 gives exact zeros) or broadcast from
@@ -41,5 +46,11 @@ typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST } dps_fuse_t;
  * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
               dps_fuse_t kind, double scale, dps_redop_t op);
+
+/* The same for gradients on the backend's background channel, from the progress thread only:
+ * no guard position (the main thread waiting in dp_grads is the guarded one), and a failure is
+ * described in err and returned rather than ending the process. */
+int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                         double scale, char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,6 @@
 /* Fused collectives: many small tensors travel as one bucket, a large one in place. Bucket
  * order follows the caller's tensor order, so it is identical on every rank. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,12 +9,19 @@
 #include "diag/diag.h"
 #include "guard/guard.h"
 
-static unsigned char *bucket;
+/* Where a fused collective runs: the main thread, or the progress thread on the backend's
+ * background channel. Each lane has its own bucket, so both can pack at once. */
+typedef struct lane {
+    int background;
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op);
+    const char *(*last_error)(void);
+    unsigned char *bucket;
+    uint64_t seq;          /* background collectives so far (the main lane counts in dps_e.seq) */
+    char *err;             /* background: where a failure is described for the waiting thread */
+    size_t errlen;
+} lane_t;
 
-/* A tensor this large goes to the backend in place: its own reduction already runs at full
- * speed (in pieces), while packing it would cost two copies. Smaller ones are packed, since
- * for them each call's latency is what counts. */
-#define DPS_INPLACE_MIN_BYTES (256u << 10)
+static lane_t main_lane, bg_lane = {.background = 1};
 
 static int in_place(const dp_tensor *t, int32_t rd, size_t es, size_t room)
 {
@@ -109,15 +117,25 @@ static int check_tensor(const char *hook, const dp_tensor *t, size_t i)
     return 0;
 }
 
-static int run(const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
+static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
                int32_t dtype, dps_redop_t op)
 {
+    uint64_t bytes = count * dps_dtype_size(dtype);
+    if (L->background) {
+        /* the guard watches the main thread, which waits for this in dp_grads */
+        uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+        int rc = L->allreduce(buf, count, dtype, op);
+        ++L->seq;
+        if (dps_diag_on) dps_diag_background(hook, bytes, t0, dps_diag_now(), L->seq, dps_e.step);
+        if (rc != 0) snprintf(L->err, L->errlen, "%s (background reduction #%llu): %s", hook,
+                              (unsigned long long)L->seq, L->last_error());
+        return rc;
+    }
     dps_guard_enter(hook, kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE, dtype, count);
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
-    int rc = kind == DPS_FUSE_BCAST ? be->bcast(buf, count * dps_dtype_size(dtype), 0)
-                                    : be->allreduce(buf, count, dtype, op);
+    int rc = kind == DPS_FUSE_BCAST ? be->bcast(buf, bytes, 0) : be->allreduce(buf, count, dtype, op);
     ++dps_e.seq;
-    if (dps_diag_on) dps_diag_collective(hook, count * dps_dtype_size(dtype), t0, dps_diag_now(), dps_e.seq, dps_e.step);
+    if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_e.seq, dps_e.step);
     dps_guard_leave();
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
@@ -138,16 +156,17 @@ static int32_t bucket_dtype(const dp_tensor *t, dps_fuse_t kind)
     return dps_reduce_dtype(t->dtype);
 }
 
-int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-              dps_fuse_t kind, double scale, dps_redop_t op)
+static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                dps_fuse_t kind, double scale, dps_redop_t op)
 {
     size_t cap = dps_g.bucket_bytes;
     for (size_t i = 0; i < n; i++)
         if (check_tensor(hook, &t[i], i)) return -1;
-    if (!bucket && !(bucket = malloc(cap))) {
+    if (!L->bucket && !(L->bucket = malloc(cap))) {
         DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
         return -1;
     }
+    unsigned char *bucket = L->bucket;
     size_t i = 0;
     uint64_t off = 0;
     while (i < n) {
@@ -160,7 +179,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
         if (off == 0 && in_place(&t[i], rd, es, room)) {
             /* large enough to travel alone: no copy */
             if (kind != DPS_FUSE_BCAST && scale != 1.0) pack(t[i].data, &t[i], 0, t[i].count, kind, scale, rd);
-            run(hook, be, kind, t[i].data, t[i].count, rd, op);
+            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op)) return -1;
             i++;
             continue;
         }
@@ -178,7 +197,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
             pack(bucket + used * es, y, off, k, kind, scale, rd);
             used += k, off += k;
         }
-        run(hook, be, kind, bucket, used, rd, op);
+        if (run(L, hook, be, kind, bucket, used, rd, op)) return -1;
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
             unpack(&t[j], first_off, bucket + done * es, k, kind, rd);
@@ -187,4 +206,20 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
         }
     }
     return 0;
+}
+
+int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+              dps_fuse_t kind, double scale, dps_redop_t op)
+{
+    return fuse(&main_lane, hook, be, t, n, kind, scale, op);
+}
+
+int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                         double scale, char *err, size_t errlen)
+{
+    bg_lane.allreduce = be->allreduce_bg, bg_lane.last_error = be->last_error_bg;
+    bg_lane.err = err, bg_lane.errlen = errlen;
+    int rc = fuse(&bg_lane, hook, be, t, n, DPS_FUSE_GRADS, scale, DPS_RED_SUM);
+    if (rc && !err[0]) snprintf(err, errlen, "%s: a tensor cannot be reduced (see the message above)", hook);
+    return rc;
 }

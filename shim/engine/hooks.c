@@ -7,6 +7,7 @@
 #include "engine.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
+#include "progress.h"
 #include "shard.h"
 
 DPS_EXPORT int dp_rank(void) { return dps_g.rank; }
@@ -70,6 +71,8 @@ static struct {
     size_t ndone, cap_done;
     dp_tensor *rest;
     size_t cap_rest;
+    int submitted; /* [comm] overlap: groups handed to the progress thread in this step */
+    uint64_t submitted_count; /* and their elements */
 } ready;
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -83,12 +86,30 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-static int flush_pending(const dps_backend_t *be)
+/* The elements of the tensors t[0..n), for the desync checks. */
+static uint64_t total_count(const dp_tensor *t, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++) c += t[i].count;
+    return c;
+}
+
+/* Hands t[0..n) to the progress thread as one group. */
+static int submit(const dp_tensor *t, size_t n)
+{
+    uint64_t count = total_count(t, n);
+    dps_guard_note("dp_grad_ready", DPS_COLL_ALLREDUCE, t[0].dtype, count);
+    ready.submitted++, ready.submitted_count += count;
+    return dps_progress_submit(t, n, grad_scale());
+}
+
+static int flush_pending(const dps_backend_t *be, int background)
 {
     if (!ready.npending) return 0;
     if (grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done)) return -1;
-    int rc = dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
-                       grad_scale(), DPS_RED_SUM);
+    int rc = background ? submit(ready.pending, ready.npending)
+                        : dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
+                                    grad_scale(), DPS_RED_SUM);
     for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
     ready.npending = ready.pending_bytes = 0;
     return rc;
@@ -100,9 +121,14 @@ DPS_EXPORT int dp_grad_ready(const dp_tensor *t)
     if (!be) return 0;
     if (grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending)) return -1;
     ready.pending[ready.npending++] = *t;
-    ready.pending_bytes += t->count * dps_dtype_size(dps_reduce_dtype(t->dtype));
-    /* a full bucket is reduced now; the rest waits for dp_grads */
-    return ready.pending_bytes >= dps_g.bucket_bytes ? flush_pending(be) : 0;
+    size_t bytes = t->count * dps_dtype_size(dps_reduce_dtype(t->dtype));
+    ready.pending_bytes += bytes;
+    /* A full bucket is reduced now (in the background with [comm] overlap), and so is a tensor
+     * large enough to travel alone; the rest waits for dp_grads. */
+    int background = dps_progress_available(be);
+    if (ready.pending_bytes >= dps_g.bucket_bytes || (background && bytes >= DPS_INPLACE_MIN_BYTES))
+        return flush_pending(be, background);
+    return 0;
 }
 
 static int announced(const void *data)
@@ -123,9 +149,24 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
     for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
     for (size_t i = 0; i < n; i++)
         if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
-    int rc = dps_fused("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_scale(), DPS_RED_SUM);
     ready.npending = ready.pending_bytes = ready.ndone = 0;
-    return rc;
+    if (!ready.submitted) return dps_fused("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_scale(), DPS_RED_SUM);
+    /* [comm] overlap: the rest joins the queue, and the wait is what the guard watches */
+    if (m && submit(ready.rest, m)) return -1;
+    dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);
+    ready.submitted = 0, ready.submitted_count = 0;
+    uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+    char err[1024];
+    int rc = dps_progress_wait(err, sizeof err);
+    ++dps_e.seq;
+    if (dps_diag_on) dps_diag_collective("dp_grads", 0, t0, dps_diag_now(), dps_e.seq, dps_e.step);
+    dps_guard_leave();
+    if (rc) {
+        char where[96];
+        dps_guard_where(where, sizeof where);
+        dps_fatal("dp_grads (%s): %s", where, err);
+    }
+    return 0;
 }
 
 DPS_EXPORT int dp_bn_stats(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)

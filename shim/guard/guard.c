@@ -82,10 +82,15 @@ static uint64_t describe_call(const char *hook, int collective, int32_t dtype, u
     return mix(mix(mix(h, (uint64_t)collective), (uint64_t)dtype), count);
 }
 
-void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count)
+void dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
     if (g.desync == DESYNC_FULL) check_call(hook, collective, dtype, count);
     g.fp = mix(g.fp, describe_call(hook, collective, dtype, count));
+}
+
+void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count)
+{
+    dps_guard_note(hook, collective, dtype, count);
     atomic_store_explicit(&pos.hook, hook, memory_order_relaxed);
     atomic_store_explicit(&pos.coll, collective, memory_order_relaxed);
     atomic_store_explicit(&pos.dtype, dtype, memory_order_relaxed);

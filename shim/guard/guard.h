@@ -20,7 +20,10 @@ void dps_guard_configure(const dps_state_t *s);
 void dps_guard_install_crash_handlers(void);
 /* The backend opened: the watchdog starts when the backend has a side channel. */
 void dps_guard_start(const dps_backend_t *be);
-/* Around every collective of the main thread. */
+/* A collective the main thread hands to the progress thread: compared across ranks by the
+ * desync checks like the main thread's own. */
+void dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count);
+/* Around every collective of the main thread (and its waits for the progress thread). */
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count);
 void dps_guard_leave(void);
 /* After each optimizer step: the desync and drift checks the policy asks for. */

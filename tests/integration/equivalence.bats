@@ -74,3 +74,17 @@ check_np() {
     run "$CKPT" same "$BATS_TEST_TMPDIR/rank0.ckpt" "$BATS_TEST_TMPDIR/rank1.ckpt"
     assert_success
 }
+
+# [comm] overlap reduces the same buckets in the background: the weights must not change by a bit.
+overlap_same() {
+    local n=$1
+    for ov in on off; do
+        mkdir -p "$BATS_TEST_TMPDIR/$ov"
+        DPSHIM_COMM_OVERLAP=$ov DPSHIM_COMM_BUCKET_MB=1 run train_np "$n" "$BATS_TEST_TMPDIR/$ov" "${ARGS[@]}" --steps 50
+        assert_success
+    done
+    run "$CKPT" same "$BATS_TEST_TMPDIR/on/rank0.ckpt" "$BATS_TEST_TMPDIR/off/rank0.ckpt"
+    assert_success
+}
+@test "np=2: overlap on and off give bitwise the same weights" { overlap_same 2; }
+@test "np=4: overlap on and off give bitwise the same weights" { overlap_same 4; }

@@ -11,6 +11,7 @@ fault() {
     local start=$SECONDS
     run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT ${DPSHIM_GUARD_DESYNC:+DPSHIM_GUARD_DESYNC=$DPSHIM_GUARD_DESYNC} \
         ${DPSHIM_GUARD_DRIFT_EVERY:+DPSHIM_GUARD_DRIFT_EVERY=$DPSHIM_GUARD_DRIFT_EVERY} \
+        ${GUARD_FAULTS_ANNOUNCE:+GUARD_FAULTS_ANNOUNCE=$GUARD_FAULTS_ANNOUNCE} \
         LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
     elapsed=$((SECONDS - start))
     echo "$output"
@@ -34,6 +35,31 @@ fault() {
     for r in 0 2 3; do
         assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x 1000\), collective #6 after step 4, waiting"
     done
+}
+
+@test "[comm] overlap: rank 1 stalls while the others wait in dp_grads for their background reductions" {
+    GUARD_FAULTS_ANNOUNCE=1 fault stall 1 5
+    assert_failure
+    assert_output --partial "guard: dp_grads collective #6 (after step 4) has waited"
+    assert_output --regexp "rank 1: in the program's own code for [0-9.]+ s, since dp_grads collective #5 after step 4  <-- culprit"
+    for r in 0 2 3; do
+        assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x 70000\), collective #6 after step 4, waiting"
+    done
+}
+
+@test "[comm] overlap: rank 1 exits while the others' background reductions wait for it" {
+    GUARD_FAULTS_ANNOUNCE=1 fault exit 1 5
+    assert_failure
+    assert_output --partial "guard: rank 1 left the program after step 4 (its last collective #5), while rank 0 waits in dp_grads collective #6"
+    [ "$elapsed" -lt "$TIMEOUT" ]
+}
+
+@test "[comm] overlap, desync = full: an extra call is caught against the announced gradients" {
+    GUARD_FAULTS_ANNOUNCE=1 DPSHIM_GUARD_DESYNC=full fault extra 2 3
+    assert_failure
+    assert_output --partial "rank 2: dp_metric (all-reduce f64 x 1), collective #5 after step 2  <-- culprit"
+    assert_output --partial "rank 0: dp_grad_ready (all-reduce f32 x 70000), collective #5 after step 3"
+    [ "$elapsed" -lt "$TIMEOUT" ]
 }
 
 @test "rank 3 dies with SIGSEGV at step 4: named with its signal and step" {

@@ -13,17 +13,26 @@
 #include "dpshim/hooks.h"
 #include "engine/dtype.h"
 
-static MPI_Comm comm = MPI_COMM_NULL, guard_comm = MPI_COMM_NULL;
-static int initialized_by_us;
-static char errbuf[512];
+/* A data channel: a communicator with its own piece size and error text. The main thread uses
+ * `main_ch`; the engine's progress thread uses `bg_ch`, so background gradient reductions never
+ * interleave with the main thread's collectives on one communicator. */
+typedef struct channel {
+    MPI_Comm comm;
+    size_t piece_bytes; /* large reductions go in pieces of this size; 0: not chosen yet */
+    char err[512];
+} channel_t;
 
-static int check(int rc, const char *what)
+static channel_t main_ch = {MPI_COMM_NULL, 0, ""}, bg_ch = {MPI_COMM_NULL, 0, ""};
+static MPI_Comm guard_comm = MPI_COMM_NULL;
+static int initialized_by_us;
+
+static int check(channel_t *ch, int rc, const char *what)
 {
     if (rc == MPI_SUCCESS) return 0;
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (PMPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
-    snprintf(errbuf, sizeof errbuf, "%s failed: %s", what, msg);
+    snprintf(ch->err, sizeof ch->err, "%s failed: %s", what, msg);
     return -1;
 }
 
@@ -73,67 +82,68 @@ static MPI_Datatype mpi_dtype(int dtype)
  * first reduction that is large enough to care; every rank then uses the same size. */
 #define PIECE_MIN_BUFFER (8u << 20)
 #define CALIBRATION_BYTES (16u << 20)
-static size_t piece_bytes; /* 0: not chosen yet */
 static char tuning_text[256];
 
-static int reduce_whole(void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es)
+static int reduce_whole(channel_t *ch, void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es)
 {
     for (size_t off = 0; off < count;) { /* MPI counts are int */
         int n = count - off > (size_t)INT_MAX ? INT_MAX : (int)(count - off);
-        if (check(PMPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, n, t, o, comm), "MPI_Allreduce"))
+        if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, n, t, o, ch->comm), "MPI_Allreduce"))
             return -1;
         off += (size_t)n;
     }
     return 0;
 }
 
-static int reduce_pieces(void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es, size_t piece)
+static int reduce_pieces(channel_t *ch, void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es, size_t piece)
 {
     size_t per = piece / es ? piece / es : 1;
     for (size_t off = 0; off < count; off += per)
-        if (reduce_whole((char *)buf + off * es, count - off < per ? count - off : per, t, o, es)) return -1;
+        if (reduce_whole(ch, (char *)buf + off * es, count - off < per ? count - off : per, t, o, es)) return -1;
     return 0;
 }
 
-static void calibrate(void)
+/* Each channel measures at its own first large reduction: a collective on its own
+ * communicator, so the two threads never need to agree on who measures. */
+static void calibrate(channel_t *ch)
 {
     /* no "whole buffer" candidate: at 16 MiB one call can still win, at 64 MiB it loses 3x */
     static const size_t candidates[] = {256u << 10, 1u << 20, 4u << 20};
     enum { N = sizeof candidates / sizeof *candidates };
     float *scratch = calloc(CALIBRATION_BYTES / sizeof(float), sizeof(float)); /* zeros stay zeros */
     double best[N];
-    piece_bytes = 1u << 20; /* if measuring is impossible */
+    ch->piece_bytes = 1u << 20; /* if measuring is impossible */
     if (!scratch) return;
     for (int c = 0; c < N; c++) {
         best[c] = 1e30;
         for (int rep = 0; rep < 3; rep++) {
             double t = PMPI_Wtime();
-            reduce_pieces(scratch, CALIBRATION_BYTES / sizeof(float), MPI_FLOAT, MPI_SUM, sizeof(float), candidates[c]);
+            reduce_pieces(ch, scratch, CALIBRATION_BYTES / sizeof(float), MPI_FLOAT, MPI_SUM, sizeof(float), candidates[c]);
             t = PMPI_Wtime() - t;
             if (t < best[c]) best[c] = t;
         }
     }
     free(scratch);
     /* every rank must pick the same size: agree on the slowest rank's view */
-    PMPI_Allreduce(MPI_IN_PLACE, best, N, MPI_DOUBLE, MPI_MAX, comm);
+    PMPI_Allreduce(MPI_IN_PLACE, best, N, MPI_DOUBLE, MPI_MAX, ch->comm);
     int pick = 0;
     for (int c = 1; c < N; c++)
         if (best[c] < best[pick]) pick = c;
-    piece_bytes = candidates[pick];
+    ch->piece_bytes = candidates[pick];
     snprintf(tuning_text, sizeof tuning_text,
              "all-reduce pieces of %zu KiB (measured on %u MiB: 256 KiB %.1f ms, 1 MiB %.1f ms, 4 MiB %.1f ms)",
-             piece_bytes >> 10, CALIBRATION_BYTES >> 20, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3);
+             ch->piece_bytes >> 10, CALIBRATION_BYTES >> 20, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3);
 }
 
 static void mpi_set_piece(size_t bytes)
 {
-    piece_bytes = bytes;
+    main_ch.piece_bytes = bg_ch.piece_bytes = bytes;
     snprintf(tuning_text, sizeof tuning_text, "all-reduce pieces of %zu KiB ([comm] piece_kb)", bytes >> 10);
 }
 
 static const char *mpi_tuning(void) { return tuning_text; }
 
-static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
+static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op)
 {
     MPI_Datatype t = mpi_dtype(dtype);
     int half = dtype == DP_F16 || dtype == DP_BF16;
@@ -141,31 +151,42 @@ static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
                     : op == DPS_RED_MIN ? MPI_MIN : op == DPS_RED_MAX ? MPI_MAX : MPI_SUM;
     size_t es = (size_t)(dtype == DP_F64 || dtype == DP_I64 ? 8 : dtype == DP_U8 ? 1 : half ? 2 : 4);
     if (half && op != DPS_RED_SUM) {
-        snprintf(errbuf, sizeof errbuf, "mpi backend: half precision is only summed");
+        snprintf(ch->err, sizeof ch->err, "mpi backend: half precision is only summed");
         return -1;
     }
     if (t == MPI_DATATYPE_NULL) {
-        snprintf(errbuf, sizeof errbuf, "mpi backend: dtype %d cannot be reduced", dtype);
+        snprintf(ch->err, sizeof ch->err, "mpi backend: dtype %d cannot be reduced", dtype);
         return -1;
     }
-    if (count * es < PIECE_MIN_BUFFER) return reduce_whole(buf, count, t, o, es);
-    if (!piece_bytes) calibrate();
-    return reduce_pieces(buf, count, t, o, es, piece_bytes);
+    if (count * es < PIECE_MIN_BUFFER) return reduce_whole(ch, buf, count, t, o, es);
+    if (!ch->piece_bytes) calibrate(ch);
+    return reduce_pieces(ch, buf, count, t, o, es, ch->piece_bytes);
+}
+
+static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
+{
+    return channel_allreduce(&main_ch, buf, count, dtype, op);
+}
+
+static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op)
+{
+    return channel_allreduce(&bg_ch, buf, count, dtype, op);
 }
 
 static int mpi_bcast(void *buf, size_t bytes, int root)
 {
     for (size_t off = 0; off < bytes;) {
         int n = bytes - off > (size_t)INT_MAX ? INT_MAX : (int)(bytes - off);
-        if (check(PMPI_Bcast((char *)buf + off, n, MPI_BYTE, root, comm), "MPI_Bcast")) return -1;
+        if (check(&main_ch, PMPI_Bcast((char *)buf + off, n, MPI_BYTE, root, main_ch.comm), "MPI_Bcast")) return -1;
         off += (size_t)n;
     }
     return 0;
 }
 
-static int mpi_barrier(void) { return check(PMPI_Barrier(comm), "MPI_Barrier"); }
+static int mpi_barrier(void) { return check(&main_ch, PMPI_Barrier(main_ch.comm), "MPI_Barrier"); }
 
-static const char *mpi_last_error(void) { return errbuf; }
+static const char *mpi_last_error(void) { return main_ch.err; }
+static const char *mpi_last_error_bg(void) { return bg_ch.err; }
 
 /* The guard channel: eager point-to-point messages on a communicator of its own. */
 static int mpi_guard_send(const void *msg, size_t len, int dest)
@@ -199,9 +220,11 @@ static void mpi_release(void)
 {
     int fin = 0;
     PMPI_Finalized(&fin);
-    if (comm != MPI_COMM_NULL && !fin) PMPI_Comm_free(&comm);
-    if (guard_comm != MPI_COMM_NULL && !fin) PMPI_Comm_free(&guard_comm);
-    comm = guard_comm = MPI_COMM_NULL;
+    MPI_Comm *comms[] = {&main_ch.comm, &bg_ch.comm, &guard_comm};
+    for (size_t i = 0; i < sizeof comms / sizeof *comms; i++) {
+        if (*comms[i] != MPI_COMM_NULL && !fin) PMPI_Comm_free(comms[i]);
+        *comms[i] = MPI_COMM_NULL;
+    }
 }
 
 static void mpi_finalize(void)
@@ -226,24 +249,26 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
         return -1;
     }
     if (!init) {
-        if (check(PMPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread"))
+        if (check(&main_ch, PMPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread"))
             goto fail;
         initialized_by_us = 1;
     }
-    if (check(PMPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup")) goto fail;
+    if (check(&main_ch, PMPI_Comm_dup(MPI_COMM_WORLD, &main_ch.comm), "MPI_Comm_dup")) goto fail;
     if (PMPI_Type_contiguous(2, MPI_BYTE, &half_type) != MPI_SUCCESS || PMPI_Type_commit(&half_type) != MPI_SUCCESS ||
         PMPI_Op_create(f16_sum_fn, 1, &f16_sum) != MPI_SUCCESS || PMPI_Op_create(bf16_sum_fn, 1, &bf16_sum) != MPI_SUCCESS) {
-        snprintf(errbuf, sizeof errbuf, "cannot create the half-precision type and sums");
+        snprintf(main_ch.err, sizeof main_ch.err, "cannot create the half-precision type and sums");
         goto fail;
     }
-    PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    PMPI_Comm_set_errhandler(main_ch.comm, MPI_ERRORS_RETURN);
     if (init) PMPI_Query_thread(&provided);
-    /* the guard talks from its own thread while the main thread waits in a collective */
-    int guard = provided == MPI_THREAD_MULTIPLE &&
-                PMPI_Comm_dup(MPI_COMM_WORLD, &guard_comm) == MPI_SUCCESS;
+    /* the guard and the progress thread work while the main thread waits in a collective */
+    int threads = provided == MPI_THREAD_MULTIPLE;
+    int guard = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &guard_comm) == MPI_SUCCESS;
+    int bg = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &bg_ch.comm) == MPI_SUCCESS;
     if (guard) PMPI_Comm_set_errhandler(guard_comm, MPI_ERRORS_RETURN);
-    PMPI_Comm_rank(comm, &rank);
-    PMPI_Comm_size(comm, &size);
+    if (bg) PMPI_Comm_set_errhandler(bg_ch.comm, MPI_ERRORS_RETURN);
+    PMPI_Comm_rank(main_ch.comm, &rank);
+    PMPI_Comm_size(main_ch.comm, &size);
     if (rank != expect_rank || size != expect_size) {
         snprintf(err, errlen,
                  "mpi backend: MPI says rank %d of %d, the launcher said rank %d of %d; start the "
@@ -253,13 +278,16 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
         mpi_finalize();
         return -1;
     }
-    *out = (dps_backend_t){"mpi", mpi_allreduce, mpi_bcast, mpi_barrier, mpi_last_error,
-                           mpi_release, mpi_finalize, mpi_owns_init,
-                           guard ? mpi_guard_send : NULL, guard ? mpi_guard_poll : NULL,
-                           guard ? mpi_guard_min_u64 : NULL, guard ? mpi_guard_allgather : NULL,
-                           mpi_set_piece, mpi_tuning};
+    *out = (dps_backend_t){.name = "mpi", .allreduce = mpi_allreduce, .bcast = mpi_bcast,
+                           .barrier = mpi_barrier, .last_error = mpi_last_error,
+                           .release = mpi_release, .finalize = mpi_finalize, .owns_mpi_init = mpi_owns_init,
+                           .guard_send = guard ? mpi_guard_send : NULL, .guard_poll = guard ? mpi_guard_poll : NULL,
+                           .guard_min_u64 = guard ? mpi_guard_min_u64 : NULL,
+                           .guard_allgather = guard ? mpi_guard_allgather : NULL,
+                           .allreduce_bg = bg ? mpi_allreduce_bg : NULL, .last_error_bg = mpi_last_error_bg,
+                           .set_piece = mpi_set_piece, .tuning = mpi_tuning};
     return 0;
 fail:
-    snprintf(err, errlen, "mpi backend: %s", errbuf);
+    snprintf(err, errlen, "mpi backend: %s", main_ch.err);
     return -1;
 }

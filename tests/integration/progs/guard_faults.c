@@ -3,7 +3,9 @@
  * FAULT: exit (return from main early), stall (sleep forever inside the step), crash (SIGSEGV),
  * extra (one more all-reduce than the others), scope (a collective inside a rank-0 scope),
  * perturb (change one parameter after the update, as a nondeterministic kernel would),
- * linger (after the last step, RANK keeps working alone for STEP seconds). */
+ * linger (after the last step, RANK keeps working alone for STEP seconds).
+ * With GUARD_FAULTS_ANNOUNCE=1 in the environment the gradient is larger (70 000 floats) and
+ * announced by dp_grad_ready first, so it is reduced by the shim's progress thread. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -23,8 +25,10 @@ int main(int argc, char **argv)
     int steps = atoi(argv[1]), rank = dp_rank(), size = dp_world_size();
     const char *fault = argc > 4 ? argv[2] : "";
     int frank = argc > 4 ? atoi(argv[3]) : -1, fstep = argc > 4 ? atoi(argv[4]) : -1;
-    static float w[1000], g[1000];
-    dp_tensor tw = {w, 1000, DP_F32, DP_HOST, "w"}, tg = {g, 1000, DP_F32, DP_HOST, "w.grad"};
+    static float w[70000], g[70000];
+    const char *announce = getenv("GUARD_FAULTS_ANNOUNCE");
+    int n = announce && !strcmp(announce, "1") ? 70000 : 1000;
+    dp_tensor tw = {w, (uint64_t)n, DP_F32, DP_HOST, "w"}, tg = {g, (uint64_t)n, DP_F32, DP_HOST, "w.grad"};
     dp_params(&tw, 1);
     for (int s = 1; s <= steps; s++) {
         int here = rank == frank && s == fstep;
@@ -35,7 +39,8 @@ int main(int argc, char **argv)
         if (here && !strcmp(fault, "crash")) raise(SIGSEGV);
         if (here && !strcmp(fault, "stall"))
             for (;;) pause();
-        for (int i = 0; i < 1000; i++) g[i] = (float)(rank + 1);
+        for (int i = 0; i < n; i++) g[i] = (float)(rank + 1);
+        if (n > 1000) dp_grad_ready(&tg);
         dp_grads(&tg, 1);
         if (here && !strcmp(fault, "extra")) {
             double v = 1;
@@ -51,7 +56,7 @@ int main(int argc, char **argv)
             printf("rank %d: collective inside the scope gave %g\n", rank, v);
         }
         if (!strcmp(fault, "scope") && s == fstep) dp_scope_end();
-        for (int i = 0; i < 1000; i++) w[i] -= 0.01f * g[i];
+        for (int i = 0; i < n; i++) w[i] -= 0.01f * g[i];
         if (here && !strcmp(fault, "perturb")) w[17] += 1e-3f;
         dp_step_end((uint64_t)s);
         usleep(20000);
