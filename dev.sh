@@ -115,8 +115,32 @@ bench_single() {
     printf '  with the shim %.3f s, without %.3f s, ratio %.3f\n' "$a" "$b" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
 }
 
+# scale_run NP STEPS OVERLAP: seconds of the example trainer's first epoch in scale mode.
+scale_run() {
+    timeout 600 mpirun -np "$1" env DPSHIM_DATA_MODE=scale DPSHIM_COMM_OVERLAP="$3" DPSHIM_OUTPUT_STDOUT=rank0 \
+        LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps "$2" --no-eval 2>/dev/null |
+        epoch_seconds
+}
+
+bench_scale() {
+    local rounds=5 one=() on=() off=()
+    echo "example trainer, scale mode, one thread per rank, 60 000 samples (batch 100 per rank), median of $rounds alternating rounds:"
+    for _ in $(seq "$rounds"); do
+        one+=("$(scale_run 1 600 off)")
+        off+=("$(scale_run 2 300 off)")
+        on+=("$(scale_run 2 300 on)")
+    done
+    local a b c
+    a=$(printf '%s\n' "${one[@]}" | median)
+    b=$(printf '%s\n' "${off[@]}" | median)
+    c=$(printf '%s\n' "${on[@]}" | median)
+    awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN {
+        printf "  np=1 %.0f samples/s; np=2 %.0f samples/s with [comm] overlap off (what auto picks here), %.0f with on\n", 60000 / a, 60000 / b, 60000 / c
+        printf "  np=2 vs np=1: %.2fx (overlap off), %.2fx (on); overlap on vs off: %.3fx\n", a / b, a / c, b / c }'
+}
+
 bench_allreduce() {
-    for set in sweep 64 resnet50 small; do
+    for set in sweep 64 resnet50 small overlap; do
         for np in 2 4; do
             timeout 600 mpirun --oversubscribe -np $np env DPSHIM_DIAG_LOG=info \
                 LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/dpshim-diag" bench $set 2>&1 |
@@ -130,7 +154,7 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-bench) setup && build && mpirun_env && bench_files && bench_single && bench_allreduce && bench_guard ;;
+bench) setup && build && mpirun_env && bench_files && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -105,6 +105,8 @@ static int cmd_bench(char **argv)
     snprintf(bench, sizeof bench, "%s/dpshim-bench", dirname(self));
     /* [comm] reduce = sum makes the shim's result comparable bit for bit with plain MPI */
     setenv("DPSHIM_COMM_REDUCE", "sum", 1);
+    /* the overlap set measures the progress thread: on unless the user says otherwise */
+    if (argv[2] && !strcmp(argv[2], "overlap")) setenv("DPSHIM_COMM_OVERLAP", "on", 0);
     argv[1] = bench;
     execv(bench, argv + 1);
     fprintf(stderr, "dpshim-diag: cannot run %s\n", bench);

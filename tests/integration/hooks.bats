@@ -20,7 +20,17 @@ hook_check() {
 @test "hooks at np=2, default bucket" { hook_check 2; }
 @test "hooks at np=3, 1 MiB buckets (large tensors bypass the bucket)" { hook_check 3 DPSHIM_COMM_BUCKET_MB=1; }
 @test "hooks at np=4" { hook_check 4; }
-@test "hooks at np=3 with [comm] overlap off (gradients reduced in dp_grads)" { hook_check 3 DPSHIM_COMM_OVERLAP=off DPSHIM_COMM_BUCKET_MB=1; }
+@test "hooks at np=3 with [comm] overlap on (a progress thread reduces announced gradients)" { hook_check 3 DPSHIM_COMM_OVERLAP=on DPSHIM_COMM_BUCKET_MB=1; }
+@test "hooks at np=3 with [comm] overlap off (announced gradients reduced in dp_grads)" { hook_check 3 DPSHIM_COMM_OVERLAP=off DPSHIM_COMM_BUCKET_MB=1; }
+@test "[comm] overlap = auto is off where a rank has no core to spare" {
+    run mpi 2 env DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    assert_success
+    if [ "$(nproc)" -lt 4 ]; then
+        assert_output --regexp "INFO \[comm\] overlap = auto: off \([0-9]+ core\(s\) in this rank's affinity mask, [0-9]+ per local rank\)"
+    else
+        assert_output --partial "INFO [comm] overlap = auto: "
+    fi
+}
 @test "hooks at np=2 with large all-reductions in 64 KiB pieces" { hook_check 2 DPSHIM_COMM_PIECE_KB=64; }
 @test "the measured piece size is reported and the same on every rank" {
     run mpi 2 env DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
