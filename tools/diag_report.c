@@ -118,13 +118,19 @@ static int next_matched(const rank_data_t *rd, int size, size_t *at, uint64_t *l
     return 1;
 }
 
-/* Who arrived last at each collective, and how long the others waited for it. */
-static void match_collectives(rank_data_t *rd, int size)
+/* Who arrived last at each collective, and how long the others waited for it; counted for the
+ * collectives rank 0 entered between lo and hi. */
+static void match_collectives(rank_data_t *rd, int size, uint64_t lo, uint64_t hi)
 {
     size_t *at = calloc((size_t)size, sizeof *at);
     uint64_t latest, second;
     int last;
     while (at && next_matched(rd, size, at, &latest, &second, &last)) {
+        uint64_t b0 = rd[0].ev[at[0]].begin;
+        if (b0 < lo || b0 > hi) {
+            for (int r = 0; r < size; r++) at[r]++;
+            continue;
+        }
         for (int r = 0; r < size; r++) rd[r].wait_s += (double)(latest - rd[r].ev[at[r]++].begin) * 1e-9;
         if (size > 1) rd[last].last++, rd[last].late_s += (double)(latest - second) * 1e-9;
     }
@@ -248,7 +254,7 @@ int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
         }
         missing += !rd[r].present;
     }
-    match_collectives(rd, size);
+    match_collectives(rd, size, 0, UINT64_MAX);
     uint64_t t0 = UINT64_MAX, t1 = 0;
     for (int r = 0; r < size; r++)
         if (rd[r].present) {
@@ -318,5 +324,59 @@ int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
     }
     for (int r = 0; r < size; r++) free(rd[r].ev);
     free(rd);
+    return rc;
+}
+
+int dps_diag_profile(const char *dir, dps_step_profile_t *p, char *err, size_t errlen)
+{
+    rank_data_t probe = {0};
+    int rc = read_stats(dir, 0, &probe, err, errlen);
+    if (rc <= 0) {
+        if (!rc) snprintf(err, errlen, "%s/stats.rank0.txt: missing; is DIR the [diag] dir of a finished job?", dir);
+        return -1;
+    }
+    int size = probe.size > 0 && probe.size <= 65536 ? probe.size : 1;
+    rank_data_t *rd = calloc((size_t)size, sizeof *rd);
+    if (!rd) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    rc = -1;
+    for (int r = 0; r < size; r++)
+        if (read_stats(dir, r, &rd[r], err, errlen) <= 0 || read_trace(dir, r, &rd[r], err, errlen) <= 0) {
+            if (!err[0]) snprintf(err, errlen, "%s: the files of rank %d are missing; a profile needs every rank's", dir, r);
+            goto out;
+        }
+    /* the window from rank 0's first to its last step end: start-up and the tail are left out */
+    const rank_data_t *d = &rd[0];
+    uint64_t first = 0, last = 0, steps = 0;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->ev[i].kind == 's') {
+            if (!steps++) first = d->ev[i].begin;
+            last = d->ev[i].begin;
+        }
+    if (steps < 3) {
+        snprintf(err, errlen, "%s: rank 0 recorded %llu step(s); a profile needs at least 3 (dp_step_end after each step)",
+                 dir, (unsigned long long)steps);
+        goto out;
+    }
+    double exposed = 0, bytes = 0, calls = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        const ev_t *e = &d->ev[i];
+        if ((e->kind != 'c' && e->kind != 'b') || e->begin < first || e->end > last) continue;
+        if (e->kind == 'c') exposed += (double)(e->end - e->begin) * 1e-9;
+        bytes += (double)e->bytes, calls += e->bytes > 0; /* the wait in dp_grads moves no bytes */
+    }
+    match_collectives(rd, size, first, last);
+    double n = (double)(steps - 1), window = (double)(last - first) * 1e-9;
+    p->size = size, p->steps = n;
+    p->step_s = window / n, p->comm_s = exposed / n, p->compute_s = (window - exposed) / n;
+    p->wait_s = rd[0].wait_s / n;
+    p->bytes = bytes / n, p->collectives = calls / n;
+    rc = 0;
+out:
+    for (int r = 0; r < size; r++) free(rd[r].ev);
+    free(rd);
+    free(probe.ev);
     return rc;
 }

@@ -51,6 +51,9 @@ static int rank, size;
 
 /* One set of tensors: returns 1 when both paths gave bitwise the same sums. With `row`, one
  * line of the sweep table instead of the long form. */
+/* The shim's time of the last run_set, for the sweep's alpha-beta fit. */
+static double last_shim_s;
+
 static int run_set(const char *set, size_t *sz, size_t nt, int row)
 {
     size_t n = 0;
@@ -82,6 +85,7 @@ static int run_set(const char *set, size_t *sz, size_t nt, int row)
     }
     int same = memcmp(a, b, n * sizeof *a) == 0, all_same;
     MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    last_shim_s = shim;
     double mc = 1e30;
     for (int rep = 0; rep < 5; rep++) {
         double t0 = MPI_Wtime();
@@ -199,9 +203,19 @@ int main(int argc, char **argv)
             printf("all-reduce of one f32 buffer, np=%d, best of 5 (GB/s: algbw = bytes/time, busbw = algbw*2(n-1)/n)\n"
                    "%12s %10s %9s %9s %10s %9s %9s %7s %6s\n", size, "bytes", "plain ms", "algbw", "busbw",
                    "dpshim ms", "algbw", "busbw", "ratio", "same");
+        double t_small = 0, t_large = 0, n_large = 0;
         for (size_t bytes = 4; bytes <= (256u << 20); bytes *= 4) {
             sz[0] = bytes / sizeof(float), nt = 1;
             ok &= run_set("sweep", sz, nt, 1);
+            if (bytes == 4) t_small = last_shim_s;
+            t_large = last_shim_s, n_large = (double)bytes;
+        }
+        /* The ring model t(n) = 2(p-1) alpha + 2(p-1)/p n / B: alpha from the smallest buffer,
+         * B from the largest once the latency part is taken off (dpshim-diag model reads this). */
+        if (!rank && size > 1) {
+            double alpha = t_small / (2.0 * (size - 1)), f = 2.0 * (size - 1) / size;
+            double bw = f * n_large / (t_large - 2.0 * (size - 1) * alpha);
+            printf("model inputs (ring fit of the dpshim column): --alpha-us %.3f --bw-gbs %.3f\n", alpha * 1e6, bw / 1e9);
         }
     } else {
         if (!strcmp(set, "resnet50")) nt = resnet50(sz);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "diag_model.h"
 #include "diag_report.h"
 #include "policy.h"
 
@@ -135,6 +136,8 @@ int main(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "config")) return cmd_config();
     if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
-    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | bench [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n");
+    if (argc >= 2 && !strcmp(argv[1], "model")) return dps_diag_model(argc - 2, argv + 2);
+    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | bench [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n"
+                    "       | model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [options]\n");
     return 2;
 }
