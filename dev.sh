@@ -144,7 +144,7 @@ bench_allreduce() {
         for np in 2 4; do
             timeout 600 mpirun --oversubscribe -np $np env DPSHIM_DIAG_LOG=info \
                 LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/dpshim-diag" bench $set 2>&1 |
-                grep -v 'INFO rank\|INFO mpi backend opened'
+                grep -v 'INFO rank\|INFO mpi backend opened\|INFO \[comm\] overlap = auto'
         done
     done
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dps.h"
+#include "gpu/bind.h"
 
 static void add(char *buf, size_t len, size_t *o, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void add(char *buf, size_t len, size_t *o, const char *fmt, ...)
@@ -49,16 +50,6 @@ static int nccl_version(void)
     return get && get(&v) == 0 ? v : 0;
 }
 
-static int count_gpus(void)
-{
-    int n = 0;
-    DIR *d = opendir("/dev");
-    for (struct dirent *e; d && (e = readdir(d));)
-        if (!strncmp(e->d_name, "nvidia", 6) && e->d_name[6] >= '0' && e->d_name[6] <= '9') n++;
-    if (d) closedir(d);
-    return n;
-}
-
 DPS_EXPORT int dpshim_describe(char *buf, size_t len)
 {
     size_t o = 0;
@@ -78,6 +69,6 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
     int nv = nccl_version();
     if (nv) add(buf, len, &o, "nccl       %d.%d.%d found; no nccl backend in this build\n", nv / 10000, nv / 100 % 100, nv % 100);
     else add(buf, len, &o, "nccl       not found (libnccl.so.2)\n");
-    add(buf, len, &o, "gpus       %d device(s) in /dev, CUDA_VISIBLE_DEVICES %s\n", count_gpus(), cvd ? cvd : "unset");
+    add(buf, len, &o, "gpus       %d device(s) in /dev, CUDA_VISIBLE_DEVICES %s\n", dps_gpu_count(), cvd ? cvd : "unset");
     return (int)o;
 }

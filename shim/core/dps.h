@@ -41,6 +41,7 @@ typedef struct dps_state {
     int uneven; /* index into [data] uneven: pad, drop, join */
     size_t bucket_bytes;
     int overlap; /* [comm] overlap = on */
+    int gpu_shared; /* [gpu] bind: local ranks outnumber this node's GPUs */
     int32_t compress_dtype; /* DP_F16 or DP_BF16 for [comm] compress, else -1 */
 } dps_state_t;
 

@@ -14,7 +14,7 @@ dps_engine_t dps_e;
 
 /* Keys a later version acts on: a user who sets one now must hear that it does nothing yet. */
 static const dps_key_id_t not_yet_effective[] = {
-    DPS_P_gpu_bind, DPS_P_adapters_python,
+    DPS_P_adapters_python,
 };
 
 /* A progress thread pays off only on a core of its own: where each rank has one core (ranks
@@ -27,7 +27,7 @@ static int spare_core(const dps_state_t *s)
     int mine = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : (int)online;
     long per_rank = online / (s->local_size > 0 ? s->local_size : 1);
     int spare = mine >= 2 && per_rank >= 2;
-    if (s->size > 1)
+    if (s->size > 1 && s->rank == 0)
         DPS_INFO("[comm] overlap = auto: %s (%d core(s) in this rank's affinity mask, %ld per local rank)",
                  spare ? "on" : "off", mine, per_rank);
     return spare;
