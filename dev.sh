@@ -47,7 +47,7 @@ run_tests() {
     mpirun_env
     # the unit tests again under AddressSanitizer and UBSan, in a build of their own
     cmake -S . -B "$BUILD_DIR-sanitize" -DDPSHIM_SANITIZE=ON -DDPSHIM_WERROR=ON >/dev/null
-    cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target test_policy test_shard test_glob >/dev/null
+    cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target test_policy test_shard test_glob test_gpu_pick >/dev/null
     ctest --test-dir "$BUILD_DIR-sanitize" -L unit --output-on-failure
     ctest --test-dir "$BUILD_DIR" --output-on-failure
 }
