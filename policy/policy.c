@@ -343,6 +343,7 @@ const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len)
 static const char *const dps_other_env[] = {
     DPS_ENV_POLICY,
     "DPSHIM_RANK_PID",  /* set by the shim: which process of the rank owns its collectives */
+    "DPSHIM_PYTHONPATH", /* set by the shim: the user's PYTHONPATH, which the Python adapter restores */
 };
 
 int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)

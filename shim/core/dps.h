@@ -76,4 +76,7 @@ int dps_output_setup(const dps_state_t *s);
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
 void dps_bootstrap_finalize(void);
 
+/* [adapters] python: a Python rank process gets the PyTorch adapter (core/python.c). */
+void dps_python_inject(const dps_state_t *s);
+
 #endif

@@ -64,6 +64,7 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_policy_load(&dps_g.policy, environ, &e) != 0) config_error(e.msg);
     atomic_store(&dps_log_level, (int)dps_policy_num(&dps_g.policy, DPS_P_diag_log));
     dps_gpu_bind(&dps_g); /* before the program's first CUDA call, which may come from any constructor after ours */
+    dps_python_inject(&dps_g);
     if (dps_engine_configure(&dps_g, err, sizeof err) != 0) config_error(err);
     if (dps_files_configure(&dps_g.policy, dps_g.rank, err, sizeof err) != 0) config_error(err);
     dps_guard_configure(&dps_g);

@@ -12,11 +12,6 @@
 
 dps_engine_t dps_e;
 
-/* Keys a later version acts on: a user who sets one now must hear that it does nothing yet. */
-static const dps_key_id_t not_yet_effective[] = {
-    DPS_P_adapters_python,
-};
-
 /* A progress thread pays off only on a core of its own: where each rank has one core (ranks
  * bound to cores, or as many ranks as cores), it takes its time slices from the framework and
  * spins waiting for peers that are descheduled (measured: 5% slower at np=2 on 2 cores). */
@@ -46,12 +41,6 @@ int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
         snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
                  dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
         return -1;
-    }
-    for (size_t i = 0; i < sizeof not_yet_effective / sizeof *not_yet_effective; i++) {
-        dps_key_id_t k = not_yet_effective[i];
-        if (strcmp(dps_policy_text(p, k), dps_keys[k].def) != 0 && s->rank == 0)
-            DPS_WARN("%s: [%s] %s is accepted but has no effect in this version",
-                     dps_policy_source(p, k, src, sizeof src), dps_keys[k].section, dps_keys[k].key);
     }
     int self = dps_policy_is(p, DPS_P_comm_backend, "self");
     s->eff_rank = self ? 0 : s->rank;

@@ -1,0 +1,397 @@
+"""dpshim's PyTorch adapter: makes an unmodified PyTorch script data-parallel.
+
+Loaded by dpshim's sitecustomize into a Python rank process; it does nothing until the script
+imports torch, and nothing at all at world size 1. All collectives are the shim's hook ABI
+(hooks/include/dpshim/hooks.h), called through ctypes on the already loaded libdpshim.so, so
+the guard, diagnostics and policy apply as for a C framework. What it hooks:
+
+- every torch.optim optimizer's step: gradients are averaged first (dp_grads, weighted by each
+  rank's share of the global batch in split mode); a parameter without a gradient on some
+  ranks gets zeros there, one without a gradient on every rank is left alone; dp_step_end after;
+- the first forward of a module (and the first after its load_state_dict): its parameters and
+  buffers are broadcast from rank 0 (dp_params);
+- BatchSampler: every rank draws the same shuffled order (RandomSampler's seed agreed with
+  dp_seed); split mode keeps this rank's share of each batch (dp_batch), scale mode 1/N of each
+  epoch (dp_epoch);
+- BatchNorm in training mode: batch statistics over all ranks (dp_bn_stats), exactly, also for
+  unequal local batches, in forward and backward.
+"""
+
+import collections
+import ctypes
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+
+_DTYPES = {}  # torch dtype -> DP_* code, filled when torch is imported
+DP_HOST = -1
+DP_SUM, DP_MAX = 0, 3
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("count", ctypes.c_uint64), ("dtype", ctypes.c_int32),
+                ("device", ctypes.c_int32), ("name", ctypes.c_char_p)]
+
+
+def _library():
+    here = os.path.dirname(os.path.abspath(__file__))
+    return ctypes.CDLL(os.path.join(os.path.dirname(here), "libdpshim.so"))
+
+
+def _is_rank_process():
+    """The process that owns the rank's collectives (not a child, e.g. a DataLoader worker)."""
+    marker = os.environ.get("DPSHIM_RANK_PID", "")
+    return marker.split(":", 1)[0] == str(os.getpid())
+
+
+class _Shim:
+    def __init__(self, lib):
+        self.lib = lib
+        for name, res, args in (
+                ("dp_rank", ctypes.c_int, []), ("dp_world_size", ctypes.c_int, []),
+                ("dp_params", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
+                ("dp_seed", ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64)]),
+                ("dp_batch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+                ("dp_epoch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+                ("dp_grads", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
+                ("dp_bn_stats", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.POINTER(_Tensor),
+                                               ctypes.POINTER(ctypes.c_uint64)]),
+                ("dp_metric", ctypes.c_int, [ctypes.POINTER(ctypes.c_double), ctypes.c_size_t, ctypes.c_int]),
+                ("dp_step_end", ctypes.c_int, [ctypes.c_uint64])):
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+            setattr(self, name, f)
+        self.size = self.dp_world_size()
+        self.rank = self.dp_rank()
+        self.steps = 0
+
+
+_shim = None
+_rank_pid = os.getpid()
+_state = threading.local()  # nesting depth of optimizer steps on this thread
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise RuntimeError("dpshim: %s failed (see the [dpshim] message above)" % what)
+
+
+def _tensors(ts):
+    arr = (_Tensor * max(len(ts), 1))()
+    for i, t in enumerate(ts):
+        if t.device.type != "cpu":
+            raise RuntimeError("dpshim: tensor on %s: this version of dpshim reduces CPU tensors only" % t.device)
+        code = _DTYPES.get(t.dtype)
+        if code is None:
+            raise RuntimeError("dpshim: cannot reduce a tensor of dtype %s" % t.dtype)
+        arr[i] = _Tensor(t.data_ptr(), t.numel(), code, DP_HOST, None)
+    return arr
+
+
+def _contiguous_views(ts):
+    """Contiguous tensors to hand to the shim, and the ones to copy back afterwards."""
+    out, back = [], []
+    for t in ts:
+        if t.is_contiguous():
+            out.append(t)
+        else:
+            c = t.contiguous()
+            out.append(c)
+            back.append((t, c))
+    return out, back
+
+
+# --- parameters and buffers: rank 0's values on every rank before the first forward ---
+
+def _broadcast_module(module):
+    import torch
+    seen, ts = set(), []
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            ts.append(t)
+    if not ts:
+        return
+    with torch.no_grad():
+        views, back = _contiguous_views([t.data for t in ts])
+        _check(_shim.dp_params(_tensors(views), len(views)), "dp_params")
+        for t, c in back:
+            t.copy_(c)
+
+
+_synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is here)
+
+
+def _forward_pre_hook(module, args):
+    if module in _synced or os.getpid() != _rank_pid:  # DataLoader workers run transforms
+        return None
+    _broadcast_module(module)
+    for m in module.modules():
+        _synced.add(m)
+    return None
+
+
+# --- gradients: averaged before every optimizer step ---
+
+def _reduce_gradients(optimizer):
+    import torch
+    params, seen = [], set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    if not params:
+        return
+    # which parameters have a gradient anywhere: one small all-reduce, so every rank reduces the
+    # same list even when some rank's backward never reached a parameter
+    have = (ctypes.c_double * len(params))(*[0.0 if p.grad is None else 1.0 for p in params])
+    _check(_shim.dp_metric(have, len(params), DP_MAX), "dp_metric")
+    grads = []
+    for p, anywhere in zip(params, have):
+        if not anywhere:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            raise RuntimeError("dpshim: sparse gradients are not supported; use dense embeddings")
+        grads.append(p.grad)
+    with torch.no_grad():
+        views, back = _contiguous_views(grads)
+        _check(_shim.dp_grads(_tensors(views), len(views)), "dp_grads")
+        for g, c in back:
+            g.copy_(c)
+
+
+def _before_step(optimizer):
+    depth = getattr(_state, "depth", 0)
+    _state.depth = depth + 1
+    if depth == 0:  # an optimizer stepping another inside its own step reduces once
+        _reduce_gradients(optimizer)
+
+
+def _after_step():
+    _state.depth -= 1
+    if _state.depth == 0:
+        _shim.steps += 1
+        _shim.dp_step_end(_shim.steps)
+
+
+def _wrap_step(cls):
+    step = cls.__dict__.get("step")
+    if step is None or getattr(step, "_dpshim", False):
+        return
+
+    @functools.wraps(step)
+    def wrapped(self, *args, **kwargs):
+        _before_step(self)
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            _after_step()
+
+    wrapped._dpshim = True
+    cls.step = wrapped
+
+
+def _hook_optimizers(torch):
+    base = torch.optim.Optimizer
+    todo = [base]
+    while todo:
+        cls = todo.pop()
+        _wrap_step(cls)
+        todo.extend(cls.__subclasses__())
+    previous = base.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls, **kwargs):
+        if previous is not None:
+            previous.__func__(cls, **kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)
+        _wrap_step(cls)
+
+    base.__init_subclass__ = classmethod(init_subclass)
+
+
+# --- data: the same order everywhere, each rank its share ---
+
+def _index_array(idx):
+    return (ctypes.c_uint64 * max(len(idx), 1))(*idx)
+
+
+def _hook_samplers(torch):
+    sampler = torch.utils.data.sampler
+    random_iter = sampler.RandomSampler.__iter__
+
+    def agreed_random_iter(self):
+        if self.generator is not None:
+            yield from random_iter(self)
+            return
+        # RandomSampler's own draw from the global generator, then rank 0's value everywhere
+        seed = ctypes.c_uint64(int(torch.empty((), dtype=torch.int64).random_().item()))
+        _check(_shim.dp_seed(ctypes.byref(seed)), "dp_seed")
+        g = torch.Generator()
+        g.manual_seed(seed.value)
+        self.generator = g
+        try:
+            yield from random_iter(self)
+        finally:
+            self.generator = None
+
+    sampler.RandomSampler.__iter__ = agreed_random_iter
+
+    def shard(self):
+        idx = list(iter(self.sampler))
+        arr = _index_array(idx)
+        keep = _shim.dp_epoch(arr, len(idx))  # scale mode: 1/N of the epoch; split mode: all
+        return [arr[i] for i in range(keep)] if keep != len(idx) else idx
+
+    def batches(self):
+        idx = shard(self)
+        pending = self.__dict__.setdefault("_dpshim_pending", collections.deque())
+        for start in range(0, len(idx), self.batch_size):
+            batch = idx[start:start + self.batch_size]
+            if len(batch) < self.batch_size and self.drop_last:
+                break
+            arr = _index_array(batch)
+            keep = _shim.dp_batch(arr, len(batch))  # split mode: this rank's share
+            pending.append(len(batch))
+            yield [arr[i] for i in range(keep)]
+
+    def length(self):
+        n = len(self.sampler)
+        if n:
+            n = _shim.dp_epoch(_index_array(range(n)), n)
+        return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
+
+    sampler.BatchSampler.__iter__ = batches
+    sampler.BatchSampler.__len__ = length
+
+    # The loader may fetch batches ahead of the training loop; the share that weighs a step's
+    # gradients must be that of the batch the loop just got, so it is recorded on delivery.
+    base_iter = torch.utils.data.dataloader._BaseDataLoaderIter
+    next_batch = base_iter.__next__
+
+    def delivered(self):
+        data = next_batch(self)
+        pending = getattr(self._index_sampler, "_dpshim_pending", None)
+        if pending:
+            n = pending.popleft()
+            _shim.dp_batch(_index_array(range(n)), n)
+        return data
+
+    base_iter.__next__ = delivered
+
+
+# --- BatchNorm: statistics of the global batch ---
+
+def _hook_batchnorm(torch):
+    class SumOverRanks(torch.autograd.Function):
+        """Per-channel sums over all ranks (and the total sample count), and their gradients the
+        same way. Local gradients are of this rank's loss over its n samples; scaled by n they are
+        per-sample and add up across ranks with unequal n, and dividing by n again returns to this
+        rank's convention (as examples/nn/dpnn.c does)."""
+
+        @staticmethod
+        def forward(ctx, s, ss, n):
+            s, ss = s.clone(), ss.clone()
+            count = ctypes.c_uint64(n)
+            t = _tensors([s, ss])
+            _check(_shim.dp_bn_stats(ctypes.byref(t[0]), ctypes.byref(t[1]), ctypes.byref(count)), "dp_bn_stats")
+            ctx.n = n
+            total = torch.tensor(float(count.value), dtype=torch.float64)
+            ctx.mark_non_differentiable(total)
+            return s, ss, total
+
+        @staticmethod
+        def backward(ctx, gs, gss, gtotal):
+            gs, gss = (gs * ctx.n).contiguous(), (gss * ctx.n).contiguous()
+            count = ctypes.c_uint64(ctx.n)
+            t = _tensors([gs, gss])
+            _check(_shim.dp_bn_stats(ctypes.byref(t[0]), ctypes.byref(t[1]), ctypes.byref(count)), "dp_bn_stats")
+            return (gs / ctx.n, gss / ctx.n, None) if ctx.n else (gs * 0, gss * 0, None)
+
+    norm = torch.nn.modules.batchnorm._BatchNorm
+    forward = norm.forward
+
+    def synced_forward(self, x):
+        if not self.training:
+            return forward(self, x)
+        self._check_input_dim(x)
+        dims = [0] + list(range(2, x.dim()))
+        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        n = x.numel() // x.shape[1] if x.shape[1] else 0
+        xd = x.double()
+        s, ss, total = SumOverRanks.apply(xd.sum(dims), (xd * xd).sum(dims), n)
+        mean = s / total
+        var = (ss / total - mean * mean).clamp(min=0)
+        y = ((xd - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)).to(x.dtype)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                t = float(total)
+                unbiased = var * (t / (t - 1)) if t > 1 else var
+                self.running_mean.mul_(1 - m).add_(mean.to(self.running_mean.dtype), alpha=m)
+                self.running_var.mul_(1 - m).add_(unbiased.to(self.running_var.dtype), alpha=m)
+        return y
+
+    norm.forward = synced_forward
+
+
+# --- installation, when the script imports torch ---
+
+def _install(torch):
+    global _shim, _synced
+    if _shim is not None:
+        return
+    _shim = _Shim(_library())
+    if _shim.size < 2:
+        return  # world size 1: the script runs exactly as it would alone
+    import weakref
+    _DTYPES.update({torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,
+                    torch.int32: 4, torch.int64: 5, torch.uint8: 6})
+    _synced = weakref.WeakSet()
+    torch.nn.modules.module.register_module_forward_pre_hook(_forward_pre_hook)
+    load = torch.nn.Module.load_state_dict
+
+    @functools.wraps(load)
+    def load_state_dict(self, *args, **kwargs):
+        result = load(self, *args, **kwargs)
+        for m in self.modules():  # broadcast again at the next forward
+            _synced.discard(m)
+        return result
+
+    torch.nn.Module.load_state_dict = load_state_dict
+    _hook_optimizers(torch)
+    _hook_samplers(torch)
+    _hook_batchnorm(torch)
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; when torch's own loader has run, installs the adapter."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            _install(module)
+
+        spec.loader.exec_module = exec_then_install
+        return spec
+
+
+def install_import_hook():
+    if _is_rank_process() and "torch" not in sys.modules:
+        sys.meta_path.insert(0, _TorchWatcher())

@@ -1,0 +1,128 @@
+#!/usr/bin/env bats
+# Unmodified PyTorch scripts (Debian's python3-torch): examples/pytorch/train_fmnist.py (Conv2d,
+# BatchNorm, Linear, Adadelta + StepLR, a shuffling DataLoader over torchvision's FashionMNIST,
+# torch.save) under the shim, against the same script run alone.
+load helpers
+
+PY=/usr/bin/python3 # Debian's interpreter, the one python3-torch belongs to
+SCRIPT=$SRC/examples/pytorch/train_fmnist.py
+
+setup_file() {
+    export DATA=$BATS_FILE_TMPDIR/tv
+    mkdir -p "$DATA/FashionMNIST/raw" # torchvision's layout, from Debian's dataset files
+    for f in /usr/share/datasets/fashion-mnist/*.gz; do
+        gunzip -c "$f" >"$DATA/FashionMNIST/raw/$(basename "$f" .gz)"
+    done
+    export OMP_NUM_THREADS=1
+}
+
+# torch_np N DIR ARGS...: the script on N ranks with the shim, in DIR.
+torch_np() {
+    local n=$1 dir=$2
+    shift 2
+    mkdir -p "$dir"
+    (cd "$dir" && mpi "$n" env LD_PRELOAD="$SHIM" "$PY" "$SCRIPT" --data "$DATA" --no-eval "$@")
+}
+
+# rel A B: max over tensors of max|a-b| / max|a|; "bitwise" when all are equal.
+rel() {
+    "$PY" - "$1" "$2" <<'PYEOF'
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+assert a.keys() == b.keys()
+worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-30)).item()
+            for k in a if a[k].dtype.is_floating_point)
+same = all(torch.equal(a[k], b[k]) for k in a)
+print("bitwise" if same else "%.3e" % worst)
+PYEOF
+}
+
+# equal_alone N ARGS...: rank 0's weights after the run on N ranks vs the run alone, within 1e-9.
+equal_alone() {
+    local n=$1
+    shift
+    (cd "$BATS_TEST_TMPDIR" && "$PY" "$SCRIPT" --data "$DATA" --no-eval --double --save alone.pt "$@") >/dev/null
+    DPSHIM_FILES_RANK0_ONLY='*.pt' run torch_np "$n" "$BATS_TEST_TMPDIR/np$n" --double --save model.pt "$@"
+    assert_success
+    r=$(rel "$BATS_TEST_TMPDIR/alone.pt" "$BATS_TEST_TMPDIR/np$n/model.pt")
+    echo "np=$n rel=$r" >&3
+    [ "$r" = bitwise ] || assert_le "$r" 1e-9
+}
+
+@test "float64, np=2: 100 steps equal the run alone within 1e-9" { equal_alone 2 --steps 100; }
+
+@test "float64, np=3, 2 DataLoader workers per rank: an epoch with a short last batch equals the run alone" {
+    # 2000 samples in batches of 48: shares 16/16/16, and 11/11/10 of the last 32; the workers
+    # fetch ahead, the weights must still follow the batch the loop is on
+    equal_alone 3 --workers 2 --train-limit 2000 --batch-size 48
+}
+
+@test "float32, np=2: one checkpoint, one copy of the prints, the loss falls" {
+    local dir=$BATS_TEST_TMPDIR/run
+    DPSHIM_FILES_RANK0_ONLY='*.pt' DPSHIM_OUTPUT_STDOUT=rank0 run torch_np 2 "$dir" --steps 200 --save model.pt
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -c '^step 100: ' <<<"$output")" 1
+    assert_equal "$(grep -c '^epoch 1: 200 batches of 938' <<<"$output")" 1
+    assert_equal "$(ls "$dir")" model.pt
+    first=$(sed -n 's/^step 100: loss //p' <<<"$output")
+    second=$(sed -n 's/^step 200: loss //p' <<<"$output")
+    assert_le "$second" "$first"
+}
+
+@test "Dropout: trains, and the drift check finds every rank identical" {
+    DPSHIM_FILES_PER_RANK='*.pt' DPSHIM_GUARD_DRIFT_EVERY=10 run torch_np 2 "$BATS_TEST_TMPDIR" --dropout --steps 60 --save m.pt
+    echo "$output"
+    assert_success
+    assert_equal "$(rel "$BATS_TEST_TMPDIR/m.rank0.pt" "$BATS_TEST_TMPDIR/m.rank1.pt")" bitwise
+}
+
+@test "ranks that start from different seeds are made identical by the first forward" {
+    # --seed differs per rank: the broadcast from rank 0 must win
+    run mpi 2 sh -c 'cd "$1" && exec env LD_PRELOAD="$2" DPSHIM_FILES_PER_RANK="*.pt" "$3" "$4" --data "$5" \
+        --no-eval --steps 1 --lr 0 --seed $((OMPI_COMM_WORLD_RANK + 5)) --save m.pt' \
+        sh "$BATS_TEST_TMPDIR" "$SHIM" "$PY" "$SCRIPT" "$DATA"
+    assert_success
+    assert_equal "$(rel "$BATS_TEST_TMPDIR/m.rank0.pt" "$BATS_TEST_TMPDIR/m.rank1.pt")" bitwise
+}
+
+@test "scale mode: each rank takes half of each epoch" {
+    DPSHIM_DATA_MODE=scale DPSHIM_OUTPUT_STDOUT=rank0 run torch_np 2 "$BATS_TEST_TMPDIR" --train-limit 1000 --epochs 2
+    echo "$output"
+    assert_success
+    # 1000 samples: 500 per rank, 8 batches of 64 (the last of 52)
+    assert_line --partial "epoch 1: 8 batches of 8"
+    assert_line --partial "epoch 2: 8 batches of 8"
+}
+
+@test "world size 1: bitwise the run alone" {
+    (cd "$BATS_TEST_TMPDIR" && "$PY" "$SCRIPT" --data "$DATA" --no-eval --steps 20 --save alone.pt) >/dev/null
+    run torch_np 1 "$BATS_TEST_TMPDIR/one" --steps 20 --save model.pt
+    assert_success
+    assert_equal "$(rel "$BATS_TEST_TMPDIR/alone.pt" "$BATS_TEST_TMPDIR/one/model.pt")" bitwise
+}
+
+@test "a Python script without torch runs as before: environment and path restored, torch never loaded" {
+    mkdir -p "$BATS_TEST_TMPDIR/site"
+    echo 'print("user sitecustomize ran")' >"$BATS_TEST_TMPDIR/site/sitecustomize.py"
+    run mpi 2 env PYTHONPATH="$BATS_TEST_TMPDIR/site" LD_PRELOAD="$SHIM" "$PY" -c '
+import os, sys
+print("PYTHONPATH", os.environ.get("PYTHONPATH"))
+print("torch loaded", "torch" in sys.modules)
+print("adapter on path", any("python" == os.path.basename(p) and os.path.exists(os.path.join(p, "dpshim_torch.py")) for p in sys.path))'
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -c 'user sitecustomize ran' <<<"$output")" 2
+    assert_equal "$(grep -c "PYTHONPATH $BATS_TEST_TMPDIR/site\$" <<<"$output")" 2
+    assert_equal "$(grep -c 'torch loaded False' <<<"$output")" 2
+    assert_equal "$(grep -c 'adapter on path False' <<<"$output")" 2
+    run mpi 1 env LD_PRELOAD="$SHIM" "$PY" -c 'import os; print("PYTHONPATH", os.environ.get("PYTHONPATH"))'
+    assert_output "PYTHONPATH None"
+}
+
+@test "a program that is not Python gets no adapter; [adapters] python = off keeps it out of Python" {
+    run mpi 1 env LD_PRELOAD="$SHIM" sh -c 'echo "PYTHONPATH=${PYTHONPATH-unset}"'
+    assert_output "PYTHONPATH=unset"
+    run mpi 1 env DPSHIM_ADAPTERS_PYTHON=off LD_PRELOAD="$SHIM" "$PY" -c 'import sys; print(sys.modules.get("dpshim_torch"))'
+    assert_output "None"
+}
