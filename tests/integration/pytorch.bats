@@ -51,10 +51,10 @@ equal_alone() {
 
 @test "float64, np=2: 100 steps equal the run alone within 1e-9" { equal_alone 2 --steps 100; }
 
-@test "float64, np=3, 2 DataLoader workers per rank: an epoch with a short last batch equals the run alone" {
-    # 2000 samples in batches of 48: shares 16/16/16, and 11/11/10 of the last 32; the workers
+@test "float64, np=3, 2 DataLoader workers per rank: 101 steps with a short last batch equal the run alone" {
+    # 4832 samples in batches of 48: shares 16/16/16, and 11/11/10 of the last 32; the workers
     # fetch ahead, the weights must still follow the batch the loop is on
-    equal_alone 3 --workers 2 --train-limit 2000 --batch-size 48
+    equal_alone 3 --workers 2 --train-limit 4832 --batch-size 48
 }
 
 @test "float32, np=2: one checkpoint, one copy of the prints, the loss falls" {
