@@ -47,7 +47,7 @@ run_tests() {
     mpirun_env
     # the unit tests again under AddressSanitizer and UBSan, in a build of their own
     cmake -S . -B "$BUILD_DIR-sanitize" -DDPSHIM_SANITIZE=ON -DDPSHIM_WERROR=ON >/dev/null
-    cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target test_policy test_shard test_glob test_gpu_pick >/dev/null
+    cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target test_policy test_shard test_glob test_gpu_pick test_hookdecl >/dev/null
     ctest --test-dir "$BUILD_DIR-sanitize" -L unit --output-on-failure
     ctest --test-dir "$BUILD_DIR" --output-on-failure
 }
@@ -115,6 +115,13 @@ bench_single() {
     printf '  with the shim %.3f s, without %.3f s, ratio %.3f\n' "$a" "$b" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
 }
 
+bench_ffi() {
+    echo "declarative hook ([hook] section, libffi closure) on a 2-argument function:"
+    printf '  '
+    DPSHIM_POLICY=tests/bench/bench_ffi.conf LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+        "$BUILD_DIR/bin/bench_ffi"
+}
+
 # scale_run NP STEPS OVERLAP: seconds of the example trainer's first epoch in scale mode.
 scale_run() {
     timeout 600 mpirun -np "$1" env DPSHIM_DATA_MODE=scale DPSHIM_COMM_OVERLAP="$3" DPSHIM_OUTPUT_STDOUT=rank0 \
@@ -154,7 +161,7 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-bench) setup && build && mpirun_env && bench_files && bench_single && bench_allreduce && bench_scale && bench_guard ;;
+bench) setup && build && mpirun_env && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

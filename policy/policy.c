@@ -113,6 +113,8 @@ void dps_policy_free(dps_policy_t *p)
         free(p->set[i].text);
         p->set[i].text = NULL;
     }
+    free(p->hooks);
+    p->hooks = NULL, p->nhooks = 0;
 }
 
 /* Validates v for key id; on success stores it. Error text has no location: callers prefix it. */
@@ -243,8 +245,116 @@ static void trim(const char **s, const char **end)
     while (*end > *s && isspace((unsigned char)(*end)[-1])) (*end)--;
 }
 
+struct hook_section;
+static int policy_parse(dps_policy_t *p, struct hook_section *hs, const char *text, size_t len, const char *fname,
+                        dps_error_t *e);
+
+/* --- [hook NAME] sections: keys collected as text, checked when the section ends --- */
+
+static const char *const hook_keys[] = {"symbol", "library", "signature", "before", "after", "missing"};
+enum { HOOK_NKEYS = sizeof hook_keys / sizeof *hook_keys };
+
+typedef struct hook_section {
+    int open, line;
+    char name[64];
+    char *val[HOOK_NKEYS];
+    int key_line[HOOK_NKEYS];
+} hook_section_t;
+
+static void hook_section_clear(hook_section_t *hs)
+{
+    for (int i = 0; i < HOOK_NKEYS; i++) free(hs->val[i]);
+    memset(hs, 0, sizeof *hs);
+}
+
+static int hook_section_end(dps_policy_t *p, hook_section_t *hs, const char *fname, dps_error_t *e)
+{
+    if (!hs->open) return 0;
+    dps_hookdecl_t h;
+    memset(&h, 0, sizeof h);
+    snprintf(h.name, sizeof h.name, "%s", hs->name);
+    h.line = hs->line;
+    char why[768];
+    if (dps_hookdecl_build(&h, hs->val[0], hs->val[1], hs->val[2], hs->val[3], hs->val[4], hs->val[5], why,
+                           sizeof why) != 0) {
+        int line = hs->line; /* the message starts with the key at fault: point at its line */
+        for (int i = 0; i < HOOK_NKEYS; i++)
+            if (!strncmp(why, hook_keys[i], strlen(hook_keys[i])) && why[strlen(hook_keys[i])] == ':' && hs->key_line[i])
+                line = hs->key_line[i];
+        int rc = fail(e, "%s:%d: [hook %s] %s", fname, line, hs->name, why);
+        hook_section_clear(hs);
+        return rc;
+    }
+    for (int i = 0; i < p->nhooks; i++)
+        if (!strcmp(p->hooks[i].symbol, h.symbol)) {
+            int rc = fail(e, "%s:%d: [hook %s] duplicates [hook %s] (line %d): both declare %s; one section per "
+                             "function", fname, hs->line, hs->name, p->hooks[i].name, p->hooks[i].line, h.symbol);
+            hook_section_clear(hs);
+            return rc;
+        }
+    dps_hookdecl_t *grown = realloc(p->hooks, (size_t)(p->nhooks + 1) * sizeof *grown);
+    if (!grown) {
+        hook_section_clear(hs);
+        return fail(e, "%s: out of memory", fname);
+    }
+    p->hooks = grown;
+    p->hooks[p->nhooks++] = h;
+    hook_section_clear(hs);
+    return 0;
+}
+
+static int hook_section_begin(dps_policy_t *p, hook_section_t *hs, const char *name, size_t n, const char *fname,
+                              int lineno, dps_error_t *e)
+{
+    shown_t sv;
+    while (n && isspace((unsigned char)*name)) name++, n--;
+    if (!n) return fail(e, "%s:%d: [hook] needs a name: [hook NAME]", fname, lineno);
+    if (n >= sizeof hs->name) return fail(e, "%s:%d: [hook %s]: name longer than %zu characters", fname, lineno,
+                                          show(&sv, name, n), sizeof hs->name - 1);
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)name[i]) && name[i] != '_' && name[i] != '-' && name[i] != '.')
+            return fail(e, "%s:%d: [hook %s]: a name is letters, digits, '_', '-' and '.'", fname, lineno, show(&sv, name, n));
+    for (int i = 0; i < p->nhooks; i++)
+        if (strlen(p->hooks[i].name) == n && !memcmp(p->hooks[i].name, name, n))
+            return fail(e, "%s:%d: duplicate section [hook %s] (first on line %d)", fname, lineno, p->hooks[i].name,
+                        p->hooks[i].line);
+    hs->open = 1, hs->line = lineno;
+    memcpy(hs->name, name, n);
+    hs->name[n] = '\0';
+    return 0;
+}
+
+static int hook_section_key(hook_section_t *hs, const char *k, size_t kn, const char *v, size_t vn, const char *fname,
+                            int lineno, dps_error_t *e)
+{
+    shown_t sv;
+    char h[96];
+    for (int i = 0; i < HOOK_NKEYS; i++)
+        if (strlen(hook_keys[i]) == kn && !memcmp(hook_keys[i], k, kn)) {
+            if (hs->key_line[i])
+                return fail(e, "%s:%d: duplicate key '%s' in [hook %s] (first set on line %d)", fname, lineno,
+                            hook_keys[i], hs->name, hs->key_line[i]);
+            if (!(hs->val[i] = strndup(v, vn))) return fail(e, "%s: out of memory", fname);
+            hs->key_line[i] = lineno;
+            return 0;
+        }
+    return fail(e, "%s:%d: unknown key '%s' in [hook %s]%s (keys: symbol, library, signature, before, after, missing)",
+                fname, lineno, show(&sv, k, kn), hs->name, hint(h, sizeof h, dps_suggest(k, kn, hook_keys, HOOK_NKEYS)));
+}
+
 int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *fname,
                      dps_error_t *e)
+{
+    hook_section_t hs;
+    memset(&hs, 0, sizeof hs);
+    int rc = policy_parse(p, &hs, text, len, fname, e);
+    if (rc == 0) rc = hook_section_end(p, &hs, fname, e);
+    hook_section_clear(&hs);
+    return rc;
+}
+
+static int policy_parse(dps_policy_t *p, hook_section_t *hs, const char *text, size_t len, const char *fname,
+                        dps_error_t *e)
 {
     const char *sec = NULL;
     size_t slen = 0;
@@ -271,6 +381,12 @@ int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *
                 return fail(e, "%s:%d: section header without a closing ']'", fname, lineno);
             const char *ns = s + 1, *ne = end - 1;
             trim(&ns, &ne);
+            if (hook_section_end(p, hs, fname, e)) return -1;
+            if ((size_t)(ne - ns) >= 4 && !memcmp(ns, "hook", 4) && ((size_t)(ne - ns) == 4 || isspace((unsigned char)ns[4]))) {
+                if (hook_section_begin(p, hs, ns + 4, (size_t)(ne - ns) - 4, fname, lineno, e)) return -1;
+                sec = NULL, slen = 0;
+                continue;
+            }
             if (!section_known(ns, (size_t)(ne - ns)))
                 return fail(e, "%s:%d: unknown section [%s]%s", fname, lineno, show(&sv, ns, (size_t)(ne - ns)),
                             hint(h, sizeof h, suggest_section(ns, (size_t)(ne - ns))));
@@ -283,6 +399,10 @@ int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *
         const char *ks = s, *ke = eq, *vs = eq + 1, *ve = end;
         trim(&ks, &ke);
         trim(&vs, &ve);
+        if (hs->open) {
+            if (hook_section_key(hs, ks, (size_t)(ke - ks), vs, (size_t)(ve - vs), fname, lineno, e)) return -1;
+            continue;
+        }
         if (!sec)
             return fail(e, "%s:%d: key '%s' before any [section]", fname, lineno, show(&sv, ks, (size_t)(ke - ks)));
         int id = find_key(sec, slen, ks, (size_t)(ke - ks));

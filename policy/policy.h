@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hookdecl.h"
+
 typedef enum { DPS_KEY_ENUM, DPS_KEY_UINT, DPS_KEY_STR, DPS_KEY_GLOBS } dps_key_type_t;
 
 typedef enum {
@@ -38,6 +40,8 @@ typedef struct dps_setting {
 typedef struct dps_policy {
     dps_setting_t set[DPS_NKEYS];
     char file[1024]; /* policy file in effect, "" when none */
+    dps_hookdecl_t *hooks; /* [hook NAME] sections, in file order (owned) */
+    int nhooks;
 } dps_policy_t;
 
 typedef struct dps_error {

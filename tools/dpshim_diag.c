@@ -21,6 +21,15 @@
 
 extern char **environ;
 
+static void print_hooks(const dps_policy_t *p)
+{
+    for (int i = 0; i < p->nhooks; i++) {
+        char d[1600];
+        printf("[hook %s] %s # line %d\n", p->hooks[i].name, dps_hookdecl_describe(&p->hooks[i], d, sizeof d),
+               p->hooks[i].line);
+    }
+}
+
 static int cmd_config(void)
 {
     dps_policy_t p;
@@ -38,6 +47,7 @@ static int cmd_config(void)
         printf("%-13s = %-20s # %s\n", dps_keys[i].key, dps_policy_text(&p, (dps_key_id_t)i),
                dps_policy_source(&p, (dps_key_id_t)i, src, sizeof src));
     }
+    print_hooks(&p);
     dps_policy_free(&p);
     return 0;
 }
@@ -49,7 +59,10 @@ static int cmd_check(const char *path)
     dps_policy_init(&p);
     int rc = dps_policy_load_file(&p, path, &e);
     if (rc != 0) fprintf(stderr, "dpshim-diag: %s\n", e.msg);
-    else printf("%s: valid\n", path);
+    else {
+        printf("%s: valid\n", path);
+        print_hooks(&p);
+    }
     dps_policy_free(&p);
     return rc ? 1 : 0;
 }

@@ -15,6 +15,7 @@
 #include "diag/diag.h"
 #include "guard/guard.h"
 #include "gpu/bind.h"
+#include "ffi/ffihooks.h"
 
 extern char **environ;
 
@@ -67,6 +68,7 @@ __attribute__((constructor)) static void dps_init(void)
     dps_python_inject(&dps_g);
     if (dps_engine_configure(&dps_g, err, sizeof err) != 0) config_error(err);
     if (dps_files_configure(&dps_g.policy, dps_g.rank, err, sizeof err) != 0) config_error(err);
+    if (dps_ffi_hooks_start(&dps_g.policy, err, sizeof err) != 0) config_error(err);
     dps_guard_configure(&dps_g);
     dps_diag_configure(&dps_g);
     if (dps_g.role == DPS_ROLE_RANK) dps_guard_install_crash_handlers();

@@ -53,4 +53,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
 int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
                          double scale, char *err, size_t errlen);
 
+/* A declarative hook's allreduce action: t in place with op DP_SUM, DP_MEAN, DP_MIN or DP_MAX. */
+int dps_hook_allreduce(const char *where, dp_tensor *t, int op);
+
 #endif

@@ -202,6 +202,14 @@ DPS_EXPORT int dp_metric(double *v, size_t n, int op)
     return rc;
 }
 
+int dps_hook_allreduce(const char *where, dp_tensor *t, int op)
+{
+    const dps_backend_t *be = dps_comm(where);
+    if (!be) return 0;
+    dps_redop_t r = op == DP_MIN ? DPS_RED_MIN : op == DP_MAX ? DPS_RED_MAX : DPS_RED_SUM;
+    return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, r);
+}
+
 DPS_EXPORT int dp_scope_begin(const char *name)
 {
     dps_e.scope_depth++;

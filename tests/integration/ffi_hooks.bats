@@ -1,0 +1,88 @@
+#!/usr/bin/env bats
+# Declarative hooks ([hook NAME] sections, bound with libffi): the legacy trainer
+# (examples/legacy), which knows nothing of dpshim, distributed by its policy file alone; and
+# signatures of 0 to 8 mixed arguments called through the closures (progs/ffi_roundtrip.c).
+load helpers
+
+LEGACY=$BUILD/bin/legacy_train
+POLICY=$SRC/examples/legacy/legacy.conf
+
+# legacy_np N DIR ARGS...: the legacy trainer on N ranks with its policy, in DIR.
+legacy_np() {
+    local n=$1 dir=$2
+    shift 2
+    mkdir -p "$dir"
+    (cd "$dir" && mpi "$n" env DPSHIM_POLICY="$POLICY" LD_PRELOAD="$SHIM" "$LEGACY" "$@")
+}
+
+check_legacy() {
+    local n=$1 steps=$2 tol=$3
+    "$LEGACY" --steps "$steps" --save "$BATS_TEST_TMPDIR/alone.bin" >/dev/null
+    run legacy_np "$n" "$BATS_TEST_TMPDIR/np$n" --steps "$steps" --save model.bin
+    echo "$output"
+    assert_success
+    # save_model ran on rank 0 only: one file, and every rank's program went on
+    assert_equal "$(ls "$BATS_TEST_TMPDIR/np$n")" model.bin
+    assert_equal "$(grep -c "^epoch 1: " <<<"$output")" "$n"
+    run "$BUILD/bin/f32_diff" "$BATS_TEST_TMPDIR/alone.bin" "$BATS_TEST_TMPDIR/np$n/model.bin"
+    echo "np=$n steps=$steps: $output" >&3
+    [ "$output" = bitwise ] || assert_le "${output#rel }" "$tol"
+}
+
+@test "legacy trainer, np=2: one step equals the run alone within 1e-6" { check_legacy 2 1 1e-6; }
+@test "legacy trainer, np=3: one step equals the run alone within 1e-6" { check_legacy 3 1 1e-6; }
+@test "legacy trainer, np=4: one step equals the run alone within 1e-6" { check_legacy 4 1 1e-6; }
+@test "legacy trainer, np=2: 200 steps equal the run alone within 1e-4" { check_legacy 2 200 1e-4; }
+@test "legacy trainer, np=3: 200 steps equal the run alone within 1e-4" { check_legacy 3 200 1e-4; }
+@test "legacy trainer, np=4: 200 steps equal the run alone within 1e-4" { check_legacy 4 200 1e-4; }
+
+# Each rank's training accuracy over the whole training set, from its own weights.
+accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" | sort -u | wc -l; }
+
+@test "ranks given different seeds start from rank 0's weights (the broadcast hook)" {
+    run mpi 2 sh -c 'exec env DPSHIM_POLICY="$1" LD_PRELOAD="$2" "$3" --steps 5 --seed $((OMPI_COMM_WORLD_RANK + 3))' \
+        sh "$POLICY" "$SHIM" "$LEGACY"
+    echo "$output"
+    assert_success
+    assert_equal "$(accuracies)" 1 # identical weights on both ranks
+    # the same without the [hook init] section: the ranks drift apart
+    grep -v '^after = broadcast' "$POLICY" >"$BATS_TEST_TMPDIR/nobcast.conf"
+    run mpi 2 sh -c 'exec env DPSHIM_POLICY="$1" LD_PRELOAD="$2" "$3" --steps 5 --seed $((OMPI_COMM_WORLD_RANK + 3))' \
+        sh "$BATS_TEST_TMPDIR/nobcast.conf" "$SHIM" "$LEGACY"
+    assert_success
+    assert_equal "$(accuracies)" 2
+}
+
+@test "signatures of 0 to 8 mixed arguments round-trip through the closures, from 4 threads too; a library opened later is bound" {
+    run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_POLICY="$SRC/tests/integration/policies/ffi_roundtrip.conf" \
+        LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_roundtrip" "$BUILD/lib/libffi_late.so"
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -c 'round trip: 44 checks, 0 failed' <<<"$output")" 2
+    for h in none one two three four five six seven eight out; do
+        assert_equal "$(grep -c "INFO \[hook $h\] ft_[a-z0-9]* bound at 1 call site(s)" <<<"$output")" 2
+    done
+    # ft_late is called only by libffi_late.so, opened with dlopen: rank 1 skips it (rank0_only)
+    assert_line "late_call(20) = 41"
+    assert_line "late_call(20) = 101"
+}
+
+@test "a declared function nobody defines: a warning by default, an error with missing = error" {
+    printf '[hook ghost]\nsignature = void no_such_function(float *g, size_t n)\nbefore = grads g[n]\n' >"$BATS_TEST_TMPDIR/ghost.conf"
+    run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR/ghost.conf" LD_PRELOAD="$SHIM" "$LEGACY" --steps 1
+    assert_success
+    assert_output --partial "ghost.conf:1: [hook ghost]: no_such_function is not defined by any loaded object"
+    printf 'missing = error\n' >>"$BATS_TEST_TMPDIR/ghost.conf"
+    run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR/ghost.conf" LD_PRELOAD="$SHIM" "$LEGACY" --steps 1
+    assert_failure
+    assert_output --partial "ghost.conf:1: [hook ghost]: no_such_function is not defined by any loaded object (missing = error)"
+    refute_output --partial "epoch 1"
+}
+
+@test "hooks leave undeclared functions and programs without hooks alone" {
+    run env DPSHIM_POLICY="$POLICY" LD_PRELOAD="$SHIM" "$LEGACY" --steps 3 --save "$BATS_TEST_TMPDIR/a.bin"
+    assert_success
+    "$LEGACY" --steps 3 --save "$BATS_TEST_TMPDIR/b.bin" >/dev/null
+    run "$BUILD/bin/f32_diff" "$BATS_TEST_TMPDIR/a.bin" "$BATS_TEST_TMPDIR/b.bin"
+    assert_output bitwise # world size 1: every action is a no-op
+}
