@@ -5,9 +5,13 @@ imports torch, and nothing at all at world size 1. All collectives are the shim'
 (hooks/include/dpshim/hooks.h), called through ctypes on the already loaded libdpshim.so, so
 the guard, diagnostics and policy apply as for a C framework. What it hooks:
 
-- every torch.optim optimizer's step: gradients are averaged first (dp_grads, weighted by each
-  rank's share of the global batch in split mode); a parameter without a gradient on some
-  ranks gets zeros there, one without a gradient on every rank is left alone; dp_step_end after;
+- the end of every backward pass (torch.autograd.backward, which Tensor.backward calls): the
+  gradients of every optimizer's parameters are averaged (dp_grads, weighted by each rank's share
+  of the global batch in split mode), so gradient clipping, GradScaler's inf checks and anything
+  else between backward and step see the global gradient, as with DDP; a parameter without a
+  gradient on some ranks gets zeros there, one without a gradient on every rank is left alone;
+- every torch.optim optimizer's step: the same averaging if no backward did it since the last
+  step (gradients set by hand), and dp_step_end after;
 - the first forward of a module (and the first after its load_state_dict): its parameters and
   buffers are broadcast from rank 0 (dp_params);
 - BatchSampler: every rank draws the same shuffled order (RandomSampler's seed agreed with
@@ -106,20 +110,32 @@ def _contiguous_views(ts):
 
 # --- parameters and buffers: rank 0's values on every rank before the first forward ---
 
+def _is_lazy(t):
+    import torch
+    return isinstance(t, torch.nn.parameter.UninitializedTensorMixin)
+
+
 def _broadcast_module(module):
+    """Rank 0's parameters and buffers everywhere; False while a lazy module is uninitialized."""
     import torch
     seen, ts = set(), []
     for t in list(module.parameters()) + list(module.buffers()):
+        if _is_lazy(t):
+            return False  # shapes come with the first forward: broadcast at the next one
         if id(t) not in seen:
             seen.add(id(t))
             ts.append(t)
     if not ts:
-        return
+        return True
     with torch.no_grad():
         views, back = _contiguous_views([t.data for t in ts])
-        _check(_shim.dp_params(_tensors(views), len(views)), "dp_params")
+        # a broadcast moves bytes: dtypes the hook ABI has no name for (bool masks, int8,
+        # complex) travel as their bytes
+        sent = [v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8) for v in views]
+        _check(_shim.dp_params(_tensors(sent), len(sent)), "dp_params")
         for t, c in back:
             t.copy_(c)
+    return True
 
 
 _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is here)
@@ -128,7 +144,8 @@ _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is
 def _forward_pre_hook(module, args):
     if module in _synced or os.getpid() != _rank_pid:  # DataLoader workers run transforms
         return None
-    _broadcast_module(module)
+    if not _broadcast_module(module):
+        return None
     for m in module.modules():
         _synced.add(m)
     return None
@@ -136,14 +153,28 @@ def _forward_pre_hook(module, args):
 
 # --- gradients: averaged before every optimizer step ---
 
-def _reduce_gradients(optimizer):
-    import torch
+_optimizers = []  # weak references to every optimizer, in creation order (the same on all ranks)
+
+
+def _parameters(optimizers):
     params, seen = [], set()
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) not in seen:
-                seen.add(id(p))
-                params.append(p)
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+    return params
+
+
+def _live_optimizers():
+    live = [r() for r in _optimizers]
+    _optimizers[:] = [r for r, o in zip(_optimizers, live) if o is not None]
+    return [o for o in live if o is not None]
+
+
+def _reduce_gradients(params):
+    import torch
     if not params:
         return
     # which parameters have a gradient anywhere: one small all-reduce, so every rank reduces the
@@ -166,16 +197,26 @@ def _reduce_gradients(optimizer):
             g.copy_(c)
 
 
+def _after_backward():
+    optimizers = _live_optimizers()
+    if optimizers and os.getpid() == _rank_pid:
+        _reduce_gradients(_parameters(optimizers))
+        _state.fresh = True
+
+
 def _before_step(optimizer):
     depth = getattr(_state, "depth", 0)
     _state.depth = depth + 1
-    if depth == 0:  # an optimizer stepping another inside its own step reduces once
-        _reduce_gradients(optimizer)
+    # an optimizer stepping another inside its own step reduces once; a backward since the last
+    # step has already reduced everything
+    if depth == 0 and not getattr(_state, "fresh", False):
+        _reduce_gradients(_parameters([optimizer]))
 
 
 def _after_step():
     _state.depth -= 1
     if _state.depth == 0:
+        _state.fresh = False
         _shim.steps += 1
         _shim.dp_step_end(_shim.steps)
 
@@ -187,8 +228,8 @@ def _wrap_step(cls):
 
     @functools.wraps(step)
     def wrapped(self, *args, **kwargs):
-        _before_step(self)
         try:
+            _before_step(self)
             return step(self, *args, **kwargs)
         finally:
             _after_step()
@@ -198,7 +239,25 @@ def _wrap_step(cls):
 
 
 def _hook_optimizers(torch):
+    import weakref
     base = torch.optim.Optimizer
+    init = base.__init__
+
+    @functools.wraps(init)
+    def registering_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _optimizers.append(weakref.ref(self))
+
+    base.__init__ = registering_init
+    backward = torch.autograd.backward
+
+    @functools.wraps(backward)
+    def reducing_backward(*args, **kwargs):
+        result = backward(*args, **kwargs)
+        _after_backward()
+        return result
+
+    torch.autograd.backward = reducing_backward
     todo = [base]
     while todo:
         cls = todo.pop()
@@ -249,19 +308,40 @@ def _hook_samplers(torch):
         keep = _shim.dp_epoch(arr, len(idx))  # scale mode: 1/N of the epoch; split mode: all
         return [arr[i] for i in range(keep)] if keep != len(idx) else idx
 
+    batch_iter = sampler.BatchSampler.__iter__
+    batch_len = sampler.BatchSampler.__len__
+
+    def sized(s):
+        try:
+            len(s)
+            return True
+        except TypeError:  # e.g. the endless sampler of an IterableDataset
+            return False
+
     def batches(self):
+        if not sized(self.sampler):
+            yield from batch_iter(self)
+            return
         idx = shard(self)
-        pending = self.__dict__.setdefault("_dpshim_pending", collections.deque())
+        pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
         for start in range(0, len(idx), self.batch_size):
             batch = idx[start:start + self.batch_size]
             if len(batch) < self.batch_size and self.drop_last:
                 break
             arr = _index_array(batch)
             keep = _shim.dp_batch(arr, len(batch))  # split mode: this rank's share
-            pending.append(len(batch))
+            if len(batch) < _shim.size and keep != len(batch):
+                # fewer samples than ranks: every rank takes them all, weighted 1/N (no rank
+                # may get an empty batch, which collate cannot build)
+                pending.append((len(batch), _shim.size))
+                yield batch
+                continue
+            pending.append((len(batch), 1))
             yield [arr[i] for i in range(keep)]
 
     def length(self):
+        if not sized(self.sampler):
+            return batch_len(self)
         n = len(self.sampler)
         if n:
             n = _shim.dp_epoch(_index_array(range(n)), n)
@@ -279,8 +359,9 @@ def _hook_samplers(torch):
         data = next_batch(self)
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
         if pending:
-            n = pending.popleft()
-            _shim.dp_batch(_index_array(range(n)), n)
+            n, replicas = pending.popleft()
+            _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
+            _state.replicas = replicas
         return data
 
     base_iter.__next__ = delivered
@@ -335,7 +416,7 @@ def _hook_batchnorm(torch):
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-                t = float(total)
+                t = float(total) / getattr(_state, "replicas", 1)  # a batch every rank took whole
                 unbiased = var * (t / (t - 1)) if t > 1 else var
                 self.running_mean.mul_(1 - m).add_(mean.to(self.running_mean.dtype), alpha=m)
                 self.running_var.mul_(1 - m).add_(unbiased.to(self.running_var.dtype), alpha=m)

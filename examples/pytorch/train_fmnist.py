@@ -43,6 +43,7 @@ def main():
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--train-limit", type=int, default=0, help="use only the first N training samples")
     p.add_argument("--dropout", action="store_true")
+    p.add_argument("--clip", type=float, default=0.0, help="clip the gradient norm to this (0: no clipping)")
     p.add_argument("--double", action="store_true", help="train in float64")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--save", default="", help="write the model's state_dict here at the end")
@@ -69,6 +70,8 @@ def main():
             optimizer.zero_grad()
             loss = F.nll_loss(model(data), target)
             loss.backward()
+            if args.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             optimizer.step()
             total, batches, step = total + loss.item(), batches + 1, step + 1
             if step % 100 == 0:

@@ -57,6 +57,25 @@ equal_alone() {
     equal_alone 3 --workers 2 --train-limit 4832 --batch-size 48
 }
 
+@test "float64, np=3: a last batch with fewer samples than ranks (2) is taken whole by every rank, weighted 1/3" {
+    equal_alone 3 --train-limit 962 --batch-size 48
+}
+
+@test "float64, np=2: gradient clipping between backward and step sees the global gradient" {
+    equal_alone 2 --steps 30 --clip 0.05
+}
+
+@test "an IterableDataset loader (no sampler to shard) runs as it would alone" {
+    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" -c '
+import torch
+class Numbers(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+print(sum(int(b.sum()) for b in torch.utils.data.DataLoader(Numbers(), batch_size=4)))'
+    assert_success
+    assert_output $'45\n45'
+}
+
 @test "float32, np=2: one checkpoint, one copy of the prints, the loss falls" {
     local dir=$BATS_TEST_TMPDIR/run
     DPSHIM_FILES_RANK0_ONLY='*.pt' DPSHIM_OUTPUT_STDOUT=rank0 run torch_np 2 "$dir" --steps 200 --save model.pt
