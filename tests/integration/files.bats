@@ -166,7 +166,7 @@ PY
         LD_PRELOAD="$SHIM" /usr/bin/python3 prog.py
     echo "$output"
     assert_success
-    assert_equal "$(grep -c 'python ok' <<<"$output")" 3
+    assert_equal "$(count 'python ok')" 3
     run bash -c "find . -mindepth 1 -not -name 'prog.py' | sort"
     assert_output "$(printf '%s\n' ./metrics.rank0.log ./metrics.rank1.log ./metrics.rank2.log ./runs ./runs/exp1 \
         ./runs/exp1/best.ckpt ./runs/exp1/copy.ckpt ./runs/exp1/model.ckpt)"

@@ -14,6 +14,10 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 unset DPSHIM_POLICY
 
+# count TEXT: occurrences of TEXT in $output. mpirun merges the ranks' output in chunks and may
+# join or split their lines, so lines are not counted, occurrences are.
+count() { grep -oF -- "$1" <<<"$output" | wc -l; }
+
 # mpi N CMD...: mpirun under a timeout, so a hang fails the test instead of stalling CI.
 mpi() {
     local n=$1

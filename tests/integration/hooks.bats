@@ -9,7 +9,7 @@ hook_check() {
     run mpi "$n" env "$@" LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
     echo "$output"
     assert_success
-    assert_equal "$(grep -c ' 0 failed' <<<"$output")" "$n"
+    assert_equal "$(count ' 0 failed')" "$n"
 }
 
 @test "hooks at world size 1 (singleton): identity results" {
@@ -75,5 +75,5 @@ epoch_cover_all() {
     echo "$output"
     assert_success
     assert_output --partial "rank 1 of 2 (local 1 of 2, launcher pmix"
-    assert_equal "$(grep -c ' 0 failed' <<<"$output")" 2
+    assert_equal "$(count ' 0 failed')" 2
 }

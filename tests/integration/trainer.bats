@@ -43,7 +43,7 @@ train_mpi_np() {
     "$TRAINER" --steps 5 --no-eval --save "$BATS_TEST_TMPDIR/ref.ckpt" >/dev/null
     run train_mpi_np 2 "$BATS_TEST_TMPDIR" --steps 5 --no-eval
     assert_success
-    assert_equal "$(grep -c 'own MPI traffic ok' <<<"$output")" 2
+    assert_equal "$(count 'own MPI traffic ok')" 2
     assert_le "$(rel_diff "$BATS_TEST_TMPDIR/ref.ckpt" "$BATS_TEST_TMPDIR/rank0.ckpt")" 1e-6
 }
 
@@ -51,7 +51,7 @@ train_mpi_np() {
     "$TRAINER" --steps 5 --no-eval --save "$BATS_TEST_TMPDIR/ref.ckpt" >/dev/null
     run train_mpi_np 3 "$BATS_TEST_TMPDIR" --mpi-late --steps 5 --no-eval
     assert_success
-    assert_equal "$(grep -c 'own MPI traffic ok' <<<"$output")" 3
+    assert_equal "$(count 'own MPI traffic ok')" 3
     assert_le "$(rel_diff "$BATS_TEST_TMPDIR/ref.ckpt" "$BATS_TEST_TMPDIR/rank0.ckpt")" 1e-6
 }
 
