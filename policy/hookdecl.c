@@ -46,7 +46,8 @@ static int is_int(dps_ctype_t t) { return t >= DPS_CT_I8 && t <= DPS_CT_U64; }
 
 typedef struct lexer {
     const char *p;
-    char word[64]; /* the current token: an identifier, or one of * ( ) , */
+    char word[160]; /* the current token: an identifier, or one of * ( ) , */
+    int too_long;   /* an identifier did not fit */
 } lexer_t;
 
 static int next(lexer_t *lx)
@@ -55,7 +56,11 @@ static int next(lexer_t *lx)
     if (!*lx->p) return lx->word[0] = '\0', 0;
     if (isalpha((unsigned char)*lx->p) || *lx->p == '_') {
         size_t n = 0;
-        while ((isalnum((unsigned char)*lx->p) || *lx->p == '_') && n + 1 < sizeof lx->word) lx->word[n++] = *lx->p++;
+        while (isalnum((unsigned char)*lx->p) || *lx->p == '_') {
+            if (n + 1 < sizeof lx->word) lx->word[n++] = *lx->p;
+            else lx->too_long = 1;
+            lx->p++;
+        }
         lx->word[n] = '\0';
         return 1;
     }
@@ -92,7 +97,7 @@ static int is_builtin_word(const char *w)
 }
 
 /* One type and its optional name; the lexer stands on the token after them. */
-static int parse_carg(lexer_t *lx, dps_carg_t *a, int want_name, char *err, size_t len)
+static int parse_carg(lexer_t *lx, dps_carg_t *a, char *name, size_t name_len, char *err, size_t len)
 {
     int sign = 0, longs = 0, shorts = 0, chars = 0, ints = 0, words = 0;
     dps_ctype_t named = DPS_CT_VOID;
@@ -156,8 +161,10 @@ static int parse_carg(lexer_t *lx, dps_carg_t *a, int want_name, char *err, size
                     opaque_name, close ? "; did you mean '" : "", close ? close : "", close ? "'?" : "");
     if (stars) a->type = DPS_CT_PTR, a->pointee = stars == 1 ? t : DPS_CT_VOID;
     else a->type = t;
-    if (want_name && (isalpha((unsigned char)lx->word[0]) || lx->word[0] == '_') && !is_builtin_word(lx->word)) {
-        snprintf(a->name, sizeof a->name, "%.31s", lx->word);
+    if ((isalpha((unsigned char)lx->word[0]) || lx->word[0] == '_') && !is_builtin_word(lx->word)) {
+        if (strlen(lx->word) >= name_len || lx->too_long)
+            return fail(err, len, "the name '%.40s...' is longer than %zu characters", lx->word, name_len - 1);
+        snprintf(name, name_len, "%s", lx->word);
         next(lx);
     }
     return 0;
@@ -165,12 +172,11 @@ static int parse_carg(lexer_t *lx, dps_carg_t *a, int want_name, char *err, size
 
 static int parse_signature(dps_hookdecl_t *h, const char *text, char *fname, size_t fnlen, char *err, size_t len)
 {
-    lexer_t lx = {text, ""};
+    lexer_t lx = {text, "", 0};
     next(&lx);
     char why[256];
-    if (parse_carg(&lx, &h->ret, 1, why, sizeof why)) return fail(err, len, "signature: %s", why);
-    snprintf(fname, fnlen, "%s", h->ret.name); /* "void f(...)": f was read as the name */
-    h->ret.name[0] = '\0';
+    /* "void f(...)": f is read as the return type's name */
+    if (parse_carg(&lx, &h->ret, fname, fnlen, why, sizeof why)) return fail(err, len, "signature: %s", why);
     if (strcmp(lx.word, "("))
         return fail(err, len, "signature: expected '(' after the return type%s, got '%s'", fname[0] ? " and name" : "",
                     lx.word[0] ? lx.word : "end of text");
@@ -181,7 +187,8 @@ static int parse_signature(dps_hookdecl_t *h, const char *text, char *fname, siz
         if (!strcmp(lx.word, "...")) return fail(err, len, "signature: variadic functions (...) cannot be hooked");
         if (h->nargs == DPS_HOOK_MAX_ARGS) return fail(err, len, "signature: more than %d arguments", DPS_HOOK_MAX_ARGS);
         dps_carg_t *a = &h->args[h->nargs];
-        if (parse_carg(&lx, a, 1, why, sizeof why)) return fail(err, len, "signature: argument %d: %s", h->nargs + 1, why);
+        if (parse_carg(&lx, a, a->name, sizeof a->name, why, sizeof why))
+            return fail(err, len, "signature: argument %d: %s", h->nargs + 1, why);
         if (a->type == DPS_CT_VOID) return fail(err, len, "signature: argument %d has type void", h->nargs + 1);
         for (int i = 0; i < h->nargs; i++)
             if (a->name[0] && !strcmp(a->name, h->args[i].name))
@@ -386,10 +393,22 @@ static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const
             snprintf(num, sizeof num, "%.*s", (int)(e - v), v);
             char *end;
             if (h->ret.type == DPS_CT_VOID) return fail(err, len, "%s: rank0_only: the function returns void, drop return=", key);
-            if (!strcmp(num, "NULL")) snprintf(num, sizeof num, "0");
-            a->ret_f = strtod(num, &end);
-            if (!num[0] || *end) return fail(err, len, "%s: rank0_only: return=%s is not a number", key, num);
-            a->ret_i = (int64_t)strtoll(num, &end, 0);
+            errno = 0;
+            if (h->ret.type == DPS_CT_F32 || h->ret.type == DPS_CT_F64) {
+                a->ret_f = strtod(num, &end);
+            } else if (h->ret.type == DPS_CT_PTR) {
+                if (strcmp(num, "NULL") && strcmp(num, "0"))
+                    return fail(err, len, "%s: rank0_only: a pointer result can only be return=NULL (or 0)", key);
+                a->ret_i = 0, end = num + strlen(num);
+            } else if (h->ret.type == DPS_CT_U64 || h->ret.type == DPS_CT_U32 || h->ret.type == DPS_CT_U16 ||
+                       h->ret.type == DPS_CT_U8) {
+                a->ret_i = (int64_t)strtoull(num, &end, 10);
+                if (num[0] == '-') errno = ERANGE;
+            } else {
+                a->ret_i = (int64_t)strtoll(num, &end, 10);
+            }
+            if (!num[0] || *end || errno)
+                return fail(err, len, "%s: rank0_only: return=%s is not a value of the return type", key, num);
             a->has_return = 1;
         }
         break;
@@ -486,7 +505,10 @@ static void describe_actions(const dps_hookdecl_t *h, const dps_action_t *list, 
             o += (size_t)snprintf(buf + o, len - o, " %s", ref);
             break;
         case DPS_ACT_RANK0_ONLY:
-            if (a->has_return) o += (size_t)snprintf(buf + o, len - o, " return=%g", a->ret_f);
+            if (a->has_return && (h->ret.type == DPS_CT_F32 || h->ret.type == DPS_CT_F64))
+                o += (size_t)snprintf(buf + o, len - o, " return=%g", a->ret_f);
+            else if (a->has_return)
+                o += (size_t)snprintf(buf + o, len - o, " return=%lld", (long long)a->ret_i);
             break;
         default: break;
         }

@@ -110,8 +110,9 @@ static int flush_pending(const dps_backend_t *be, int background)
     int rc = background ? submit(ready.pending, ready.npending)
                         : dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
                                     grad_scale(), DPS_RED_SUM);
-    for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
-    ready.npending = ready.pending_bytes = 0;
+    if (rc == 0) /* a bucket that failed stays pending: dp_grads reduces (or reports) it */
+        for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
+    if (rc == 0) ready.npending = ready.pending_bytes = 0;
     return rc;
 }
 

@@ -12,6 +12,7 @@
 
 #include <dlfcn.h>
 #include <elf.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <ffi.h>
 #include <link.h>
@@ -72,22 +73,35 @@ static int open_ffi(char *err, size_t len)
 
 /* --- one bound hook --- */
 
+struct bound;
+
+/* One closure per definition the program's objects bind the symbol to (two RTLD_LOCAL
+ * libraries may each define their own). */
+typedef struct variant {
+    struct bound *b;
+    void *original; /* the definition this closure calls */
+    void *code;     /* the closure's entry point */
+} variant_t;
+
 typedef struct bound {
     const dps_hookdecl_t *d;
-    void *original; /* NULL until the symbol is found */
-    void *code;     /* the closure's entry point */
     ffi_cif cif;
     ffi_type *atypes[DPS_HOOK_MAX_ARGS];
+    variant_t **v; /* stable addresses: closures point at them */
+    int nv, capv;
+    void *library_def; /* library =: the definition in that library (its handle stays open) */
     uint64_t steps;
-    int sites; /* GOT slots pointing at the closure */
+    int sites; /* GOT slots pointing at one of the closures */
+    int defined;
 } bound_t;
 
 static bound_t *hooks;
 static int nhooks;
 static pthread_mutex_t bind_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int bind_again; /* a dlopen finished while another thread was binding */
+static _Thread_local int in_dlopen;
 static void *self_base;
 static void *(*real_dlopen)(const char *, int);
-static bound_t dlopen_hook; /* dlopen itself, GOT-bound to dlopen_wrapper */
 
 /* Integers of any declared width, read and written through the argument or return storage
  * libffi hands the closure (return values narrower than ffi_arg occupy a whole ffi_arg). */
@@ -220,73 +234,101 @@ static int act(bound_t *b, const dps_action_t *a, void **args, void *ret)
 
 static void closure_main(ffi_cif *cif, void *ret, void **args, void *user)
 {
-    bound_t *b = user;
+    variant_t *v = user;
+    bound_t *b = v->b;
     int saved = errno, skip = 0;
     for (int i = 0; i < b->d->nbefore; i++) skip |= act(b, &b->d->before[i], args, ret);
     errno = saved;
-    if (!skip) ffi.call(cif, (void (*)(void))b->original, ret, args);
+    if (!skip) ffi.call(cif, (void (*)(void))v->original, ret, args);
     saved = errno;
     for (int i = 0; i < b->d->nafter; i++) act(b, &b->d->after[i], args, ret);
     errno = saved;
 }
 
-static int make_closure(bound_t *b, void (*fn)(ffi_cif *, void *, void **, void *), char *err, size_t len)
+static int prepare_cif(bound_t *b, char *err, size_t len)
 {
     const dps_hookdecl_t *d = b->d;
     for (int i = 0; i < d->nargs; i++) b->atypes[i] = ffi.type[d->args[i].type];
-    void *code = NULL;
-    ffi_closure *c = ffi.closure_alloc(sizeof(ffi_closure), &code);
-    if (!c || ffi.prep_cif(&b->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs, ffi.type[d->ret.type], b->atypes) != FFI_OK ||
-        ffi.prep_closure_loc(c, &b->cif, fn, b, code) != FFI_OK) {
-        snprintf(err, len, "[hook %s] %s: libffi cannot build a closure for this signature", d->name, d->symbol);
+    if (ffi.prep_cif(&b->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs, ffi.type[d->ret.type], b->atypes) != FFI_OK) {
+        snprintf(err, len, "[hook %s] %s: libffi cannot describe this signature", d->name, d->symbol);
         return -1;
     }
-    b->code = code;
     return 0;
 }
 
-/* The function's own address, or NULL while no loaded object defines it. */
-static void *find_original(const dps_hookdecl_t *d)
+/* The closure that calls `original`, made at its first use. */
+static variant_t *variant_for(bound_t *b, void *original)
 {
-    if (!d->library[0]) return dlsym(RTLD_DEFAULT, d->symbol);
-    void *h = real_dlopen(d->library, RTLD_NOW | RTLD_NOLOAD);
-    void *f = h ? dlsym(h, d->symbol) : NULL;
-    if (h) dlclose(h);
-    return f;
+    for (int i = 0; i < b->nv; i++)
+        if (b->v[i]->original == original) return b->v[i];
+    if (b->nv == b->capv) {
+        int cap = b->capv ? 2 * b->capv : 2;
+        variant_t **grown = realloc(b->v, (size_t)cap * sizeof *grown);
+        if (!grown) return NULL;
+        b->v = grown, b->capv = cap;
+    }
+    variant_t *v = calloc(1, sizeof *v);
+    void *code = NULL;
+    ffi_closure *c = v ? ffi.closure_alloc(sizeof(ffi_closure), &code) : NULL;
+    if (!c || ffi.prep_closure_loc(c, &b->cif, closure_main, v, code) != FFI_OK) {
+        DPS_WARN("[hook %s] %s: libffi cannot build a closure; calls go on unhooked", b->d->name, b->d->symbol);
+        free(v);
+        return NULL;
+    }
+    v->b = b, v->original = original, v->code = code;
+    b->v[b->nv++] = v;
+    return v;
 }
 
 /* --- GOT binding --- */
 
-typedef struct patch_job {
-    bound_t **list;
-    int n;
-    long page;
-} patch_job_t;
-
 static uintptr_t dyn_addr(uintptr_t v, uintptr_t base) { return v < base ? v + base : v; }
 
-static void patch_slot(void **slot, void *code, uintptr_t relro_lo, uintptr_t relro_hi, long page)
+/* A GOT slot for a declared symbol (hook >= 0) or for dlopen (hook = -1), in object `obj`. */
+typedef struct slot_ref {
+    void **slot;
+    int hook, obj;
+} slot_ref_t;
+
+typedef struct object_ref {
+    char name[512]; /* "" for the main program */
+    uintptr_t relro_lo, relro_hi; /* the pages ld.so made read-only */
+} object_ref_t;
+
+static struct {
+    slot_ref_t *slots;
+    size_t nslots, capslots;
+    object_ref_t *objs;
+    size_t nobjs, capobjs;
+} found;
+
+static int grow_found(void **p, size_t *cap, size_t need, size_t elem)
 {
-    if (*slot == code) return;
-    uintptr_t p = (uintptr_t)slot & ~(uintptr_t)(page - 1);
-    int in_relro = (uintptr_t)slot >= relro_lo && (uintptr_t)slot < relro_hi;
-    if (in_relro && mprotect((void *)p, (size_t)page, PROT_READ | PROT_WRITE) != 0) return;
-    __atomic_store_n(slot, code, __ATOMIC_RELEASE);
-    if (in_relro) mprotect((void *)p, (size_t)page, PROT_READ);
+    if (need <= *cap) return 0;
+    size_t c = *cap ? 2 * *cap : 64;
+    void *q = realloc(*p, c * elem);
+    if (!q) return -1;
+    *p = q, *cap = c;
+    return 0;
 }
 
-static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+/* dl_iterate_phdr callback: only reads the ELF tables (no libdl calls while it holds ld.so's
+ * list lock); resolution and patching come after. */
+static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
 {
-    (void)size;
-    patch_job_t *job = data;
+    (void)size, (void)data;
     uintptr_t base = info->dlpi_addr;
     if ((self_base && (void *)base == self_base) || (ffi.base && (void *)base == ffi.base)) return 0;
+    long page = sysconf(_SC_PAGESIZE);
     const ElfW(Dyn) *dyn = NULL;
     uintptr_t relro_lo = 0, relro_hi = 0;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
-        if (ph->p_type == PT_GNU_RELRO) relro_lo = base + ph->p_vaddr, relro_hi = relro_lo + ph->p_memsz;
+        if (ph->p_type == PT_GNU_RELRO) { /* as ld.so protects it: whole pages only */
+            relro_lo = (base + ph->p_vaddr) & ~(uintptr_t)(page - 1);
+            relro_hi = (base + ph->p_vaddr + ph->p_memsz) & ~(uintptr_t)(page - 1);
+        }
     }
     if (!dyn) return 0;
     const ElfW(Sym) *symtab = NULL;
@@ -306,6 +348,7 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
         }
     }
     if (!symtab || !strtab) return 0;
+    int obj = -1;
     const ElfW(Rela) *tables[2] = {pltrel_rela ? jmprel : NULL, rela};
     size_t counts[2] = {jmpsz / sizeof(ElfW(Rela)), relasz / sizeof(ElfW(Rela))};
     for (int t = 0; t < 2; t++)
@@ -315,75 +358,164 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
             size_t sym = ELF64_R_SYM(r->r_info);
             if ((type != RELOC_JUMP_SLOT && type != RELOC_GLOB_DAT) || !sym) continue;
             const char *name = strtab + symtab[sym].st_name;
-            for (int k = 0; k < job->n; k++) {
-                bound_t *b = job->list[k];
-                if (!b->original || strcmp(name, b->d->symbol)) continue;
-                void **slot = (void **)(base + r->r_offset);
-                if (*slot != b->code) {
-                    patch_slot(slot, b->code, relro_lo, relro_hi, job->page);
-                    if (*slot == b->code) b->sites++;
-                }
+            int hook = strcmp(name, "dlopen") ? -2 : -1;
+            for (int k = 0; hook == -2 && k < nhooks; k++)
+                if (!strcmp(name, hooks[k].d->symbol)) hook = k;
+            if (hook == -2) continue;
+            if (obj < 0) {
+                if (grow_found((void **)&found.objs, &found.capobjs, found.nobjs + 1, sizeof *found.objs)) return 1;
+                object_ref_t *o = &found.objs[found.nobjs];
+                snprintf(o->name, sizeof o->name, "%s", info->dlpi_name ? info->dlpi_name : "");
+                o->relro_lo = relro_lo, o->relro_hi = relro_hi;
+                obj = (int)found.nobjs++;
             }
+            if (grow_found((void **)&found.slots, &found.capslots, found.nslots + 1, sizeof *found.slots)) return 1;
+            found.slots[found.nslots++] = (slot_ref_t){(void **)(base + r->r_offset), hook, obj};
         }
     return 0;
 }
 
-static bound_t **bind_list; /* every hook and dlopen's */
+static void patch_slot(void **slot, void *code, const object_ref_t *o)
+{
+    if (*slot == code) return;
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t p = (uintptr_t)slot & ~(uintptr_t)(page - 1);
+    int in_relro = (uintptr_t)slot >= o->relro_lo && (uintptr_t)slot < o->relro_hi;
+    if (in_relro && mprotect((void *)p, (size_t)page, PROT_READ | PROT_WRITE) != 0) return;
+    __atomic_store_n(slot, code, __ATOMIC_RELEASE);
+    if (in_relro) mprotect((void *)p, (size_t)page, PROT_READ);
+}
+
+/* What an object's references to `symbol` bind to, as ld.so looks it up: the global scope
+ * first, then the object's own dependencies (an RTLD_LOCAL library's own definition). */
+static void *resolve_in(void *handle, const char *symbol)
+{
+    void *f = dlsym(RTLD_DEFAULT, symbol);
+    return f ? f : handle ? dlsym(handle, symbol) : NULL;
+}
+
+static void *dlopen_wrapper(const char *file, int mode);
+
+static void bind_once(void)
+{
+    found.nslots = found.nobjs = 0;
+    dl_iterate_phdr(collect_object, NULL);
+    for (size_t o = 0; o < found.nobjs; o++) {
+        object_ref_t *obj = &found.objs[o];
+        /* a handle only for objects fully loaded (RTLD_NOLOAD finds nothing else, e.g. the vdso) */
+        void *h = real_dlopen(obj->name[0] ? obj->name : NULL, RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) continue;
+        for (size_t i = 0; i < found.nslots; i++) {
+            const slot_ref_t *sr = &found.slots[i];
+            if (sr->obj != (int)o) continue;
+            if (sr->hook < 0) {
+                patch_slot(sr->slot, (void *)&dlopen_wrapper, obj);
+                continue;
+            }
+            bound_t *b = &hooks[sr->hook];
+            void *target = resolve_in(h, b->d->symbol);
+            if (!target || (b->d->library[0] && target != b->library_def)) continue;
+            b->defined = 1;
+            variant_t *v = variant_for(b, target);
+            if (!v || *sr->slot == v->code) continue;
+            patch_slot(sr->slot, v->code, obj);
+            if (*sr->slot == v->code) b->sites++;
+        }
+        dlclose(h);
+    }
+}
 
 static void bind_all(void)
 {
-    patch_job_t job = {bind_list, 0, sysconf(_SC_PAGESIZE)};
-    for (int i = 0; i < nhooks; i++) {
-        if (!hooks[i].original && (hooks[i].original = find_original(hooks[i].d)))
-            DPS_DEBUG("[hook %s] %s found at %p", hooks[i].d->name, hooks[i].d->symbol, hooks[i].original);
-        bind_list[job.n++] = &hooks[i];
+    /* never wait for the lock: a thread inside dlopen (holding ld.so's lock) may reach here
+     * while the binding thread waits for ld.so; the binder repeats for it instead */
+    atomic_store(&bind_again, 1);
+    while (atomic_load(&bind_again) && pthread_mutex_trylock(&bind_lock) == 0) {
+        while (atomic_exchange(&bind_again, 0)) {
+            for (int i = 0; i < nhooks; i++)
+                if (hooks[i].d->library[0] && !hooks[i].library_def) {
+                    void *lib = real_dlopen(hooks[i].d->library, RTLD_NOW | RTLD_NOLOAD);
+                    if (lib) hooks[i].library_def = dlsym(lib, hooks[i].d->symbol); /* lib stays open */
+                }
+            bind_once();
+        }
+        pthread_mutex_unlock(&bind_lock);
     }
-    bind_list[job.n++] = &dlopen_hook;
-    dl_iterate_phdr(patch_object, &job);
 }
 
-/* dlopen from the program's objects: load, then bind what the new objects bring. A name without
- * a '/' is first looked up in the caller's own RUNPATH/RPATH, which the real dlopen, called from
- * here, would take from libdpshim.so instead. */
+static const char *origin_of(const void *caller, char *buf, size_t len)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm) return NULL;
+    if (lm->l_name && lm->l_name[0]) snprintf(buf, len, "%s", lm->l_name);
+    else { /* the main program: argv[0] may be relative, /proc/self/exe is not */
+        ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+        if (n <= 0) return NULL;
+        buf[n] = '\0';
+    }
+    char *slash = strrchr(buf, '/');
+    if (slash) *slash = '\0';
+    return buf;
+}
+
+/* Searches dir list `path` (':'-separated, $ORIGIN expanded) for file; a handle or NULL. */
+static void *open_in_path(const char *path, const char *origin, const char *file, int mode)
+{
+    for (const char *s = path; s && *s;) {
+        const char *e = strchr(s, ':');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        char dir[1024], full[2300];
+        snprintf(dir, sizeof dir, "%.*s", (int)n, s);
+        const char *o = strstr(dir, "$ORIGIN"), *ob = strstr(dir, "${ORIGIN}");
+        if ((o || ob) && origin) {
+            const char *at = ob ? ob : o;
+            snprintf(full, sizeof full, "%.*s%s%s/%s", (int)(at - dir), dir, origin, at + (ob ? 9 : 7), file);
+        } else snprintf(full, sizeof full, "%s/%s", dir, file);
+        if (n && access(full, R_OK) == 0) {
+            void *h = real_dlopen(full, mode);
+            if (h) return h;
+        }
+        s = e ? e + 1 : s + n;
+    }
+    return NULL;
+}
+
+/* The real dlopen, called from here, would search libdpshim.so's RPATH/RUNPATH instead of the
+ * caller's: for a name without '/', the caller's are searched in ld.so's order (RPATH, then
+ * LD_LIBRARY_PATH, then RUNPATH), after a check for a library already loaded under that name. */
 static void *open_from_caller_path(const char *file, int mode, const void *caller)
 {
     Dl_info info;
     struct link_map *lm = NULL;
     if (!file || strchr(file, '/') || !dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_ld)
         return NULL;
-    const char *strtab = NULL, *path = NULL;
+    const char *strtab = NULL, *rpath = NULL, *runpath = NULL;
     for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++)
         if (d->d_tag == DT_STRTAB) strtab = (const char *)dyn_addr(d->d_un.d_ptr, lm->l_addr);
-    for (const ElfW(Dyn) *d = lm->l_ld; strtab && d->d_tag != DT_NULL; d++)
-        if (d->d_tag == DT_RUNPATH || (d->d_tag == DT_RPATH && !path)) path = strtab + d->d_un.d_val;
-    if (!path || !info.dli_fname) return NULL;
-    char origin[1024];
-    snprintf(origin, sizeof origin, "%s", info.dli_fname);
-    char *slash = strrchr(origin, '/');
-    if (slash) *slash = '\0';
-    for (const char *s = path; *s;) {
-        const char *e = strchr(s, ':');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        char dir[1024], full[2048];
-        snprintf(dir, sizeof dir, "%.*s", (int)n, s);
-        const char *o = strstr(dir, "$ORIGIN");
-        if (o) snprintf(full, sizeof full, "%.*s%s%s/%s", (int)(o - dir), dir, origin, o + 7, file);
-        else snprintf(full, sizeof full, "%s/%s", dir, file);
-        if (access(full, R_OK) == 0) return real_dlopen(full, mode);
-        s = e ? e + 1 : s + n;
+    for (const ElfW(Dyn) *d = lm->l_ld; strtab && d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_RUNPATH) runpath = strtab + d->d_un.d_val;
+        if (d->d_tag == DT_RPATH) rpath = strtab + d->d_un.d_val;
     }
-    return NULL;
+    if (!rpath && !runpath) return NULL;
+    void *h = real_dlopen(file, mode | RTLD_NOLOAD);
+    if (h) return h;
+    char origin[1024];
+    const char *org = origin_of(caller, origin, sizeof origin);
+    if (!runpath && (h = open_in_path(rpath, org, file, mode))) return h;
+    if ((h = open_in_path(getenv("LD_LIBRARY_PATH"), NULL, file, mode))) return h;
+    return runpath ? open_in_path(runpath, org, file, mode) : NULL;
 }
 
 static void *dlopen_wrapper(const char *file, int mode)
 {
+    in_dlopen++;
     void *h = open_from_caller_path(file, mode, __builtin_return_address(0));
     if (!h) h = real_dlopen(file, mode);
-    if (h) {
-        pthread_mutex_lock(&bind_lock);
-        bind_all();
-        pthread_mutex_unlock(&bind_lock);
-    }
+    in_dlopen--;
+    /* a dlopen from a constructor of a library still loading waits for the outer one: ld.so
+     * has not finished relocating what it is loading */
+    if (h && !in_dlopen) bind_all();
     return h;
 }
 
@@ -396,35 +528,29 @@ int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
     *(void **)&real_dlopen = dlsym(RTLD_NEXT, "dlopen");
     if (!real_dlopen) *(void **)&real_dlopen = dlsym(RTLD_DEFAULT, "dlopen");
     hooks = calloc((size_t)p->nhooks, sizeof *hooks);
-    bind_list = calloc((size_t)p->nhooks + 1, sizeof *bind_list);
-    if (!hooks || !bind_list) return snprintf(err, len, "out of memory for %d hooks", p->nhooks), -1;
+    if (!hooks) return snprintf(err, len, "out of memory for %d hooks", p->nhooks), -1;
     nhooks = p->nhooks;
     for (int i = 0; i < nhooks; i++) {
         hooks[i].d = &p->hooks[i];
-        if (make_closure(&hooks[i], closure_main, err, len)) return -1;
+        if (prepare_cif(&hooks[i], err, len)) return -1;
     }
-    static const dps_hookdecl_t dlopen_decl = {.name = "dlopen", .symbol = "dlopen"};
-    dlopen_hook.d = &dlopen_decl;
-    dlopen_hook.original = (void *)real_dlopen;
-    dlopen_hook.code = (void *)&dlopen_wrapper;
-    pthread_mutex_lock(&bind_lock);
     bind_all();
-    pthread_mutex_unlock(&bind_lock);
     for (int i = 0; i < nhooks; i++) {
         const bound_t *b = &hooks[i];
         const char *src = p->file[0] ? p->file : "policy";
-        if (b->original && b->sites)
+        int defined = b->defined || (b->d->library[0] ? b->library_def != NULL : dlsym(RTLD_DEFAULT, b->d->symbol) != NULL);
+        if (b->sites)
             DPS_INFO("[hook %s] %s bound at %d call site(s)", b->d->name, b->d->symbol, b->sites);
         else if (b->d->missing == DPS_MISSING_ERROR)
             return snprintf(err, len, "%s:%d: [hook %s]: %s %s%s%s (missing = error)", src, b->d->line, b->d->name,
-                            b->d->symbol, b->original ? "is defined but no loaded object calls it through its GOT"
-                                                      : "is not defined by any loaded object",
+                            b->d->symbol, defined ? "is defined but no loaded object calls it through its GOT"
+                                                  : "is not defined by any loaded object",
                             b->d->library[0] ? " in " : "", b->d->library),
                    -1;
         else if (b->d->missing == DPS_MISSING_WARN && dps_g.rank == 0)
             DPS_WARN("%s:%d: [hook %s]: %s %s; it is bound if a library loaded later calls it", src, b->d->line,
                      b->d->name, b->d->symbol,
-                     b->original ? "is defined but not called through any GOT yet" : "is not defined by any loaded object");
+                     defined ? "is defined but not called through any GOT yet" : "is not defined by any loaded object");
     }
     return 0;
 }

@@ -53,9 +53,10 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
     assert_equal "$(accuracies)" 2
 }
 
-@test "signatures of 0 to 8 mixed arguments round-trip through the closures, from 4 threads too; a library opened later is bound" {
+@test "signatures of 0 to 8 mixed arguments round-trip through the closures, from 4 threads too; libraries opened later are bound" {
     run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_POLICY="$SRC/tests/integration/policies/ffi_roundtrip.conf" \
-        LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_roundtrip" "$BUILD/lib/libffi_late.so"
+        LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_roundtrip" "$BUILD/lib/libffi_late.so" "$BUILD/lib/libffi_dup_a.so" \
+        "$BUILD/lib/libffi_dup_b.so"
     echo "$output"
     assert_success
     assert_equal "$(count 'round trip: 44 checks, 0 failed')" 2
@@ -65,6 +66,10 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
     # ft_late is called only by libffi_late.so, opened with dlopen: rank 1 skips it (rank0_only)
     assert_equal "$(count "late_call(20) = 41")" 1
     assert_equal "$(count "late_call(20) = 101")" 1
+    # two RTLD_LOCAL libraries with their own ft_dup: rank 0's calls reach each its own
+    # definition through the closures, rank 1's are skipped in both (so both were bound)
+    assert_equal "$(count "dup_call a(1) = 2, b(1) = 101")" 1
+    assert_equal "$(count "dup_call a(1) = -5, b(1) = -5")" 1
 }
 
 @test "a declared function nobody defines: a warning by default, an error with missing = error" {

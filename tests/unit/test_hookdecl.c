@@ -53,6 +53,16 @@ static void test_actions(void)
           "constant count: %s", err);
     CHECK(build(&h, NULL, "int save(const char *p)", "rank0_only return=-3", NULL, err) == 0 && h.before[0].has_return &&
               h.before[0].ret_i == -3, "rank0_only: %s", err);
+    CHECK(build(&h, NULL, "int save(const char *p)", "rank0_only return=010", NULL, err) == 0 && h.before[0].ret_i == 10,
+          "decimal, not octal: %s", err);
+    CHECK(build(&h, NULL, "double loss(void)", "rank0_only return=1.5", NULL, err) == 0 && h.before[0].ret_f == 1.5,
+          "float result: %s", err);
+    CHECK(build(&h, NULL, "void *buf(void)", "rank0_only return=NULL", NULL, err) == 0 && h.before[0].ret_i == 0,
+          "pointer result: %s", err);
+    /* names longer than an argument's 31 characters are refused, a function's may have 127 */
+    const char *lng = "void legacy_optimizer_apply_gradients_fp32_with_a_rather_long_name(float *g, size_t n)";
+    CHECK(build(&h, NULL, lng, NULL, NULL, err) == 0 &&
+              !strcmp(h.symbol, "legacy_optimizer_apply_gradients_fp32_with_a_rather_long_name"), "long symbol: %s", err);
 }
 
 static void refused(const char *sig, const char *before, const char *after, const char *fragment)
@@ -87,5 +97,9 @@ int main(void)
     refused("void f(int a)", "scatter a[1]", NULL, "unknown action 'scatter'");
     refused("void f(int a)", "barrier,,step_end", NULL, "empty action");
     refused("void f(int a)", "barrier now", NULL, "takes nothing");
+    refused("void f(float *gradient_buffer_of_the_whole_model_x)", NULL, NULL, "is longer than 31 characters");
+    refused("int f(void)", "rank0_only return=1.5", NULL, "not a value of the return type");
+    refused("unsigned f(void)", "rank0_only return=-1", NULL, "not a value of the return type");
+    refused("void *f(void)", "rank0_only return=7", NULL, "can only be return=NULL");
     return check_report("test_hookdecl");
 }

@@ -2,7 +2,9 @@
  * policies/ffi_roundtrip.conf (no actions but for ft_late). Calls through the program's GOT go
  * through dpshim's libffi closures; calls through a pointer from dlsym go straight to the
  * function. Both must give the same results, from one thread and from four at once. Then
- * libffi_late.so, opened with dlopen, must have its call to ft_late bound too. */
+ * libffi_late.so, opened with dlopen, must have its call to ft_late bound too, and two libraries
+ * opened RTLD_LOCAL that each define ft_dup must each still reach their own.
+ *   ffi_roundtrip [LATE_LIB [DUP_A_LIB DUP_B_LIB]] */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -86,6 +88,16 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("late_call(20) = %d\n", late(20));
+    }
+    if (argc > 3) {
+        void *a = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL), *b = dlopen(argv[3], RTLD_NOW | RTLD_LOCAL);
+        int32_t (*ca)(int32_t) = a ? (int32_t(*)(int32_t))dlsym(a, "dup_call") : NULL;
+        int32_t (*cb)(int32_t) = b ? (int32_t(*)(int32_t))dlsym(b, "dup_call") : NULL;
+        if (!ca || !cb) {
+            fprintf(stderr, "cannot open the ft_dup libraries: %s\n", dlerror());
+            return 1;
+        }
+        printf("dup_call a(1) = %d, b(1) = %d\n", ca(1), cb(1));
     }
     return failures ? 1 : 0;
 }
