@@ -103,16 +103,20 @@ bench_guard() {
 }
 
 bench_single() {
-    local rounds=7 plain=() shim=()
-    echo "example trainer alone (no launcher), 600 steps, median of $rounds alternating rounds:"
+    local rounds=7 plain=() shim=() np1=()
+    echo "example trainer, 600 steps, median of $rounds alternating rounds:"
     for _ in $(seq "$rounds"); do
         plain+=("$("$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval | epoch_seconds)")
         shim+=("$(LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval | epoch_seconds)")
+        np1+=("$(timeout 600 mpirun -np 1 env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" \
+            --steps 600 --no-eval | epoch_seconds)")
     done
-    local a b
+    local a b c
     a=$(printf '%s\n' "${shim[@]}" | median)
     b=$(printf '%s\n' "${plain[@]}" | median)
-    printf '  with the shim %.3f s, without %.3f s, ratio %.3f\n' "$a" "$b" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')"
+    c=$(printf '%s\n' "${np1[@]}" | median)
+    printf '  without the shim %.3f s; with it, no launcher %.3f s (ratio %.3f), under mpirun -np 1 %.3f s (ratio %.3f)\n' \
+        "$b" "$a" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')" "$c" "$(awk -v x="$c" -v y="$b" 'BEGIN { print x / y }')"
 }
 
 bench_ffi() {
