@@ -30,17 +30,23 @@ size_t dps_ctype_size(dps_ctype_t t)
     return sizes[t];
 }
 
-static const char *const ctype_names[] = {"void", "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t",
-                                          "uint32_t", "int64_t", "uint64_t", "float", "double", "pointer"};
+static const char *const ctype_names[] = {"void",     "int8_t",  "uint8_t",  "int16_t",
+                                          "uint16_t", "int32_t", "uint32_t", "int64_t",
+                                          "uint64_t", "float",   "double",   "pointer"};
 
 const char *dps_carg_text(const dps_carg_t *a, char *buf, size_t len)
 {
-    if (a->type == DPS_CT_PTR) snprintf(buf, len, "%s *", ctype_names[a->pointee]);
-    else snprintf(buf, len, "%s", ctype_names[a->type]);
+    if (a->type == DPS_CT_PTR)
+        snprintf(buf, len, "%s *", ctype_names[a->pointee]);
+    else
+        snprintf(buf, len, "%s", ctype_names[a->type]);
     return buf;
 }
 
-static int is_int(dps_ctype_t t) { return t >= DPS_CT_I8 && t <= DPS_CT_U64; }
+static int is_int(dps_ctype_t t)
+{
+    return t >= DPS_CT_I8 && t <= DPS_CT_U64;
+}
 
 /* --- signatures --- */
 
@@ -52,13 +58,16 @@ typedef struct lexer {
 
 static int next(lexer_t *lx)
 {
-    while (isspace((unsigned char)*lx->p)) lx->p++;
+    while (isspace((unsigned char)*lx->p))
+        lx->p++;
     if (!*lx->p) return lx->word[0] = '\0', 0;
     if (isalpha((unsigned char)*lx->p) || *lx->p == '_') {
         size_t n = 0;
         while (isalnum((unsigned char)*lx->p) || *lx->p == '_') {
-            if (n + 1 < sizeof lx->word) lx->word[n++] = *lx->p;
-            else lx->too_long = 1;
+            if (n + 1 < sizeof lx->word)
+                lx->word[n++] = *lx->p;
+            else
+                lx->too_long = 1;
             lx->p++;
         }
         lx->word[n] = '\0';
@@ -77,14 +86,17 @@ static const struct named_type {
     const char *name;
     dps_ctype_t type;
 } named_types[] = {
-    {"size_t", DPS_CT_U64},   {"ssize_t", DPS_CT_I64},  {"ptrdiff_t", DPS_CT_I64}, {"intptr_t", DPS_CT_I64},
-    {"uintptr_t", DPS_CT_U64}, {"int8_t", DPS_CT_I8},    {"uint8_t", DPS_CT_U8},    {"int16_t", DPS_CT_I16},
-    {"uint16_t", DPS_CT_U16}, {"int32_t", DPS_CT_I32},  {"uint32_t", DPS_CT_U32},  {"int64_t", DPS_CT_I64},
-    {"uint64_t", DPS_CT_U64}, {"float", DPS_CT_F32},    {"double", DPS_CT_F64},    {"bool", DPS_CT_U8},
-    {"_Bool", DPS_CT_U8},     {"void", DPS_CT_VOID},
+    {"size_t", DPS_CT_U64},    {"ssize_t", DPS_CT_I64}, {"ptrdiff_t", DPS_CT_I64}, {"intptr_t", DPS_CT_I64},
+    {"uintptr_t", DPS_CT_U64}, {"int8_t", DPS_CT_I8},   {"uint8_t", DPS_CT_U8},    {"int16_t", DPS_CT_I16},
+    {"uint16_t", DPS_CT_U16},  {"int32_t", DPS_CT_I32}, {"uint32_t", DPS_CT_U32},  {"int64_t", DPS_CT_I64},
+    {"uint64_t", DPS_CT_U64},  {"float", DPS_CT_F32},   {"double", DPS_CT_F64},    {"bool", DPS_CT_U8},
+    {"_Bool", DPS_CT_U8},      {"void", DPS_CT_VOID},
 };
 
-static int is_qualifier(const char *w) { return !strcmp(w, "const") || !strcmp(w, "volatile") || !strcmp(w, "restrict"); }
+static int is_qualifier(const char *w)
+{
+    return !strcmp(w, "const") || !strcmp(w, "volatile") || !strcmp(w, "restrict");
+}
 
 static int is_builtin_word(const char *w)
 {
@@ -113,12 +125,18 @@ static int parse_carg(lexer_t *lx, dps_carg_t *a, char *name, size_t name_len, c
             opaque = 1, words++;
             continue;
         }
-        if (!strcmp(w, "signed")) sign = 1;
-        else if (!strcmp(w, "unsigned")) sign = 2;
-        else if (!strcmp(w, "long")) longs++;
-        else if (!strcmp(w, "short")) shorts++;
-        else if (!strcmp(w, "char")) chars++;
-        else if (!strcmp(w, "int")) ints++;
+        if (!strcmp(w, "signed"))
+            sign = 1;
+        else if (!strcmp(w, "unsigned"))
+            sign = 2;
+        else if (!strcmp(w, "long"))
+            longs++;
+        else if (!strcmp(w, "short"))
+            shorts++;
+        else if (!strcmp(w, "char"))
+            chars++;
+        else if (!strcmp(w, "int"))
+            ints++;
         else {
             int found = 0;
             for (size_t i = 0; i < sizeof named_types / sizeof *named_types; i++)
@@ -137,40 +155,53 @@ static int parse_carg(lexer_t *lx, dps_carg_t *a, char *name, size_t name_len, c
     }
     if (!words) return fail(err, len, "expected a type, got '%s'", lx->word[0] ? lx->word : "end of text");
     dps_ctype_t t;
-    if (opaque) t = DPS_CT_VOID;
+    if (opaque)
+        t = DPS_CT_VOID;
     else if (have_named) {
-        if (sign || longs || shorts || chars || ints) return fail(err, len, "mixed type words before '%s'", lx->word);
+        if (sign || longs || shorts || chars || ints)
+            return fail(err, len, "mixed type words before '%s'", lx->word);
         t = named;
-    } else if (chars) t = sign == 2 ? DPS_CT_U8 : DPS_CT_I8;
-    else if (shorts) t = sign == 2 ? DPS_CT_U16 : DPS_CT_I16;
-    else if (longs) t = sign == 2 ? DPS_CT_U64 : DPS_CT_I64;
-    else t = sign == 2 ? DPS_CT_U32 : DPS_CT_I32;
+    } else if (chars)
+        t = sign == 2 ? DPS_CT_U8 : DPS_CT_I8;
+    else if (shorts)
+        t = sign == 2 ? DPS_CT_U16 : DPS_CT_I16;
+    else if (longs)
+        t = sign == 2 ? DPS_CT_U64 : DPS_CT_I64;
+    else
+        t = sign == 2 ? DPS_CT_U32 : DPS_CT_I32;
     int stars = 0;
     while (!strcmp(lx->word, "*") || is_qualifier(lx->word)) {
         stars += lx->word[0] == '*';
         next(lx);
     }
     /* a pointer to a type of the program's own (a typedef) is fine, but not a misspelt one */
-    static const char *const spellable[] = {"float", "double", "int", "long", "short", "char", "size_t", "ssize_t",
-                                            "int32_t", "int64_t", "uint32_t", "uint64_t", "uint8_t", "void", "unsigned"};
+    static const char *const spellable[] = {"float",    "double",   "int",     "long",    "short",
+                                            "char",     "size_t",   "ssize_t", "int32_t", "int64_t",
+                                            "uint32_t", "uint64_t", "uint8_t", "void",    "unsigned"};
     const char *close = opaque ? dps_suggest(opaque_name, strlen(opaque_name), spellable,
-                                             sizeof spellable / sizeof *spellable) : NULL;
+                                             sizeof spellable / sizeof *spellable)
+                               : NULL;
     if (opaque && (!stars || close))
-        return fail(err, len, "unknown type '%s'%s%s%s (known: void, char, short, int, long, long long, their unsigned "
-                              "forms, size_t, ssize_t, intN_t, uintN_t, float, double, bool, and pointers to anything)",
+        return fail(err, len,
+                    "unknown type '%s'%s%s%s (known: void, char, short, int, long, long long, their unsigned "
+                    "forms, size_t, ssize_t, intN_t, uintN_t, float, double, bool, and pointers to anything)",
                     opaque_name, close ? "; did you mean '" : "", close ? close : "", close ? "'?" : "");
-    if (stars) a->type = DPS_CT_PTR, a->pointee = stars == 1 ? t : DPS_CT_VOID;
-    else a->type = t;
+    if (stars)
+        a->type = DPS_CT_PTR, a->pointee = stars == 1 ? t : DPS_CT_VOID;
+    else
+        a->type = t;
     if ((isalpha((unsigned char)lx->word[0]) || lx->word[0] == '_') && !is_builtin_word(lx->word)) {
         if (strlen(lx->word) >= name_len || lx->too_long)
-            return fail(err, len, "the name '%.40s...' is longer than %zu characters", lx->word, name_len - 1);
+            return fail(err, len, "the name '%.40s...' is longer than %zu characters", lx->word,
+                        name_len - 1);
         snprintf(name, name_len, "%s", lx->word);
         next(lx);
     }
     return 0;
 }
 
-static int parse_signature(dps_hookdecl_t *h, const char *text, char *fname, size_t fnlen, char *err, size_t len)
+static int parse_signature(dps_hookdecl_t *h, const char *text, char *fname, size_t fnlen, char *err,
+                           size_t len)
 {
     lexer_t lx = {text, "", 0};
     next(&lx);
@@ -178,23 +209,27 @@ static int parse_signature(dps_hookdecl_t *h, const char *text, char *fname, siz
     /* "void f(...)": f is read as the return type's name */
     if (parse_carg(&lx, &h->ret, fname, fnlen, why, sizeof why)) return fail(err, len, "signature: %s", why);
     if (strcmp(lx.word, "("))
-        return fail(err, len, "signature: expected '(' after the return type%s, got '%s'", fname[0] ? " and name" : "",
-                    lx.word[0] ? lx.word : "end of text");
+        return fail(err, len, "signature: expected '(' after the return type%s, got '%s'",
+                    fname[0] ? " and name" : "", lx.word[0] ? lx.word : "end of text");
     next(&lx);
     if (!strcmp(lx.word, "void") && lx.p[strspn(lx.p, " \t")] == ')') next(&lx);
     while (strcmp(lx.word, ")")) {
         if (!lx.word[0]) return fail(err, len, "signature: missing ')'");
-        if (!strcmp(lx.word, "...")) return fail(err, len, "signature: variadic functions (...) cannot be hooked");
-        if (h->nargs == DPS_HOOK_MAX_ARGS) return fail(err, len, "signature: more than %d arguments", DPS_HOOK_MAX_ARGS);
+        if (!strcmp(lx.word, "..."))
+            return fail(err, len, "signature: variadic functions (...) cannot be hooked");
+        if (h->nargs == DPS_HOOK_MAX_ARGS)
+            return fail(err, len, "signature: more than %d arguments", DPS_HOOK_MAX_ARGS);
         dps_carg_t *a = &h->args[h->nargs];
         if (parse_carg(&lx, a, a->name, sizeof a->name, why, sizeof why))
             return fail(err, len, "signature: argument %d: %s", h->nargs + 1, why);
-        if (a->type == DPS_CT_VOID) return fail(err, len, "signature: argument %d has type void", h->nargs + 1);
+        if (a->type == DPS_CT_VOID)
+            return fail(err, len, "signature: argument %d has type void", h->nargs + 1);
         for (int i = 0; i < h->nargs; i++)
             if (a->name[0] && !strcmp(a->name, h->args[i].name))
                 return fail(err, len, "signature: two arguments are named '%s'", a->name);
         h->nargs++;
-        if (!strcmp(lx.word, ",")) next(&lx);
+        if (!strcmp(lx.word, ","))
+            next(&lx);
         else if (strcmp(lx.word, ")"))
             return fail(err, len, "signature: expected ',' or ')' after argument %d, got '%s'", h->nargs,
                         lx.word[0] ? lx.word : "end of text");
@@ -212,9 +247,9 @@ static const struct action_name {
     const char *name;
     dps_action_kind_t kind;
 } action_names[] = {
-    {"grads", DPS_ACT_GRADS}, {"allreduce", DPS_ACT_ALLREDUCE}, {"broadcast", DPS_ACT_BROADCAST},
-    {"batch", DPS_ACT_BATCH}, {"epoch", DPS_ACT_EPOCH},         {"seed", DPS_ACT_SEED},
-    {"rank0_only", DPS_ACT_RANK0_ONLY}, {"barrier", DPS_ACT_BARRIER}, {"step_end", DPS_ACT_STEP_END},
+    {"grads", DPS_ACT_GRADS},           {"allreduce", DPS_ACT_ALLREDUCE}, {"broadcast", DPS_ACT_BROADCAST},
+    {"batch", DPS_ACT_BATCH},           {"epoch", DPS_ACT_EPOCH},         {"seed", DPS_ACT_SEED},
+    {"rank0_only", DPS_ACT_RANK0_ONLY}, {"barrier", DPS_ACT_BARRIER},     {"step_end", DPS_ACT_STEP_END},
 };
 
 /* The argument a name or $K names: its index, or -1 with err set. */
@@ -223,9 +258,12 @@ static int arg_index(const dps_hookdecl_t *h, const char *s, size_t n, const cha
     if (n > 1 && s[0] == '$') {
         char *end;
         long k = strtol(s + 1, &end, 10);
-        if (end != s + n || k < 1) return fail(err, len, "%s: '%.*s' is not an argument ($1, $2, ... or a name)", key, (int)n, s), -1;
+        if (end != s + n || k < 1)
+            return fail(err, len, "%s: '%.*s' is not an argument ($1, $2, ... or a name)", key, (int)n, s),
+                   -1;
         if (k > h->nargs)
-            return fail(err, len, "%s: argument $%ld out of range: the signature has %d", key, k, h->nargs), -1;
+            return fail(err, len, "%s: argument $%ld out of range: the signature has %d", key, k, h->nargs),
+                   -1;
         return (int)k - 1;
     }
     for (int i = 0; i < h->nargs; i++)
@@ -234,12 +272,14 @@ static int arg_index(const dps_hookdecl_t *h, const char *s, size_t n, const cha
 }
 
 /* COUNT or VALUE: ARG, *ARG, a constant or "return". */
-static int parse_ref(const dps_hookdecl_t *h, const char *s, size_t n, dps_ref_t *r, const char *key, char *err, size_t len)
+static int parse_ref(const dps_hookdecl_t *h, const char *s, size_t n, dps_ref_t *r, const char *key,
+                     char *err, size_t len)
 {
     char tb[64];
     if (n == 6 && !memcmp(s, "return", 6)) {
         if (!is_int(h->ret.type))
-            return fail(err, len, "%s: 'return' as a count needs an integer return type, the signature returns %s", key,
+            return fail(err, len,
+                        "%s: 'return' as a count needs an integer return type, the signature returns %s", key,
                         dps_carg_text(&h->ret, tb, sizeof tb));
         r->kind = DPS_REF_RETURN;
         return 0;
@@ -257,8 +297,8 @@ static int parse_ref(const dps_hookdecl_t *h, const char *s, size_t n, dps_ref_t
     if (i < 0) return -1;
     const dps_carg_t *a = &h->args[i];
     if (deref ? !(a->type == DPS_CT_PTR && is_int(a->pointee)) : !is_int(a->type))
-        return fail(err, len, "%s: '%.*s' must be %s, it is %s", key, (int)n, s, deref ? "a pointer to an integer" : "an integer",
-                    dps_carg_text(a, tb, sizeof tb));
+        return fail(err, len, "%s: '%.*s' must be %s, it is %s", key, (int)n, s,
+                    deref ? "a pointer to an integer" : "an integer", dps_carg_text(a, tb, sizeof tb));
     r->kind = deref ? DPS_REF_DEREF : DPS_REF_ARG, r->arg = i;
     return 0;
 }
@@ -266,12 +306,18 @@ static int parse_ref(const dps_hookdecl_t *h, const char *s, size_t n, dps_ref_t
 static int dtype_of(dps_ctype_t t)
 {
     switch (t) {
-    case DPS_CT_F32: return DT_F32;
-    case DPS_CT_F64: return DT_F64;
-    case DPS_CT_I32: return DT_I32;
-    case DPS_CT_I64: return DT_I64;
-    case DPS_CT_U8: return DT_U8;
-    default: return -1;
+    case DPS_CT_F32:
+        return DT_F32;
+    case DPS_CT_F64:
+        return DT_F64;
+    case DPS_CT_I32:
+        return DT_I32;
+    case DPS_CT_I64:
+        return DT_I64;
+    case DPS_CT_U8:
+        return DT_U8;
+    default:
+        return -1;
     }
 }
 
@@ -283,13 +329,14 @@ static int word_index(const char *w, size_t n, const char *const *names, size_t 
 }
 
 /* "BUF[COUNT] words..." of a buffer action. */
-static int parse_buffer(const dps_hookdecl_t *h, dps_action_t *a, const char *s, const char *e, const char *key,
-                        const char *verb, char *err, size_t len)
+static int parse_buffer(const dps_hookdecl_t *h, dps_action_t *a, const char *s, const char *e,
+                        const char *key, const char *verb, char *err, size_t len)
 {
     const char *lb = memchr(s, '[', (size_t)(e - s)), *rb = lb ? memchr(lb, ']', (size_t)(e - lb)) : NULL;
     if (!lb || !rb) return fail(err, len, "%s: %s needs BUFFER[COUNT], e.g. %s g[n]", key, verb, verb);
     const char *bs = s, *be = lb;
-    while (be > bs && isspace((unsigned char)be[-1])) be--;
+    while (be > bs && isspace((unsigned char)be[-1]))
+        be--;
     int i = arg_index(h, bs, (size_t)(be - bs), key, err, len);
     if (i < 0) return -1;
     a->buf = i;
@@ -299,37 +346,46 @@ static int parse_buffer(const dps_hookdecl_t *h, dps_action_t *a, const char *s,
         return fail(err, len, "%s: %s on '%.*s', which is %s, not a pointer", key, verb, (int)(be - bs), bs,
                     dps_carg_text(arg, tb, sizeof tb));
     const char *cs = lb + 1, *ce = rb;
-    while (cs < ce && isspace((unsigned char)*cs)) cs++;
-    while (ce > cs && isspace((unsigned char)ce[-1])) ce--;
+    while (cs < ce && isspace((unsigned char)*cs))
+        cs++;
+    while (ce > cs && isspace((unsigned char)ce[-1]))
+        ce--;
     if (parse_ref(h, cs, (size_t)(ce - cs), &a->count, key, err, len)) return -1;
     /* what follows: [DTYPE] [OP] */
     a->dtype = -1, a->op = -1;
     for (const char *w = rb + 1; w < e;) {
-        while (w < e && isspace((unsigned char)*w)) w++;
+        while (w < e && isspace((unsigned char)*w))
+            w++;
         const char *we = w;
-        while (we < e && !isspace((unsigned char)*we)) we++;
+        while (we < e && !isspace((unsigned char)*we))
+            we++;
         if (we == w) break;
-        int d = word_index(w, (size_t)(we - w), dtype_names, 7), o = word_index(w, (size_t)(we - w), op_names, 4);
-        if (d >= 0 && a->dtype < 0) a->dtype = d;
-        else if (o >= 0 && a->op < 0) a->op = o;
+        int d = word_index(w, (size_t)(we - w), dtype_names, 7),
+            o = word_index(w, (size_t)(we - w), op_names, 4);
+        if (d >= 0 && a->dtype < 0)
+            a->dtype = d;
+        else if (o >= 0 && a->op < 0)
+            a->op = o;
         else
-            return fail(err, len, "%s: %s: unexpected '%.*s' (dtypes: f32 f64 f16 bf16 i32 i64 u8; ops: sum mean min max)",
-                        key, verb, (int)(we - w), w);
+            return fail(
+                err, len,
+                "%s: %s: unexpected '%.*s' (dtypes: f32 f64 f16 bf16 i32 i64 u8; ops: sum mean min max)", key,
+                verb, (int)(we - w), w);
         w = we;
     }
     return 0;
 }
 
-static int check_buffer_dtype(const dps_hookdecl_t *h, dps_action_t *a, const char *key, const char *verb, char *err,
-                              size_t len)
+static int check_buffer_dtype(const dps_hookdecl_t *h, dps_action_t *a, const char *key, const char *verb,
+                              char *err, size_t len)
 {
     const dps_carg_t *arg = &h->args[a->buf];
     char tb[64];
     int natural = dtype_of(arg->pointee);
     if (a->dtype < 0) {
         if (natural < 0)
-            return fail(err, len, "%s: %s on '%s', a %s, needs a dtype (f32, f64, f16, bf16, i32, i64, u8)", key, verb,
-                        arg->name[0] ? arg->name : "argument", dps_carg_text(arg, tb, sizeof tb));
+            return fail(err, len, "%s: %s on '%s', a %s, needs a dtype (f32, f64, f16, bf16, i32, i64, u8)",
+                        key, verb, arg->name[0] ? arg->name : "argument", dps_carg_text(arg, tb, sizeof tb));
         a->dtype = natural;
     } else if (arg->pointee != DPS_CT_VOID && natural != a->dtype &&
                !(arg->pointee == DPS_CT_U16 && (a->dtype == DT_F16 || a->dtype == DT_BF16)))
@@ -338,30 +394,37 @@ static int check_buffer_dtype(const dps_hookdecl_t *h, dps_action_t *a, const ch
     return 0;
 }
 
-static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const char *e, int after, const char *key,
-                        char *err, size_t len)
+static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const char *e, int after,
+                        const char *key, char *err, size_t len)
 {
     const char *ve = s;
-    while (ve < e && !isspace((unsigned char)*ve) && *ve != '[') ve++;
+    while (ve < e && !isspace((unsigned char)*ve) && *ve != '[')
+        ve++;
     int k = -1;
     for (size_t i = 0; i < sizeof action_names / sizeof *action_names; i++)
-        if (strlen(action_names[i].name) == (size_t)(ve - s) && !memcmp(action_names[i].name, s, (size_t)(ve - s)))
+        if (strlen(action_names[i].name) == (size_t)(ve - s) &&
+            !memcmp(action_names[i].name, s, (size_t)(ve - s)))
             k = (int)i;
     if (k < 0)
-        return fail(err, len, "%s: unknown action '%.*s' (grads, allreduce, broadcast, batch, epoch, seed, rank0_only, "
-                              "barrier, step_end)", key, (int)(ve - s), s);
+        return fail(err, len,
+                    "%s: unknown action '%.*s' (grads, allreduce, broadcast, batch, epoch, seed, rank0_only, "
+                    "barrier, step_end)",
+                    key, (int)(ve - s), s);
     memset(a, 0, sizeof *a);
     a->kind = action_names[k].kind;
     const char *verb = action_names[k].name, *rest = ve;
-    while (rest < e && isspace((unsigned char)*rest)) rest++;
+    while (rest < e && isspace((unsigned char)*rest))
+        rest++;
     switch (a->kind) {
     case DPS_ACT_GRADS:
     case DPS_ACT_ALLREDUCE:
     case DPS_ACT_BROADCAST:
-        if (parse_buffer(h, a, rest, e, key, verb, err, len) || check_buffer_dtype(h, a, key, verb, err, len)) return -1;
+        if (parse_buffer(h, a, rest, e, key, verb, err, len) || check_buffer_dtype(h, a, key, verb, err, len))
+            return -1;
         if (a->kind == DPS_ACT_ALLREDUCE && a->op < 0)
             return fail(err, len, "%s: allreduce needs an op: sum, mean, min or max", key);
-        if (a->kind != DPS_ACT_ALLREDUCE && a->op >= 0) return fail(err, len, "%s: %s takes no op", key, verb);
+        if (a->kind != DPS_ACT_ALLREDUCE && a->op >= 0)
+            return fail(err, len, "%s: %s takes no op", key, verb);
         if (a->op == OP_MEAN && (a->dtype == DT_I32 || a->dtype == DT_I64 || a->dtype == DT_U8))
             return fail(err, len, "%s: allreduce mean of integers is not exact; use sum", key);
         break;
@@ -371,34 +434,41 @@ static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const
         dps_ctype_t p = h->args[a->buf].pointee;
         char tb[64];
         if (!(p == DPS_CT_I32 || p == DPS_CT_U32 || p == DPS_CT_I64 || p == DPS_CT_U64))
-            return fail(err, len, "%s: %s needs a pointer to 32- or 64-bit integer indices, '%s' is a %s", key, verb,
-                        h->args[a->buf].name, dps_carg_text(&h->args[a->buf], tb, sizeof tb));
+            return fail(err, len, "%s: %s needs a pointer to 32- or 64-bit integer indices, '%s' is a %s",
+                        key, verb, h->args[a->buf].name, dps_carg_text(&h->args[a->buf], tb, sizeof tb));
         if (a->dtype >= 0 || a->op >= 0) return fail(err, len, "%s: %s takes no dtype or op", key, verb);
         if (a->count.kind == DPS_REF_CONST)
-            return fail(err, len, "%s: %s changes the count: give it as an argument, *argument or return", key, verb);
+            return fail(err, len, "%s: %s changes the count: give it as an argument, *argument or return",
+                        key, verb);
         break;
     }
     case DPS_ACT_SEED:
         if (parse_ref(h, rest, (size_t)(e - rest), &a->value, key, err, len)) return -1;
-        if (a->value.kind == DPS_REF_CONST) return fail(err, len, "%s: seed needs an argument, *argument or return", key);
+        if (a->value.kind == DPS_REF_CONST)
+            return fail(err, len, "%s: seed needs an argument, *argument or return", key);
         break;
     case DPS_ACT_RANK0_ONLY:
-        if (after) return fail(err, len, "%s: rank0_only decides whether the call happens: put it in before", key);
+        if (after)
+            return fail(err, len, "%s: rank0_only decides whether the call happens: put it in before", key);
         if (rest < e) {
             if (strncmp(rest, "return", 6) != 0 || !memchr(rest, '=', (size_t)(e - rest)))
-                return fail(err, len, "%s: rank0_only takes 'return=VALUE', got '%.*s'", key, (int)(e - rest), rest);
+                return fail(err, len, "%s: rank0_only takes 'return=VALUE', got '%.*s'", key, (int)(e - rest),
+                            rest);
             const char *v = (const char *)memchr(rest, '=', (size_t)(e - rest)) + 1;
-            while (v < e && isspace((unsigned char)*v)) v++;
+            while (v < e && isspace((unsigned char)*v))
+                v++;
             char num[64];
             snprintf(num, sizeof num, "%.*s", (int)(e - v), v);
             char *end;
-            if (h->ret.type == DPS_CT_VOID) return fail(err, len, "%s: rank0_only: the function returns void, drop return=", key);
+            if (h->ret.type == DPS_CT_VOID)
+                return fail(err, len, "%s: rank0_only: the function returns void, drop return=", key);
             errno = 0;
             if (h->ret.type == DPS_CT_F32 || h->ret.type == DPS_CT_F64) {
                 a->ret_f = strtod(num, &end);
             } else if (h->ret.type == DPS_CT_PTR) {
                 if (strcmp(num, "NULL") && strcmp(num, "0"))
-                    return fail(err, len, "%s: rank0_only: a pointer result can only be return=NULL (or 0)", key);
+                    return fail(err, len, "%s: rank0_only: a pointer result can only be return=NULL (or 0)",
+                                key);
                 a->ret_i = 0, end = num + strlen(num);
             } else if (h->ret.type == DPS_CT_U64 || h->ret.type == DPS_CT_U32 || h->ret.type == DPS_CT_U16 ||
                        h->ret.type == DPS_CT_U8) {
@@ -408,22 +478,28 @@ static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const
                 a->ret_i = (int64_t)strtoll(num, &end, 10);
             }
             if (!num[0] || *end || errno)
-                return fail(err, len, "%s: rank0_only: return=%s is not a value of the return type", key, num);
+                return fail(err, len, "%s: rank0_only: return=%s is not a value of the return type", key,
+                            num);
             a->has_return = 1;
         }
         break;
     case DPS_ACT_BARRIER:
     case DPS_ACT_STEP_END:
-        if (rest < e) return fail(err, len, "%s: %s takes nothing, got '%.*s'", key, verb, (int)(e - rest), rest);
+        if (rest < e)
+            return fail(err, len, "%s: %s takes nothing, got '%.*s'", key, verb, (int)(e - rest), rest);
         break;
     }
-    int uses_return = a->count.kind == DPS_REF_RETURN || (a->kind == DPS_ACT_SEED && a->value.kind == DPS_REF_RETURN);
-    if (uses_return && !after) return fail(err, len, "%s: %s uses the return value, which only exists after the call", key, verb);
+    int uses_return =
+        a->count.kind == DPS_REF_RETURN || (a->kind == DPS_ACT_SEED && a->value.kind == DPS_REF_RETURN);
+    if (uses_return && !after)
+        return fail(err, len, "%s: %s uses the return value, which only exists after the call", key, verb);
     if (a->kind == DPS_ACT_BATCH || a->kind == DPS_ACT_EPOCH || a->kind == DPS_ACT_SEED) {
         const dps_ref_t *r = a->kind == DPS_ACT_SEED ? &a->value : &a->count;
         if (after && r->kind == DPS_REF_ARG)
-            return fail(err, len, "%s: %s after the call cannot change the argument '%s' (passed by value); use *%s or return",
-                        key, verb, h->args[r->arg].name, h->args[r->arg].name);
+            return fail(
+                err, len,
+                "%s: %s after the call cannot change the argument '%s' (passed by value); use *%s or return",
+                key, verb, h->args[r->arg].name, h->args[r->arg].name);
     }
     return 0;
 }
@@ -437,10 +513,13 @@ static int parse_actions(dps_hookdecl_t *h, const char *text, int after, char *e
         const char *e = strchr(s, ',');
         if (!e) e = s + strlen(s);
         const char *as = s, *ae = e;
-        while (as < ae && isspace((unsigned char)*as)) as++;
-        while (ae > as && isspace((unsigned char)ae[-1])) ae--;
+        while (as < ae && isspace((unsigned char)*as))
+            as++;
+        while (ae > as && isspace((unsigned char)ae[-1]))
+            ae--;
         if (as == ae) return fail(err, len, "%s: an empty action (two commas, or a trailing one)", key);
-        if (*n == DPS_HOOK_MAX_ACTIONS) return fail(err, len, "%s: more than %d actions", key, DPS_HOOK_MAX_ACTIONS);
+        if (*n == DPS_HOOK_MAX_ACTIONS)
+            return fail(err, len, "%s: more than %d actions", key, DPS_HOOK_MAX_ACTIONS);
         if (parse_action(h, &list[*n], as, ae, after, key, err, len)) return -1;
         (*n)++;
         s = *e ? e + 1 : e;
@@ -451,20 +530,26 @@ static int parse_actions(dps_hookdecl_t *h, const char *text, int after, char *e
 int dps_hookdecl_build(dps_hookdecl_t *h, const char *symbol, const char *library, const char *signature,
                        const char *before, const char *after, const char *missing, char *err, size_t errlen)
 {
-    if (!signature) return fail(err, errlen, "signature: missing; e.g. signature = void f(float *g, size_t n)");
+    if (!signature)
+        return fail(err, errlen, "signature: missing; e.g. signature = void f(float *g, size_t n)");
     char fname[64] = "";
     if (parse_signature(h, signature, fname, sizeof fname, err, errlen)) return -1;
     if (symbol && fname[0] && strcmp(symbol, fname))
         return fail(err, errlen, "symbol: '%s', but the signature names '%s'", symbol, fname);
-    if (!symbol && !fname[0]) return fail(err, errlen, "symbol: missing (or name the function in the signature)");
+    if (!symbol && !fname[0])
+        return fail(err, errlen, "symbol: missing (or name the function in the signature)");
     snprintf(h->symbol, sizeof h->symbol, "%s", symbol ? symbol : fname);
     snprintf(h->library, sizeof h->library, "%s", library ? library : "");
     h->missing = DPS_MISSING_WARN;
     if (missing) {
-        if (!strcmp(missing, "warn")) h->missing = DPS_MISSING_WARN;
-        else if (!strcmp(missing, "error")) h->missing = DPS_MISSING_ERROR;
-        else if (!strcmp(missing, "ignore")) h->missing = DPS_MISSING_IGNORE;
-        else return fail(err, errlen, "missing: '%s' is not one of warn, error, ignore", missing);
+        if (!strcmp(missing, "warn"))
+            h->missing = DPS_MISSING_WARN;
+        else if (!strcmp(missing, "error"))
+            h->missing = DPS_MISSING_ERROR;
+        else if (!strcmp(missing, "ignore"))
+            h->missing = DPS_MISSING_IGNORE;
+        else
+            return fail(err, errlen, "missing: '%s' is not one of warn, error, ignore", missing);
     }
     if (before && parse_actions(h, before, 0, err, errlen)) return -1;
     if (after && parse_actions(h, after, 1, err, errlen)) return -1;
@@ -474,10 +559,14 @@ int dps_hookdecl_build(dps_hookdecl_t *h, const char *symbol, const char *librar
 static size_t describe_ref(const dps_hookdecl_t *h, const dps_ref_t *r, char *buf, size_t len)
 {
     switch (r->kind) {
-    case DPS_REF_ARG: return (size_t)snprintf(buf, len, "%s", h->args[r->arg].name[0] ? h->args[r->arg].name : "?");
-    case DPS_REF_DEREF: return (size_t)snprintf(buf, len, "*%s", h->args[r->arg].name);
-    case DPS_REF_CONST: return (size_t)snprintf(buf, len, "%llu", (unsigned long long)r->value);
-    default: return (size_t)snprintf(buf, len, "return");
+    case DPS_REF_ARG:
+        return (size_t)snprintf(buf, len, "%s", h->args[r->arg].name[0] ? h->args[r->arg].name : "?");
+    case DPS_REF_DEREF:
+        return (size_t)snprintf(buf, len, "*%s", h->args[r->arg].name);
+    case DPS_REF_CONST:
+        return (size_t)snprintf(buf, len, "%llu", (unsigned long long)r->value);
+    default:
+        return (size_t)snprintf(buf, len, "return");
     }
 }
 
@@ -494,10 +583,16 @@ static void describe_actions(const dps_hookdecl_t *h, const dps_action_t *list, 
         char ref[64];
         if (o >= len) break;
         switch (a->kind) {
-        case DPS_ACT_GRADS: case DPS_ACT_ALLREDUCE: case DPS_ACT_BROADCAST: case DPS_ACT_BATCH: case DPS_ACT_EPOCH:
+        case DPS_ACT_GRADS:
+        case DPS_ACT_ALLREDUCE:
+        case DPS_ACT_BROADCAST:
+        case DPS_ACT_BATCH:
+        case DPS_ACT_EPOCH:
             describe_ref(h, &a->count, ref, sizeof ref);
-            o += (size_t)snprintf(buf + o, len - o, " %s[%s]", h->args[a->buf].name[0] ? h->args[a->buf].name : "?", ref);
-            if (o < len && a->dtype >= 0) o += (size_t)snprintf(buf + o, len - o, " %s", dtype_names[a->dtype]);
+            o += (size_t)snprintf(buf + o, len - o, " %s[%s]",
+                                  h->args[a->buf].name[0] ? h->args[a->buf].name : "?", ref);
+            if (o < len && a->dtype >= 0)
+                o += (size_t)snprintf(buf + o, len - o, " %s", dtype_names[a->dtype]);
             if (o < len && a->op >= 0) o += (size_t)snprintf(buf + o, len - o, " %s", op_names[a->op]);
             break;
         case DPS_ACT_SEED:
@@ -510,7 +605,8 @@ static void describe_actions(const dps_hookdecl_t *h, const dps_action_t *list, 
             else if (a->has_return)
                 o += (size_t)snprintf(buf + o, len - o, " return=%lld", (long long)a->ret_i);
             break;
-        default: break;
+        default:
+            break;
         }
     }
 }
@@ -520,12 +616,13 @@ const char *dps_hookdecl_describe(const dps_hookdecl_t *h, char *buf, size_t len
     char sig[512] = "", before[512], after[512], tb[64];
     size_t o = 0;
     for (int i = 0; i < h->nargs && o < sizeof sig; i++)
-        o += (size_t)snprintf(sig + o, sizeof sig - o, "%s%s%s%s", i ? ", " : "", dps_carg_text(&h->args[i], tb, sizeof tb),
-                              h->args[i].type == DPS_CT_PTR || !h->args[i].name[0] ? "" : " ", h->args[i].name);
+        o += (size_t)snprintf(
+            sig + o, sizeof sig - o, "%s%s%s%s", i ? ", " : "", dps_carg_text(&h->args[i], tb, sizeof tb),
+            h->args[i].type == DPS_CT_PTR || !h->args[i].name[0] ? "" : " ", h->args[i].name);
     describe_actions(h, h->before, h->nbefore, before, sizeof before);
     describe_actions(h, h->after, h->nafter, after, sizeof after);
     snprintf(buf, len, "%s %s(%s)%s%s%s%s%s%s", dps_carg_text(&h->ret, tb, sizeof tb), h->symbol, sig,
-             h->library[0] ? " in " : "", h->library, before[0] ? "; before: " : "", before, after[0] ? "; after: " : "",
-             after);
+             h->library[0] ? " in " : "", h->library, before[0] ? "; before: " : "", before,
+             after[0] ? "; after: " : "", after);
     return buf;
 }

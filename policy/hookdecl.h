@@ -19,8 +19,18 @@
 /* C types a signature may use. Pointers record what they point to (VOID for void * and for
  * pointers to structs, typedefs or pointers). */
 typedef enum {
-    DPS_CT_VOID, DPS_CT_I8, DPS_CT_U8, DPS_CT_I16, DPS_CT_U16, DPS_CT_I32, DPS_CT_U32,
-    DPS_CT_I64, DPS_CT_U64, DPS_CT_F32, DPS_CT_F64, DPS_CT_PTR
+    DPS_CT_VOID,
+    DPS_CT_I8,
+    DPS_CT_U8,
+    DPS_CT_I16,
+    DPS_CT_U16,
+    DPS_CT_I32,
+    DPS_CT_U32,
+    DPS_CT_I64,
+    DPS_CT_U64,
+    DPS_CT_F32,
+    DPS_CT_F64,
+    DPS_CT_PTR
 } dps_ctype_t;
 
 typedef struct dps_carg {
@@ -66,9 +76,9 @@ typedef struct dps_action {
 typedef enum { DPS_MISSING_WARN, DPS_MISSING_ERROR, DPS_MISSING_IGNORE } dps_missing_t;
 
 typedef struct dps_hookdecl {
-    char name[64];      /* the section's NAME */
+    char name[64]; /* the section's NAME */
     char symbol[128];
-    char library[256];  /* "" : wherever the symbol is defined */
+    char library[256]; /* "" : wherever the symbol is defined */
     dps_carg_t ret;
     dps_carg_t args[DPS_HOOK_MAX_ARGS];
     int nargs;

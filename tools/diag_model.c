@@ -17,9 +17,9 @@ typedef struct link {
 } link_t;
 
 typedef struct model {
-    link_t in, net;         /* within a node (measured), between nodes (given or assumed) */
-    int per_node;           /* GPUs per node */
-    double backward_share;  /* of compute, which overlap can hide communication behind */
+    link_t in, net;        /* within a node (measured), between nodes (given or assumed) */
+    int per_node;          /* GPUs per node */
+    double backward_share; /* of compute, which overlap can hide communication behind */
     dps_step_profile_t prof;
 } model_t;
 
@@ -63,7 +63,10 @@ static int read_bench(const char *path, link_t *l)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        fprintf(stderr, "dpshim-diag model: cannot read %s; save the output of `mpirun -np 2 ... dpshim-diag bench` there\n", path);
+        fprintf(stderr,
+                "dpshim-diag model: cannot read %s; save the output of `mpirun -np 2 ... dpshim-diag bench` "
+                "there\n",
+                path);
         return -1;
     }
     char line[512];
@@ -71,12 +74,15 @@ static int read_bench(const char *path, link_t *l)
     while (!found && fgets(line, sizeof line, f)) {
         const char *at = strstr(line, "--alpha-us ");
         double a, b;
-        if (at && sscanf(at, "--alpha-us %lf --bw-gbs %lf", &a, &b) == 2) l->alpha_s = a * 1e-6, l->bw = b * 1e9, found = 1;
+        if (at && sscanf(at, "--alpha-us %lf --bw-gbs %lf", &a, &b) == 2)
+            l->alpha_s = a * 1e-6, l->bw = b * 1e9, found = 1;
     }
     fclose(f);
     if (!found)
-        fprintf(stderr, "dpshim-diag model: %s has no \"model inputs\" line; it comes from `dpshim-diag bench` "
-                        "(the sweep, run at np >= 2)\n", path);
+        fprintf(stderr,
+                "dpshim-diag model: %s has no \"model inputs\" line; it comes from `dpshim-diag bench` "
+                "(the sweep, run at np >= 2)\n",
+                path);
     return found ? 0 : -1;
 }
 
@@ -85,7 +91,8 @@ static int positive(const char *opt, const char *v, double lo, double hi, double
     char *end;
     double x = v ? strtod(v, &end) : 0;
     if (!v || end == v || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "dpshim-diag model: %s needs a number in [%g, %g], got '%s'\n", opt, lo, hi, v ? v : "");
+        fprintf(stderr, "dpshim-diag model: %s needs a number in [%g, %g], got '%s'\n", opt, lo, hi,
+                v ? v : "");
         return -1;
     }
     *out = x;
@@ -105,14 +112,25 @@ int dps_diag_model(int argc, char **argv)
             continue;
         }
         i++;
-        if (!strcmp(o, "--bench")) bench = val;
-        else if (!strcmp(o, "--alpha-us")) { if (positive(o, val, 0, 1e6, &a_in)) return 2; }
-        else if (!strcmp(o, "--bw-gbs")) { if (positive(o, val, 1e-3, 1e6, &bw_in)) return 2; }
-        else if (!strcmp(o, "--net-alpha-us")) { if (positive(o, val, 0, 1e6, &v)) return 2; m.net.alpha_s = v * 1e-6; }
-        else if (!strcmp(o, "--net-bw-gbs")) { if (positive(o, val, 1e-3, 1e6, &v)) return 2; m.net.bw = v * 1e9; }
-        else if (!strcmp(o, "--gpus-per-node")) { if (positive(o, val, 1, 1024, &v)) return 2; m.per_node = (int)v; }
-        else if (!strcmp(o, "--backward-share")) { if (positive(o, val, 0, 1, &v)) return 2; m.backward_share = v; }
-        else {
+        if (!strcmp(o, "--bench"))
+            bench = val;
+        else if (!strcmp(o, "--alpha-us")) {
+            if (positive(o, val, 0, 1e6, &a_in)) return 2;
+        } else if (!strcmp(o, "--bw-gbs")) {
+            if (positive(o, val, 1e-3, 1e6, &bw_in)) return 2;
+        } else if (!strcmp(o, "--net-alpha-us")) {
+            if (positive(o, val, 0, 1e6, &v)) return 2;
+            m.net.alpha_s = v * 1e-6;
+        } else if (!strcmp(o, "--net-bw-gbs")) {
+            if (positive(o, val, 1e-3, 1e6, &v)) return 2;
+            m.net.bw = v * 1e9;
+        } else if (!strcmp(o, "--gpus-per-node")) {
+            if (positive(o, val, 1, 1024, &v)) return 2;
+            m.per_node = (int)v;
+        } else if (!strcmp(o, "--backward-share")) {
+            if (positive(o, val, 0, 1, &v)) return 2;
+            m.backward_share = v;
+        } else {
             fprintf(stderr, "dpshim-diag model: unknown option %s\n", o);
             return 2;
         }
@@ -122,9 +140,11 @@ int dps_diag_model(int argc, char **argv)
         }
     }
     if (!dir || (!bench && (a_in < 0 || bw_in < 0))) {
-        fprintf(stderr, "usage: dpshim-diag model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [--net-alpha-us A] "
-                        "[--net-bw-gbs B] [--gpus-per-node G] [--backward-share F]\n"
-                        "  DIR: the [diag] dir of a trainer run; BENCH.txt: saved output of dpshim-diag bench\n");
+        fprintf(
+            stderr,
+            "usage: dpshim-diag model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [--net-alpha-us A] "
+            "[--net-bw-gbs B] [--gpus-per-node G] [--backward-share F]\n"
+            "  DIR: the [diag] dir of a trainer run; BENCH.txt: saved output of dpshim-diag bench\n");
         return 2;
     }
     if (bench && read_bench(bench, &m.in)) return 1;
@@ -137,21 +157,28 @@ int dps_diag_model(int argc, char **argv)
     }
     const dps_step_profile_t *p = &m.prof;
     printf("profile of %s (rank 0 of %d, %.0f steps): step %.3f ms = compute %.3f ms + collectives %.3f ms; "
-           "%.2f MB in %.1f collectives per step\n", dir, p->size, p->steps, p->step_s * 1e3, p->compute_s * 1e3,
-           p->comm_s * 1e3, p->bytes / 1e6, p->collectives);
-    printf("links: within a node alpha %.2f us, B %.2f GB/s (measured); between nodes alpha %.2f us, B %.2f GB/s per GPU%s; "
-           "%d GPUs per node; overlap hides up to %.0f%% of compute\n", m.in.alpha_s * 1e6, m.in.bw / 1e9,
-           m.net.alpha_s * 1e6, m.net.bw / 1e9, m.net.bw == 25e9 && m.net.alpha_s == 5e-6 ? " (assumed)" : "",
-           m.per_node, 100 * m.backward_share);
+           "%.2f MB in %.1f collectives per step\n",
+           dir, p->size, p->steps, p->step_s * 1e3, p->compute_s * 1e3, p->comm_s * 1e3, p->bytes / 1e6,
+           p->collectives);
+    printf("links: within a node alpha %.2f us, B %.2f GB/s (measured); between nodes alpha %.2f us, B %.2f "
+           "GB/s per GPU%s; "
+           "%d GPUs per node; overlap hides up to %.0f%% of compute\n",
+           m.in.alpha_s * 1e6, m.in.bw / 1e9, m.net.alpha_s * 1e6, m.net.bw / 1e9,
+           m.net.bw == 25e9 && m.net.alpha_s == 5e-6 ? " (assumed)" : "", m.per_node, 100 * m.backward_share);
     if (p->size > 1 && p->size <= m.per_node)
-        printf("check on the profiled job (%d ranks, one node): collectives took %.3f ms per step, %.3f ms of it waiting for "
-               "the last rank; the rest, %.3f ms, the model puts at %.3f ms\n", p->size, p->comm_s * 1e3, p->wait_s * 1e3,
-               (p->comm_s - p->wait_s) * 1e3, ring_s(&m.in, p->size, p->bytes, p->collectives) * 1e3);
-    printf("\n%6s %6s %10s %10s %10s %11s %11s %8s %8s %8s\n", "GPUs", "nodes", "ring ms", "hier ms", "bound ms",
-           "step ring", "step hier", "eff ring", "hier off", "hier on");
-    for (int gpus = 8; gpus <= 1024; gpus *= 2) model_row(&m, gpus);
-    printf("\nring/hier: all-reduce time per step; bound: 2(p-1)/p n/B on the slowest link; step: compute + the part of\n"
-           "the all-reduce that overlap cannot hide; eff: compute / step, as in scale mode (weak scaling); hier off/on:\n"
+        printf("check on the profiled job (%d ranks, one node): collectives took %.3f ms per step, %.3f ms "
+               "of it waiting for "
+               "the last rank; the rest, %.3f ms, the model puts at %.3f ms\n",
+               p->size, p->comm_s * 1e3, p->wait_s * 1e3, (p->comm_s - p->wait_s) * 1e3,
+               ring_s(&m.in, p->size, p->bytes, p->collectives) * 1e3);
+    printf("\n%6s %6s %10s %10s %10s %11s %11s %8s %8s %8s\n", "GPUs", "nodes", "ring ms", "hier ms",
+           "bound ms", "step ring", "step hier", "eff ring", "hier off", "hier on");
+    for (int gpus = 8; gpus <= 1024; gpus *= 2)
+        model_row(&m, gpus);
+    printf("\nring/hier: all-reduce time per step; bound: 2(p-1)/p n/B on the slowest link; step: compute + "
+           "the part of\n"
+           "the all-reduce that overlap cannot hide; eff: compute / step, as in scale mode (weak scaling); "
+           "hier off/on:\n"
            "without/with [comm] overlap.\n");
     return 0;
 }

@@ -17,13 +17,15 @@ static uint64_t next_random(uint64_t *s)
 void legacy_init_weights(float *w, size_t n, unsigned seed)
 {
     uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) w[i] = (float)((double)(next_random(&s) >> 11) / 9007199254740992.0 - 0.5) * 0.02f;
+    for (size_t i = 0; i < n; i++)
+        w[i] = (float)((double)(next_random(&s) >> 11) / 9007199254740992.0 - 0.5) * 0.02f;
 }
 
 void legacy_shuffle(int64_t *perm, size_t n, uint64_t seed)
 {
     uint64_t s = seed;
-    for (size_t i = 0; i < n; i++) perm[i] = (int64_t)i;
+    for (size_t i = 0; i < n; i++)
+        perm[i] = (int64_t)i;
     for (size_t i = n; i > 1; i--) {
         size_t j = (size_t)(next_random(&s) % i);
         int64_t t = perm[i - 1];
@@ -43,7 +45,8 @@ static void logits(const float *w, const uint8_t *px, double *z)
     for (int c = 0; c < LEGACY_CLASSES; c++) {
         const float *wc = w + (size_t)c * LEGACY_PIXELS;
         double s = w[LEGACY_CLASSES * LEGACY_PIXELS + c];
-        for (int j = 0; j < LEGACY_PIXELS; j++) s += wc[j] * (px[j] / 255.0f);
+        for (int j = 0; j < LEGACY_PIXELS; j++)
+            s += wc[j] * (px[j] / 255.0f);
         z[c] = s;
     }
 }
@@ -57,14 +60,17 @@ float legacy_gradient(const float *w, const uint8_t *pixels, const uint8_t *labe
         const uint8_t *px = pixels + (size_t)idx[i] * LEGACY_PIXELS;
         double z[LEGACY_CLASSES], mx = -1e300, den = 0;
         logits(w, px, z);
-        for (int c = 0; c < LEGACY_CLASSES; c++) mx = z[c] > mx ? z[c] : mx;
-        for (int c = 0; c < LEGACY_CLASSES; c++) den += exp(z[c] - mx);
+        for (int c = 0; c < LEGACY_CLASSES; c++)
+            mx = z[c] > mx ? z[c] : mx;
+        for (int c = 0; c < LEGACY_CLASSES; c++)
+            den += exp(z[c] - mx);
         int y = labels[idx[i]];
         loss += log(den) - (z[y] - mx);
         for (int c = 0; c < LEGACY_CLASSES; c++) {
             float d = (float)((exp(z[c] - mx) / den - (c == y)) / (double)count);
             float *gc = g + (size_t)c * LEGACY_PIXELS;
-            for (int j = 0; j < LEGACY_PIXELS; j++) gc[j] += d * (px[j] / 255.0f);
+            for (int j = 0; j < LEGACY_PIXELS; j++)
+                gc[j] += d * (px[j] / 255.0f);
             g[LEGACY_CLASSES * LEGACY_PIXELS + c] += d;
         }
     }
@@ -73,7 +79,8 @@ float legacy_gradient(const float *w, const uint8_t *pixels, const uint8_t *labe
 
 void legacy_sgd_update(float *w, const float *g, size_t n, float lr)
 {
-    for (size_t i = 0; i < n; i++) w[i] -= lr * g[i];
+    for (size_t i = 0; i < n; i++)
+        w[i] -= lr * g[i];
 }
 
 int legacy_save_model(const char *path, const float *w, size_t n)
@@ -91,7 +98,8 @@ double legacy_accuracy(const float *w, const uint8_t *pixels, const uint8_t *lab
         double z[LEGACY_CLASSES];
         logits(w, pixels + i * LEGACY_PIXELS, z);
         int best = 0;
-        for (int c = 1; c < LEGACY_CLASSES; c++) best = z[c] > z[best] ? c : best;
+        for (int c = 1; c < LEGACY_CLASSES; c++)
+            best = z[c] > z[best] ? c : best;
         right += best == labels[i];
     }
     return n ? (double)right / (double)n : 0.0;

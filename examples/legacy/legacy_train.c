@@ -17,15 +17,24 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) goto usage;
-        if (!strcmp(a, "--data")) data = v;
-        else if (!strcmp(a, "--save")) save = v;
-        else if (!strcmp(a, "--steps")) steps = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--batch")) bs = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--epochs")) epochs = atoi(v);
-        else if (!strcmp(a, "--seed")) seed = (unsigned)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--lr")) lr = strtof(v, NULL);
-        else if (!strcmp(a, "--train-limit")) limit = strtoul(v, NULL, 10);
-        else goto usage;
+        if (!strcmp(a, "--data"))
+            data = v;
+        else if (!strcmp(a, "--save"))
+            save = v;
+        else if (!strcmp(a, "--steps"))
+            steps = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--batch"))
+            bs = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--epochs"))
+            epochs = atoi(v);
+        else if (!strcmp(a, "--seed"))
+            seed = (unsigned)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--lr"))
+            lr = strtof(v, NULL);
+        else if (!strcmp(a, "--train-limit"))
+            limit = strtoul(v, NULL, 10);
+        else
+            goto usage;
         i++;
     }
     if (!bs) goto usage;
@@ -53,8 +62,8 @@ int main(int argc, char **argv)
             legacy_sgd_update(w, g, LEGACY_PARAMS, lr);
             batches++, step++;
         }
-        printf("epoch %d: %zu steps, mean loss %.4f, training accuracy %.2f%%\n", e, batches, loss / (double)batches,
-               100.0 * legacy_accuracy(w, d.pixels, d.labels, n));
+        printf("epoch %d: %zu steps, mean loss %.4f, training accuracy %.2f%%\n", e, batches,
+               loss / (double)batches, 100.0 * legacy_accuracy(w, d.pixels, d.labels, n));
     }
     if (save && legacy_save_model(save, w, LEGACY_PARAMS) != 0) {
         fprintf(stderr, "legacy_train: cannot write %s\n", save);
@@ -64,7 +73,8 @@ int main(int argc, char **argv)
     free(w), free(g), free(perm), free(idx);
     return 0;
 usage:
-    fprintf(stderr, "usage: legacy_train [--data DIR] [--epochs N] [--steps N] [--batch N] [--lr X] [--seed N] "
-                    "[--train-limit N] [--save PATH]\n");
+    fprintf(stderr,
+            "usage: legacy_train [--data DIR] [--epochs N] [--steps N] [--batch N] [--lr X] [--seed N] "
+            "[--train-limit N] [--save PATH]\n");
     return 2;
 }

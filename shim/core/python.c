@@ -19,12 +19,14 @@
 static int is_python(void)
 {
     /* CPython's main program exports these for extension modules; nothing else does */
-    return dlsym(RTLD_DEFAULT, "Py_BytesMain") != NULL && dlsym(RTLD_DEFAULT, "PyImport_ImportModule") != NULL;
+    return dlsym(RTLD_DEFAULT, "Py_BytesMain") != NULL &&
+           dlsym(RTLD_DEFAULT, "PyImport_ImportModule") != NULL;
 }
 
 void dps_python_inject(const dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || !dps_policy_is(&s->policy, DPS_P_adapters_python, "auto") || !is_python()) return;
+    if (s->role != DPS_ROLE_RANK || !dps_policy_is(&s->policy, DPS_P_adapters_python, "auto") || !is_python())
+        return;
     Dl_info info;
     char lib[1024], dir[1100];
     if (!dladdr((void *)&dps_python_inject, &info) || !info.dli_fname) return;
@@ -33,7 +35,8 @@ void dps_python_inject(const dps_state_t *s)
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/sitecustomize.py", dir);
     if (access(probe, R_OK) != 0) {
-        DPS_WARN("[adapters] python: %s is missing; the PyTorch adapter is not loaded (reinstall dpshim)", probe);
+        DPS_WARN("[adapters] python: %s is missing; the PyTorch adapter is not loaded (reinstall dpshim)",
+                 probe);
         return;
     }
     const char *old = getenv("PYTHONPATH");

@@ -41,7 +41,8 @@ static void *progress_main(void *arg)
     size_t cap = 0;
     pthread_mutex_lock(&q.lock);
     for (;;) {
-        while (!q.stop && (q.next == q.ng || q.err[0])) pthread_cond_wait(&q.work, &q.lock);
+        while (!q.stop && (q.next == q.ng || q.err[0]))
+            pthread_cond_wait(&q.work, &q.lock);
         if (q.stop) break;
         group_t g = q.g[q.next];
         if (g.n > cap) { /* the submitter may grow q.t meanwhile: work on a copy */
@@ -76,7 +77,8 @@ int dps_progress_available(const dps_backend_t *be)
     if (!q.running && !q.stop) {
         q.be = be;
         q.running = pthread_create(&q.thread, NULL, progress_main, NULL) == 0;
-        if (!q.running) DPS_WARN("[comm] overlap: cannot start the progress thread; gradients are reduced in dp_grads");
+        if (!q.running)
+            DPS_WARN("[comm] overlap: cannot start the progress thread; gradients are reduced in dp_grads");
         q.stop = !q.running; /* do not try again */
     }
     int ok = q.running;
@@ -90,7 +92,8 @@ int dps_progress_submit(const dp_tensor *t, size_t n, double scale)
     int rc = -1;
     if (q.nt + n > q.cap_t) {
         size_t c = q.cap_t ? 2 * q.cap_t : 256;
-        while (c < q.nt + n) c *= 2;
+        while (c < q.nt + n)
+            c *= 2;
         dp_tensor *p = realloc(q.t, c * sizeof *p);
         if (!p) goto out;
         q.t = p, q.cap_t = c;
@@ -115,10 +118,13 @@ out:
 int dps_progress_wait(char *err, size_t errlen)
 {
     pthread_mutex_lock(&q.lock);
-    while (q.next < q.ng && !q.err[0]) pthread_cond_wait(&q.idle, &q.lock);
+    while (q.next < q.ng && !q.err[0])
+        pthread_cond_wait(&q.idle, &q.lock);
     int rc = q.err[0] ? -1 : 0;
-    if (rc) snprintf(err, errlen, "%s", q.err);
-    else q.nt = q.ng = q.next = 0; /* drained: the next step starts from an empty queue */
+    if (rc)
+        snprintf(err, errlen, "%s", q.err);
+    else
+        q.nt = q.ng = q.next = 0; /* drained: the next step starts from an empty queue */
     pthread_mutex_unlock(&q.lock);
     return rc;
 }

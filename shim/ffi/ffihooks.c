@@ -42,8 +42,8 @@
 static struct {
     ffi_status (*prep_cif)(ffi_cif *, ffi_abi, unsigned, ffi_type *, ffi_type **);
     void *(*closure_alloc)(size_t, void **);
-    ffi_status (*prep_closure_loc)(ffi_closure *, ffi_cif *, void (*)(ffi_cif *, void *, void **, void *), void *,
-                                   void *);
+    ffi_status (*prep_closure_loc)(ffi_closure *, ffi_cif *, void (*)(ffi_cif *, void *, void **, void *),
+                                   void *, void *);
     void (*call)(ffi_cif *, void (*)(void), void *, void **);
     ffi_type *type[DPS_CT_PTR + 1];
     void *base; /* libffi's load address, never patched */
@@ -56,15 +56,17 @@ static int open_ffi(char *err, size_t len)
         snprintf(err, len, "cannot load libffi (%s); install libffi8", dlerror());
         return -1;
     }
-    static const char *const types[] = {"ffi_type_void", "ffi_type_sint8", "ffi_type_uint8", "ffi_type_sint16",
-                                        "ffi_type_uint16", "ffi_type_sint32", "ffi_type_uint32", "ffi_type_sint64",
-                                        "ffi_type_uint64", "ffi_type_float", "ffi_type_double", "ffi_type_pointer"};
+    static const char *const types[] = {"ffi_type_void",   "ffi_type_sint8",  "ffi_type_uint8",
+                                        "ffi_type_sint16", "ffi_type_uint16", "ffi_type_sint32",
+                                        "ffi_type_uint32", "ffi_type_sint64", "ffi_type_uint64",
+                                        "ffi_type_float",  "ffi_type_double", "ffi_type_pointer"};
     *(void **)&ffi.prep_cif = dlsym(h, "ffi_prep_cif");
     *(void **)&ffi.closure_alloc = dlsym(h, "ffi_closure_alloc");
     *(void **)&ffi.prep_closure_loc = dlsym(h, "ffi_prep_closure_loc");
     *(void **)&ffi.call = dlsym(h, "ffi_call");
     int ok = ffi.prep_cif && ffi.closure_alloc && ffi.prep_closure_loc && ffi.call;
-    for (int i = 0; i <= DPS_CT_PTR; i++) ok &= (ffi.type[i] = dlsym(h, types[i])) != NULL;
+    for (int i = 0; i <= DPS_CT_PTR; i++)
+        ok &= (ffi.type[i] = dlsym(h, types[i])) != NULL;
     Dl_info info;
     if (ok && dladdr((void *)ffi.call, &info)) ffi.base = info.dli_fbase;
     if (!ok) snprintf(err, len, "libffi.so.8 lacks the closure API");
@@ -108,62 +110,88 @@ static void *(*real_dlopen)(const char *, int);
 static int64_t load_int(const void *p, dps_ctype_t t)
 {
     switch (t) {
-    case DPS_CT_I8: return *(const int8_t *)p;
-    case DPS_CT_U8: return *(const uint8_t *)p;
-    case DPS_CT_I16: return *(const int16_t *)p;
-    case DPS_CT_U16: return *(const uint16_t *)p;
-    case DPS_CT_I32: return *(const int32_t *)p;
-    case DPS_CT_U32: return *(const uint32_t *)p;
-    default: return *(const int64_t *)p;
+    case DPS_CT_I8:
+        return *(const int8_t *)p;
+    case DPS_CT_U8:
+        return *(const uint8_t *)p;
+    case DPS_CT_I16:
+        return *(const int16_t *)p;
+    case DPS_CT_U16:
+        return *(const uint16_t *)p;
+    case DPS_CT_I32:
+        return *(const int32_t *)p;
+    case DPS_CT_U32:
+        return *(const uint32_t *)p;
+    default:
+        return *(const int64_t *)p;
     }
 }
 
 static void store_int(void *p, dps_ctype_t t, int64_t v)
 {
     switch (t) {
-    case DPS_CT_I8: case DPS_CT_U8: *(uint8_t *)p = (uint8_t)v; break;
-    case DPS_CT_I16: case DPS_CT_U16: *(uint16_t *)p = (uint16_t)v; break;
-    case DPS_CT_I32: case DPS_CT_U32: *(uint32_t *)p = (uint32_t)v; break;
-    default: *(int64_t *)p = v;
+    case DPS_CT_I8:
+    case DPS_CT_U8:
+        *(uint8_t *)p = (uint8_t)v;
+        break;
+    case DPS_CT_I16:
+    case DPS_CT_U16:
+        *(uint16_t *)p = (uint16_t)v;
+        break;
+    case DPS_CT_I32:
+    case DPS_CT_U32:
+        *(uint32_t *)p = (uint32_t)v;
+        break;
+    default:
+        *(int64_t *)p = v;
     }
 }
 
 static int64_t load_ret(const void *ret, dps_ctype_t t)
 {
-    return dps_ctype_size(t) < sizeof(ffi_arg) ? (int64_t)*(const ffi_arg *)ret : load_int(ret, t);
+    return dps_ctype_size(t) < sizeof(ffi_arg) ? (int64_t) * (const ffi_arg *)ret : load_int(ret, t);
 }
 
 static void store_ret(void *ret, dps_ctype_t t, int64_t v)
 {
-    if (dps_ctype_size(t) < sizeof(ffi_arg)) *(ffi_arg *)ret = (ffi_arg)v;
-    else store_int(ret, t, v);
+    if (dps_ctype_size(t) < sizeof(ffi_arg))
+        *(ffi_arg *)ret = (ffi_arg)v;
+    else
+        store_int(ret, t, v);
 }
 
 /* A count or value reference: read, and write back. */
 static int64_t ref_get(const bound_t *b, const dps_ref_t *r, void **args, const void *ret)
 {
     switch (r->kind) {
-    case DPS_REF_ARG: return load_int(args[r->arg], b->d->args[r->arg].type);
+    case DPS_REF_ARG:
+        return load_int(args[r->arg], b->d->args[r->arg].type);
     case DPS_REF_DEREF: {
         const void *p = *(void *const *)args[r->arg];
         return p ? load_int(p, b->d->args[r->arg].pointee) : 0;
     }
-    case DPS_REF_CONST: return (int64_t)r->value;
-    default: return load_ret(ret, b->d->ret.type);
+    case DPS_REF_CONST:
+        return (int64_t)r->value;
+    default:
+        return load_ret(ret, b->d->ret.type);
     }
 }
 
 static void ref_set(const bound_t *b, const dps_ref_t *r, void **args, void *ret, int64_t v)
 {
     switch (r->kind) {
-    case DPS_REF_ARG: store_int(args[r->arg], b->d->args[r->arg].type, v); break;
+    case DPS_REF_ARG:
+        store_int(args[r->arg], b->d->args[r->arg].type, v);
+        break;
     case DPS_REF_DEREF: {
         void *p = *(void **)args[r->arg];
         if (p) store_int(p, b->d->args[r->arg].pointee, v);
         break;
     }
-    case DPS_REF_CONST: break;
-    default: store_ret(ret, b->d->ret.type, v);
+    case DPS_REF_CONST:
+        break;
+    default:
+        store_ret(ret, b->d->ret.type, v);
     }
 }
 
@@ -176,10 +204,13 @@ static void shard_indices(const bound_t *b, const dps_action_t *a, void **args, 
     dps_ctype_t t = b->d->args[a->buf].pointee;
     size_t es = dps_ctype_size(t);
     uint64_t *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!tmp) dps_fatal("[hook %s] %s: out of memory for %lld indices", b->d->name, b->d->symbol, (long long)n);
-    for (int64_t i = 0; i < n; i++) tmp[i] = (uint64_t)load_int((char *)buf + (size_t)i * es, t);
+    if (!tmp)
+        dps_fatal("[hook %s] %s: out of memory for %lld indices", b->d->name, b->d->symbol, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        tmp[i] = (uint64_t)load_int((char *)buf + (size_t)i * es, t);
     size_t keep = a->kind == DPS_ACT_BATCH ? dp_batch(tmp, (size_t)n) : dp_epoch(tmp, (size_t)n);
-    for (size_t i = 0; i < keep; i++) store_int((char *)buf + i * es, t, (int64_t)tmp[i]);
+    for (size_t i = 0; i < keep; i++)
+        store_int((char *)buf + i * es, t, (int64_t)tmp[i]);
     free(tmp);
     ref_set(b, &a->count, args, ret, (int64_t)keep);
 }
@@ -199,13 +230,18 @@ static int act(bound_t *b, const dps_action_t *a, void **args, void *ret)
         if (n < 0) dps_fatal("%s: negative count %lld for %s", where, (long long)n, b->d->args[a->buf].name);
         if (!n) break;
         dp_tensor t = {buf, (uint64_t)n, a->dtype, DP_HOST, b->d->args[a->buf].name};
-        if (a->kind == DPS_ACT_GRADS) rc = dp_grads(&t, 1);
-        else if (a->kind == DPS_ACT_BROADCAST) rc = dp_params(&t, 1);
-        else rc = dps_hook_allreduce(where, &t, a->op);
+        if (a->kind == DPS_ACT_GRADS)
+            rc = dp_grads(&t, 1);
+        else if (a->kind == DPS_ACT_BROADCAST)
+            rc = dp_params(&t, 1);
+        else
+            rc = dps_hook_allreduce(where, &t, a->op);
         break;
     }
     case DPS_ACT_BATCH:
-    case DPS_ACT_EPOCH: shard_indices(b, a, args, ret); break;
+    case DPS_ACT_EPOCH:
+        shard_indices(b, a, args, ret);
+        break;
     case DPS_ACT_SEED: {
         uint64_t s = (uint64_t)ref_get(b, &a->value, args, ret);
         rc = dp_seed(&s);
@@ -215,10 +251,14 @@ static int act(bound_t *b, const dps_action_t *a, void **args, void *ret)
     case DPS_ACT_RANK0_ONLY:
         if (dps_g.eff_rank == 0) break;
         if (ret && b->d->ret.type != DPS_CT_VOID) {
-            if (b->d->ret.type == DPS_CT_F32) *(float *)ret = (float)a->ret_f;
-            else if (b->d->ret.type == DPS_CT_F64) *(double *)ret = a->ret_f;
-            else if (b->d->ret.type == DPS_CT_PTR) *(void **)ret = (void *)(intptr_t)a->ret_i;
-            else store_ret(ret, b->d->ret.type, a->ret_i);
+            if (b->d->ret.type == DPS_CT_F32)
+                *(float *)ret = (float)a->ret_f;
+            else if (b->d->ret.type == DPS_CT_F64)
+                *(double *)ret = a->ret_f;
+            else if (b->d->ret.type == DPS_CT_PTR)
+                *(void **)ret = (void *)(intptr_t)a->ret_i;
+            else
+                store_ret(ret, b->d->ret.type, a->ret_i);
         }
         return 1;
     case DPS_ACT_BARRIER: {
@@ -226,9 +266,12 @@ static int act(bound_t *b, const dps_action_t *a, void **args, void *ret)
         rc = dp_metric(&one, 1, DP_SUM);
         break;
     }
-    case DPS_ACT_STEP_END: rc = dp_step_end(++b->steps); break;
+    case DPS_ACT_STEP_END:
+        rc = dp_step_end(++b->steps);
+        break;
     }
-    if (rc != 0) dps_fatal("%s: the action failed (see above); the ranks would go on with different values", where);
+    if (rc != 0)
+        dps_fatal("%s: the action failed (see above); the ranks would go on with different values", where);
     return 0;
 }
 
@@ -237,19 +280,23 @@ static void closure_main(ffi_cif *cif, void *ret, void **args, void *user)
     variant_t *v = user;
     bound_t *b = v->b;
     int saved = errno, skip = 0;
-    for (int i = 0; i < b->d->nbefore; i++) skip |= act(b, &b->d->before[i], args, ret);
+    for (int i = 0; i < b->d->nbefore; i++)
+        skip |= act(b, &b->d->before[i], args, ret);
     errno = saved;
     if (!skip) ffi.call(cif, (void (*)(void))v->original, ret, args);
     saved = errno;
-    for (int i = 0; i < b->d->nafter; i++) act(b, &b->d->after[i], args, ret);
+    for (int i = 0; i < b->d->nafter; i++)
+        act(b, &b->d->after[i], args, ret);
     errno = saved;
 }
 
 static int prepare_cif(bound_t *b, char *err, size_t len)
 {
     const dps_hookdecl_t *d = b->d;
-    for (int i = 0; i < d->nargs; i++) b->atypes[i] = ffi.type[d->args[i].type];
-    if (ffi.prep_cif(&b->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs, ffi.type[d->ret.type], b->atypes) != FFI_OK) {
+    for (int i = 0; i < d->nargs; i++)
+        b->atypes[i] = ffi.type[d->args[i].type];
+    if (ffi.prep_cif(&b->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs, ffi.type[d->ret.type], b->atypes) !=
+        FFI_OK) {
         snprintf(err, len, "[hook %s] %s: libffi cannot describe this signature", d->name, d->symbol);
         return -1;
     }
@@ -271,7 +318,8 @@ static variant_t *variant_for(bound_t *b, void *original)
     void *code = NULL;
     ffi_closure *c = v ? ffi.closure_alloc(sizeof(ffi_closure), &code) : NULL;
     if (!c || ffi.prep_closure_loc(c, &b->cif, closure_main, v, code) != FFI_OK) {
-        DPS_WARN("[hook %s] %s: libffi cannot build a closure; calls go on unhooked", b->d->name, b->d->symbol);
+        DPS_WARN("[hook %s] %s: libffi cannot build a closure; calls go on unhooked", b->d->name,
+                 b->d->symbol);
         free(v);
         return NULL;
     }
@@ -282,7 +330,10 @@ static variant_t *variant_for(bound_t *b, void *original)
 
 /* --- GOT binding --- */
 
-static uintptr_t dyn_addr(uintptr_t v, uintptr_t base) { return v < base ? v + base : v; }
+static uintptr_t dyn_addr(uintptr_t v, uintptr_t base)
+{
+    return v < base ? v + base : v;
+}
 
 /* A GOT slot for a declared symbol (hook >= 0) or for dlopen (hook = -1), in object `obj`. */
 typedef struct slot_ref {
@@ -291,7 +342,7 @@ typedef struct slot_ref {
 } slot_ref_t;
 
 typedef struct object_ref {
-    char name[512]; /* "" for the main program */
+    char name[512];               /* "" for the main program */
     uintptr_t relro_lo, relro_hi; /* the pages ld.so made read-only */
 } object_ref_t;
 
@@ -338,18 +389,32 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
     int pltrel_rela = 1;
     for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
         switch (d->d_tag) {
-        case DT_SYMTAB: symtab = (const ElfW(Sym) *)dyn_addr(d->d_un.d_ptr, base); break;
-        case DT_STRTAB: strtab = (const char *)dyn_addr(d->d_un.d_ptr, base); break;
-        case DT_JMPREL: jmprel = (const ElfW(Rela) *)dyn_addr(d->d_un.d_ptr, base); break;
-        case DT_PLTRELSZ: jmpsz = d->d_un.d_val; break;
-        case DT_RELA: rela = (const ElfW(Rela) *)dyn_addr(d->d_un.d_ptr, base); break;
-        case DT_RELASZ: relasz = d->d_un.d_val; break;
-        case DT_PLTREL: pltrel_rela = d->d_un.d_val == DT_RELA; break;
+        case DT_SYMTAB:
+            symtab = (const ElfW(Sym) *)dyn_addr(d->d_un.d_ptr, base);
+            break;
+        case DT_STRTAB:
+            strtab = (const char *)dyn_addr(d->d_un.d_ptr, base);
+            break;
+        case DT_JMPREL:
+            jmprel = (const ElfW(Rela) *)dyn_addr(d->d_un.d_ptr, base);
+            break;
+        case DT_PLTRELSZ:
+            jmpsz = d->d_un.d_val;
+            break;
+        case DT_RELA:
+            rela = (const ElfW(Rela) *)dyn_addr(d->d_un.d_ptr, base);
+            break;
+        case DT_RELASZ:
+            relasz = d->d_un.d_val;
+            break;
+        case DT_PLTREL:
+            pltrel_rela = d->d_un.d_val == DT_RELA;
+            break;
         }
     }
     if (!symtab || !strtab) return 0;
     int obj = -1;
-    const ElfW(Rela) *tables[2] = {pltrel_rela ? jmprel : NULL, rela};
+    const ElfW(Rela) * tables[2] = {pltrel_rela ? jmprel : NULL, rela};
     size_t counts[2] = {jmpsz / sizeof(ElfW(Rela)), relasz / sizeof(ElfW(Rela))};
     for (int t = 0; t < 2; t++)
         for (size_t i = 0; tables[t] && i < counts[t]; i++) {
@@ -363,13 +428,15 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
                 if (!strcmp(name, hooks[k].d->symbol)) hook = k;
             if (hook == -2) continue;
             if (obj < 0) {
-                if (grow_found((void **)&found.objs, &found.capobjs, found.nobjs + 1, sizeof *found.objs)) return 1;
+                if (grow_found((void **)&found.objs, &found.capobjs, found.nobjs + 1, sizeof *found.objs))
+                    return 1;
                 object_ref_t *o = &found.objs[found.nobjs];
                 snprintf(o->name, sizeof o->name, "%s", info->dlpi_name ? info->dlpi_name : "");
                 o->relro_lo = relro_lo, o->relro_hi = relro_hi;
                 obj = (int)found.nobjs++;
             }
-            if (grow_found((void **)&found.slots, &found.capslots, found.nslots + 1, sizeof *found.slots)) return 1;
+            if (grow_found((void **)&found.slots, &found.capslots, found.nslots + 1, sizeof *found.slots))
+                return 1;
             found.slots[found.nslots++] = (slot_ref_t){(void **)(base + r->r_offset), hook, obj};
         }
     return 0;
@@ -448,7 +515,8 @@ static const char *origin_of(const void *caller, char *buf, size_t len)
     Dl_info info;
     struct link_map *lm = NULL;
     if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm) return NULL;
-    if (lm->l_name && lm->l_name[0]) snprintf(buf, len, "%s", lm->l_name);
+    if (lm->l_name && lm->l_name[0])
+        snprintf(buf, len, "%s", lm->l_name);
     else { /* the main program: argv[0] may be relative, /proc/self/exe is not */
         ssize_t n = readlink("/proc/self/exe", buf, len - 1);
         if (n <= 0) return NULL;
@@ -471,7 +539,8 @@ static void *open_in_path(const char *path, const char *origin, const char *file
         if ((o || ob) && origin) {
             const char *at = ob ? ob : o;
             snprintf(full, sizeof full, "%.*s%s%s/%s", (int)(at - dir), dir, origin, at + (ob ? 9 : 7), file);
-        } else snprintf(full, sizeof full, "%s/%s", dir, file);
+        } else
+            snprintf(full, sizeof full, "%s/%s", dir, file);
         if (n && access(full, R_OK) == 0) {
             void *h = real_dlopen(full, mode);
             if (h) return h;
@@ -488,7 +557,8 @@ static void *open_from_caller_path(const char *file, int mode, const void *calle
 {
     Dl_info info;
     struct link_map *lm = NULL;
-    if (!file || strchr(file, '/') || !dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_ld)
+    if (!file || strchr(file, '/') || !dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm ||
+        !lm->l_ld)
         return NULL;
     const char *strtab = NULL, *rpath = NULL, *runpath = NULL;
     for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++)
@@ -538,19 +608,22 @@ int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
     for (int i = 0; i < nhooks; i++) {
         const bound_t *b = &hooks[i];
         const char *src = p->file[0] ? p->file : "policy";
-        int defined = b->defined || (b->d->library[0] ? b->library_def != NULL : dlsym(RTLD_DEFAULT, b->d->symbol) != NULL);
+        int defined = b->defined ||
+                      (b->d->library[0] ? b->library_def != NULL : dlsym(RTLD_DEFAULT, b->d->symbol) != NULL);
         if (b->sites)
             DPS_INFO("[hook %s] %s bound at %d call site(s)", b->d->name, b->d->symbol, b->sites);
         else if (b->d->missing == DPS_MISSING_ERROR)
-            return snprintf(err, len, "%s:%d: [hook %s]: %s %s%s%s (missing = error)", src, b->d->line, b->d->name,
-                            b->d->symbol, defined ? "is defined but no loaded object calls it through its GOT"
-                                                  : "is not defined by any loaded object",
+            return snprintf(err, len, "%s:%d: [hook %s]: %s %s%s%s (missing = error)", src, b->d->line,
+                            b->d->name, b->d->symbol,
+                            defined ? "is defined but no loaded object calls it through its GOT"
+                                    : "is not defined by any loaded object",
                             b->d->library[0] ? " in " : "", b->d->library),
                    -1;
         else if (b->d->missing == DPS_MISSING_WARN && dps_g.rank == 0)
-            DPS_WARN("%s:%d: [hook %s]: %s %s; it is bound if a library loaded later calls it", src, b->d->line,
-                     b->d->name, b->d->symbol,
-                     defined ? "is defined but not called through any GOT yet" : "is not defined by any loaded object");
+            DPS_WARN("%s:%d: [hook %s]: %s %s; it is bound if a library loaded later calls it", src,
+                     b->d->line, b->d->name, b->d->symbol,
+                     defined ? "is defined but not called through any GOT yet"
+                             : "is not defined by any loaded object");
     }
     return 0;
 }

@@ -23,17 +23,21 @@ int dps_gpu_count(void)
 
 void dps_gpu_bind(dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || s->local_size < 2 || !dps_policy_is(&s->policy, DPS_P_gpu_bind, "auto")) return;
+    if (s->role != DPS_ROLE_RANK || s->local_size < 2 || !dps_policy_is(&s->policy, DPS_P_gpu_bind, "auto"))
+        return;
     const char *user = getenv("CUDA_VISIBLE_DEVICES");
     char pick[256], was[1024];
     snprintf(was, sizeof was, "%s", user ? user : "");
-    int shared, n = dps_gpu_pick(user, dps_gpu_count(), s->local_rank, s->local_size, pick, sizeof pick, &shared);
+    int shared,
+        n = dps_gpu_pick(user, dps_gpu_count(), s->local_rank, s->local_size, pick, sizeof pick, &shared);
     if (!n) return; /* no GPU here (or none visible to the user): a CPU job */
     setenv("CUDA_VISIBLE_DEVICES", pick, 1);
     s->gpu_shared = shared;
-    DPS_INFO("[gpu] bind: local rank %d of %d sees GPU %s only (CUDA_VISIBLE_DEVICES=%s; it was %s)", s->local_rank,
-             s->local_size, pick, pick, user ? was : "unset, all of /dev's");
+    DPS_INFO("[gpu] bind: local rank %d of %d sees GPU %s only (CUDA_VISIBLE_DEVICES=%s; it was %s)",
+             s->local_rank, s->local_size, pick, pick, user ? was : "unset, all of /dev's");
     if (shared && s->local_rank == 0)
-        DPS_WARN("[gpu] bind: %d local ranks share %d GPU(s); NCCL cannot put two ranks on one GPU, so start at "
-                 "most %d ranks per node for GPU training", s->local_size, n, n);
+        DPS_WARN(
+            "[gpu] bind: %d local ranks share %d GPU(s); NCCL cannot put two ranks on one GPU, so start at "
+            "most %d ranks per node for GPU training",
+            s->local_size, n, n);
 }

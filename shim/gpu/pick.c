@@ -11,8 +11,10 @@ static int list_entry(const char *list, int k, const char **start)
     for (int i = 0;; i++) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        while (len && (*p == ' ' || *p == '\t')) p++, len--;
-        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        while (len && (*p == ' ' || *p == '\t'))
+            p++, len--;
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
         if (i == k) {
             *start = p;
             return (int)len;
@@ -26,7 +28,8 @@ static int list_count(const char *list)
 {
     const char *s;
     int n = 0;
-    while (list_entry(list, n, &s) >= 0) n++;
+    while (list_entry(list, n, &s) >= 0)
+        n++;
     return n;
 }
 

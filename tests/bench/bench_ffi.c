@@ -31,16 +31,19 @@ int main(void)
     double hooked[ROUNDS], plain[ROUNDS], sink = 0;
     for (int r = 0; r < ROUNDS; r++) {
         double t = now();
-        for (int i = 0; i < CALLS; i++) sink += ft_2(sink * 1e-9, i);
+        for (int i = 0; i < CALLS; i++)
+            sink += ft_2(sink * 1e-9, i);
         hooked[r] = (now() - t) / CALLS * 1e9;
         t = now();
-        for (int i = 0; i < CALLS; i++) sink += direct(sink * 1e-9, i);
+        for (int i = 0; i < CALLS; i++)
+            sink += direct(sink * 1e-9, i);
         plain[r] = (now() - t) / CALLS * 1e9;
     }
     qsort(hooked, ROUNDS, sizeof *hooked, cmp);
     qsort(plain, ROUNDS, sizeof *plain, cmp);
     printf("hooked call without actions %.1f ns, direct call %.1f ns: %.1f ns added per call, ratio %.2f "
-           "(median of %d alternating rounds of %d calls; checksum %g)\n", hooked[ROUNDS / 2], plain[ROUNDS / 2],
-           hooked[ROUNDS / 2] - plain[ROUNDS / 2], hooked[ROUNDS / 2] / plain[ROUNDS / 2], ROUNDS, CALLS, sink);
+           "(median of %d alternating rounds of %d calls; checksum %g)\n",
+           hooked[ROUNDS / 2], plain[ROUNDS / 2], hooked[ROUNDS / 2] - plain[ROUNDS / 2],
+           hooked[ROUNDS / 2] / plain[ROUNDS / 2], ROUNDS, CALLS, sink);
     return 0;
 }

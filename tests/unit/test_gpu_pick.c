@@ -27,8 +27,8 @@ static void expect(const char *user, int ngpus, int local_size, const char *want
     int n = -1, shared = -1;
     const char *got = node(user, ngpus, local_size, &n, &shared);
     CHECK(!strcmp(got, want) && n == want_n && shared == want_shared,
-          "user '%s', %d GPUs, %d local ranks: got %s (n=%d shared=%d), want %s (n=%d shared=%d)", user ? user : "(unset)",
-          ngpus, local_size, got, n, shared, want, want_n, want_shared);
+          "user '%s', %d GPUs, %d local ranks: got %s (n=%d shared=%d), want %s (n=%d shared=%d)",
+          user ? user : "(unset)", ngpus, local_size, got, n, shared, want, want_n, want_shared);
 }
 
 int main(void)

@@ -35,7 +35,9 @@ int main(int argc, char **argv)
         mag = fmax(mag, fabs((double)a[i]));
         same &= a[i] == b[i];
     }
-    if (same) printf("bitwise\n");
-    else printf("rel %.3e\n", mag > 0 ? diff / mag : diff);
+    if (same)
+        printf("bitwise\n");
+    else
+        printf("rel %.3e\n", mag > 0 ? diff / mag : diff);
     return 0;
 }

@@ -3,6 +3,12 @@
  * ft_dup must call each library's own definition. */
 #include <stdint.h>
 
-int32_t ft_dup(int32_t x) { return x + DUP_VALUE; }
+int32_t ft_dup(int32_t x)
+{
+    return x + DUP_VALUE;
+}
 
-int32_t dup_call(int32_t x) { return ft_dup(x); }
+int32_t dup_call(int32_t x)
+{
+    return ft_dup(x);
+}

@@ -3,4 +3,7 @@
 
 int32_t ft_late(int32_t x);
 
-int32_t late_call(int32_t x) { return ft_late(x) + 1; }
+int32_t late_call(int32_t x)
+{
+    return ft_late(x) + 1;
+}

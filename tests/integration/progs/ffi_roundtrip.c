@@ -23,11 +23,11 @@ double ft_8(double a, float b, int32_t c, int64_t d, uint8_t e, const double *f,
 void ft_out(double *out, int32_t a);
 
 static int checks, failures;
-#define SAME(a, b, what)                                                                  \
-    do {                                                                                  \
-        __typeof__(a) x_ = (a), y_ = (b);                                                 \
-        checks++;                                                                         \
-        if (memcmp(&x_, &y_, sizeof x_)) failures++, fprintf(stderr, "differs: %s\n", what); \
+#define SAME(a, b, what)                                                                                     \
+    do {                                                                                                     \
+        __typeof__(a) x_ = (a), y_ = (b);                                                                    \
+        checks++;                                                                                            \
+        if (memcmp(&x_, &y_, sizeof x_)) failures++, fprintf(stderr, "differs: %s\n", what);                 \
     } while (0)
 
 #define DIRECT(name) ((__typeof__(&name))dlsym(RTLD_DEFAULT, #name))
@@ -43,11 +43,13 @@ static int round_trip(int k)
     SAME(ft_1(-7 + k), DIRECT(ft_1)(-7 + k), "1 argument");
     SAME(ft_2(3.25 + k, -(1ll << 40)), DIRECT(ft_2)(3.25 + k, -(1ll << 40)), "2 arguments");
     SAME(ft_3(0.1f * k, fp, 200), DIRECT(ft_3)(0.1f * k, fp, 200), "3 arguments");
-    SAME(ft_4(-100, 65000, -123456 + k, 1ll << 50), DIRECT(ft_4)(-100, 65000, -123456 + k, 1ll << 50), "4 arguments");
+    SAME(ft_4(-100, 65000, -123456 + k, 1ll << 50), DIRECT(ft_4)(-100, 65000, -123456 + k, 1ll << 50),
+         "4 arguments");
     SAME(ft_5(1e-3f, 2.5, 1u << 31, dp, 3), DIRECT(ft_5)(1e-3f, 2.5, 1u << 31, dp, 3), "5 arguments");
-    SAME(ft_6(buf, 3, k % 5, 2.9, 1.1f), DIRECT(ft_6)(buf, 3, k % 5, 2.9, 1.1f), "5 arguments, pointer result");
-    SAME(ft_7(250, -300, 70000u + k, 1.5f, 2.25, -5, ip), DIRECT(ft_7)(250, -300, 70000u + k, 1.5f, 2.25, -5, ip),
-         "7 arguments");
+    SAME(ft_6(buf, 3, k % 5, 2.9, 1.1f), DIRECT(ft_6)(buf, 3, k % 5, 2.9, 1.1f),
+         "5 arguments, pointer result");
+    SAME(ft_7(250, -300, 70000u + k, 1.5f, 2.25, -5, ip),
+         DIRECT(ft_7)(250, -300, 70000u + k, 1.5f, 2.25, -5, ip), "7 arguments");
     SAME(ft_8(1.0 / 7, 3.5f, -2 + k, 1ll << 33, 255, dp, -0.125, 8.5f),
          DIRECT(ft_8)(1.0 / 7, 3.5f, -2 + k, 1ll << 33, 255, dp, -0.125, 8.5f), "8 arguments");
     double o1 = 0, o2 = 1;
@@ -70,9 +72,11 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-    for (int k = 0; k < 4; k++) round_trip(k);
+    for (int k = 0; k < 4; k++)
+        round_trip(k);
     pthread_t t[4];
-    for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)i);
+    for (long i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, worker, (void *)i);
     for (int i = 0; i < 4; i++) {
         void *bad;
         pthread_join(t[i], &bad);

@@ -3,15 +3,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
-int32_t ft_none(void) { return 12345; }
-int32_t ft_1(int32_t a) { return a * 3 + 1; }
-double ft_2(double a, int64_t b) { return a * 0.5 + (double)b; }
-float ft_3(float a, const float *p, uint8_t c) { return a + p[0] * p[1] - (float)c; }
-int64_t ft_4(int8_t a, uint16_t b, int32_t c, int64_t d) { return (int64_t)a * 1000003 + b * 31 + c * 7 + d; }
+int32_t ft_none(void)
+{
+    return 12345;
+}
+int32_t ft_1(int32_t a)
+{
+    return a * 3 + 1;
+}
+double ft_2(double a, int64_t b)
+{
+    return a * 0.5 + (double)b;
+}
+float ft_3(float a, const float *p, uint8_t c)
+{
+    return a + p[0] * p[1] - (float)c;
+}
+int64_t ft_4(int8_t a, uint16_t b, int32_t c, int64_t d)
+{
+    return (int64_t)a * 1000003 + b * 31 + c * 7 + d;
+}
 double ft_5(float a, double b, size_t c, const double *p, int32_t n)
 {
     double s = a + b * (double)c;
-    for (int32_t i = 0; i < n; i++) s += p[i] * (i + 1);
+    for (int32_t i = 0; i < n; i++)
+        s += p[i] * (i + 1);
     return s;
 }
 void *ft_6(void *p, size_t off, int a, double b, float c)
@@ -26,7 +42,13 @@ double ft_8(double a, float b, int32_t c, int64_t d, uint8_t e, const double *f,
 {
     return a - b * 2 + c * 3.5 - (double)d / 7 + e + f[0] * f[1] + g * h;
 }
-void ft_out(double *out, int32_t a) { *out = a * 1.25; }
+void ft_out(double *out, int32_t a)
+{
+    *out = a * 1.25;
+}
 
 /* Called by libffi_late.so, which the test opens with dlopen. */
-int32_t ft_late(int32_t x) { return x * 2; }
+int32_t ft_late(int32_t x)
+{
+    return x * 2;
+}
