@@ -117,7 +117,6 @@ def _is_lazy(t):
 
 def _broadcast_module(module):
     """Rank 0's parameters and buffers everywhere; False while a lazy module is uninitialized."""
-    import torch
     seen, ts = set(), []
     for t in list(module.parameters()) + list(module.buffers()):
         if _is_lazy(t):
@@ -125,8 +124,14 @@ def _broadcast_module(module):
         if id(t) not in seen:
             seen.add(id(t))
             ts.append(t)
+    _broadcast_tensors(ts)
+    return True
+
+
+def _broadcast_tensors(ts):
+    import torch
     if not ts:
-        return True
+        return
     with torch.no_grad():
         views, back = _contiguous_views([t.data for t in ts])
         # a broadcast moves bytes: dtypes the hook ABI has no name for (bool masks, int8,
@@ -135,7 +140,6 @@ def _broadcast_module(module):
         _check(_shim.dp_params(_tensors(sent), len(sent)), "dp_params")
         for t, c in back:
             t.copy_(c)
-    return True
 
 
 _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is here)
@@ -146,6 +150,8 @@ def _forward_pre_hook(module, args):
         return None
     if not _broadcast_module(module):
         return None
+    import weakref
+    _forwarded.append(weakref.ref(module))
     for m in module.modules():
         _synced.add(m)
     return None
@@ -197,26 +203,54 @@ def _reduce_gradients(params):
             g.copy_(c)
 
 
-def _after_backward():
+_reduced = set()  # ids of parameters averaged by a backward since their optimizer's last step
+_forwarded = []  # weak references to the modules broadcast at a first forward, in call order
+
+
+def _trained_parameters():
+    """What a backward averages: every optimizer's parameters; without any optimizer (an update
+    written by hand), the trainable parameters of the modules that ran forward."""
     optimizers = _live_optimizers()
-    if optimizers and os.getpid() == _rank_pid:
-        _reduce_gradients(_parameters(optimizers))
-        _state.fresh = True
+    if optimizers:
+        return _parameters(optimizers)
+    params, seen = [], set()
+    for ref in _forwarded:
+        m = ref()
+        for p in m.parameters() if m is not None else ():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def _after_backward(loss):
+    if os.getpid() != _rank_pid:
+        return
+    params = _trained_parameters()
+    _reduce_gradients(params)
+    _reduced.update(id(p) for p in params)
+    # the loss value too, so that what the script does with it (a line search, a plateau
+    # scheduler, a print) sees the global batch's loss, as alone
+    import torch
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+        v = loss.detach().double().reshape(1).clone()
+        _check(_shim.dp_grads(_tensors([v]), 1), "dp_grads")
+        loss.data.copy_(v.reshape(loss.shape))
 
 
 def _before_step(optimizer):
     depth = getattr(_state, "depth", 0)
     _state.depth = depth + 1
-    # an optimizer stepping another inside its own step reduces once; a backward since the last
-    # step has already reduced everything
-    if depth == 0 and not getattr(_state, "fresh", False):
-        _reduce_gradients(_parameters([optimizer]))
+    # an optimizer stepping another inside its own step reduces once; what a backward averaged
+    # since this optimizer's last step is not averaged again
+    if depth == 0:
+        _reduce_gradients([p for p in _parameters([optimizer]) if id(p) not in _reduced])
 
 
-def _after_step():
+def _after_step(optimizer):
     _state.depth -= 1
     if _state.depth == 0:
-        _state.fresh = False
+        _reduced.difference_update(id(p) for p in _parameters([optimizer]))
         _shim.steps += 1
         _shim.dp_step_end(_shim.steps)
 
@@ -232,7 +266,7 @@ def _wrap_step(cls):
             _before_step(self)
             return step(self, *args, **kwargs)
         finally:
-            _after_step()
+            _after_step(self)
 
     wrapped._dpshim = True
     cls.step = wrapped
@@ -247,6 +281,8 @@ def _hook_optimizers(torch):
     def registering_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         _optimizers.append(weakref.ref(self))
+        if os.getpid() == _rank_pid:  # parameters outside any module start as rank 0's too
+            _broadcast_tensors([p for p in _parameters([self]) if not _is_lazy(p)])
 
     base.__init__ = registering_init
     backward = torch.autograd.backward
@@ -254,7 +290,7 @@ def _hook_optimizers(torch):
     @functools.wraps(backward)
     def reducing_backward(*args, **kwargs):
         result = backward(*args, **kwargs)
-        _after_backward()
+        _after_backward(args[0] if args else kwargs.get("tensors"))
         return result
 
     torch.autograd.backward = reducing_backward
@@ -399,7 +435,8 @@ def _hook_batchnorm(torch):
     forward = norm.forward
 
     def synced_forward(self, x):
-        if not self.training:
+        # batch statistics are used in training, and always by a BatchNorm without running ones
+        if not self.training and not (self.running_mean is None and self.running_var is None):
             return forward(self, x)
         self._check_input_dim(x)
         dims = [0] + list(range(2, x.dim()))
@@ -412,7 +449,7 @@ def _hook_batchnorm(torch):
         y = ((xd - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)).to(x.dtype)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
-        if self.track_running_stats and self.running_mean is not None:
+        if self.training and self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
