@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "policy.h"
 
@@ -78,5 +79,18 @@ void dps_bootstrap_finalize(void);
 
 /* [adapters] python: a Python rank process gets the PyTorch adapter (core/python.c). */
 void dps_python_inject(const dps_state_t *s);
+
+/* Makes the array *p (capacity *cap items of elem bytes) hold at least need items, doubling
+ * from 64. 0, or -1 with the array untouched when memory runs out. */
+static inline int dps_grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap * 2 : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return -1;
+    *p = q, *cap = c;
+    return 0;
+}
 
 #endif

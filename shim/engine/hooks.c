@@ -75,17 +75,6 @@ static struct {
     uint64_t submitted_count; /* and their elements */
 } ready;
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap * 2 : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return -1;
-    *p = q, *cap = c;
-    return 0;
-}
-
 /* The elements of the tensors t[0..n), for the desync checks. */
 static uint64_t total_count(const dp_tensor *t, size_t n)
 {
@@ -106,21 +95,21 @@ static int submit(const dp_tensor *t, size_t n)
 static int flush_pending(const dps_backend_t *be, int background)
 {
     if (!ready.npending) return 0;
-    if (grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done)) return -1;
+    if (dps_grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done)) return -1;
     int rc = background ? submit(ready.pending, ready.npending)
                         : dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
                                     grad_scale(), DPS_RED_SUM);
-    if (rc == 0) /* a bucket that failed stays pending: dp_grads reduces (or reports) it */
-        for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
-    if (rc == 0) ready.npending = ready.pending_bytes = 0;
-    return rc;
+    if (rc) return rc; /* a bucket that failed stays pending: dp_grads reduces (or reports) it */
+    for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
+    ready.npending = ready.pending_bytes = 0;
+    return 0;
 }
 
 DPS_EXPORT int dp_grad_ready(const dp_tensor *t)
 {
     const dps_backend_t *be = dps_comm("dp_grad_ready");
     if (!be) return 0;
-    if (grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending)) return -1;
+    if (dps_grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending)) return -1;
     ready.pending[ready.npending++] = *t;
     size_t bytes = t->count * dps_dtype_size(dps_reduce_dtype(t->dtype));
     ready.pending_bytes += bytes;
@@ -145,7 +134,7 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
 {
     const dps_backend_t *be = dps_comm("dp_grads");
     if (!be) return 0;
-    if (grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest)) return -1;
+    if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest)) return -1;
     size_t m = 0;
     for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
     for (size_t i = 0; i < n; i++)
@@ -187,6 +176,11 @@ DPS_EXPORT int dp_bn_stats(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
     return dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
 }
 
+static dps_redop_t redop_of(int op)
+{
+    return op == DP_MIN ? DPS_RED_MIN : op == DP_MAX ? DPS_RED_MAX : DPS_RED_SUM;
+}
+
 DPS_EXPORT int dp_metric(double *v, size_t n, int op)
 {
     if (op < DP_SUM || op > DP_MAX) {
@@ -195,9 +189,8 @@ DPS_EXPORT int dp_metric(double *v, size_t n, int op)
     }
     const dps_backend_t *be = dps_comm("dp_metric");
     if (!be) return 0;
-    dps_redop_t r = op == DP_MIN ? DPS_RED_MIN : op == DP_MAX ? DPS_RED_MAX : DPS_RED_SUM;
     dp_tensor t = {v, n, DP_F64, DP_HOST, "metric"};
-    int rc = dps_fused("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, 1.0, r);
+    int rc = dps_fused("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, 1.0, redop_of(op));
     if (rc == 0 && op == DP_MEAN)
         for (size_t i = 0; i < n; i++) v[i] /= dps_g.eff_size;
     return rc;
@@ -207,8 +200,8 @@ int dps_hook_allreduce(const char *where, dp_tensor *t, int op)
 {
     const dps_backend_t *be = dps_comm(where);
     if (!be) return 0;
-    dps_redop_t r = op == DP_MIN ? DPS_RED_MIN : op == DP_MAX ? DPS_RED_MAX : DPS_RED_SUM;
-    return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, r);
+    return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0,
+                     redop_of(op));
 }
 
 DPS_EXPORT int dp_scope_begin(const char *name)

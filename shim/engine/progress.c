@@ -45,14 +45,11 @@ static void *progress_main(void *arg)
             pthread_cond_wait(&q.work, &q.lock);
         if (q.stop) break;
         group_t g = q.g[q.next];
-        if (g.n > cap) { /* the submitter may grow q.t meanwhile: work on a copy */
-            dp_tensor *p = realloc(mine, g.n * sizeof *p);
-            if (!p) {
-                snprintf(q.err, sizeof q.err, "dp_grad_ready: out of memory in the progress thread");
-                pthread_cond_broadcast(&q.idle);
-                continue;
-            }
-            mine = p, cap = g.n;
+        /* the submitter may grow q.t meanwhile: work on a copy */
+        if (dps_grow((void **)&mine, &cap, g.n, sizeof *mine)) {
+            snprintf(q.err, sizeof q.err, "dp_grad_ready: out of memory in the progress thread");
+            pthread_cond_broadcast(&q.idle);
+            continue;
         }
         memcpy(mine, q.t + g.first, g.n * sizeof *mine);
         q.busy = 1;
@@ -90,20 +87,9 @@ int dps_progress_submit(const dp_tensor *t, size_t n, double scale)
 {
     pthread_mutex_lock(&q.lock);
     int rc = -1;
-    if (q.nt + n > q.cap_t) {
-        size_t c = q.cap_t ? 2 * q.cap_t : 256;
-        while (c < q.nt + n)
-            c *= 2;
-        dp_tensor *p = realloc(q.t, c * sizeof *p);
-        if (!p) goto out;
-        q.t = p, q.cap_t = c;
-    }
-    if (q.ng == q.cap_g) {
-        size_t c = q.cap_g ? 2 * q.cap_g : 64;
-        group_t *p = realloc(q.g, c * sizeof *p);
-        if (!p) goto out;
-        q.g = p, q.cap_g = c;
-    }
+    if (dps_grow((void **)&q.t, &q.cap_t, q.nt + n, sizeof *q.t) ||
+        dps_grow((void **)&q.g, &q.cap_g, q.ng + 1, sizeof *q.g))
+        goto out;
     memcpy(q.t + q.nt, t, n * sizeof *t);
     q.g[q.ng++] = (group_t){q.nt, n, scale};
     q.nt += n;

@@ -90,8 +90,9 @@ typedef struct bound {
     ffi_cif cif;
     ffi_type *atypes[DPS_HOOK_MAX_ARGS];
     variant_t **v; /* stable addresses: closures point at them */
-    int nv, capv;
+    size_t nv, capv;
     void *library_def; /* library =: the definition in that library (its handle stays open) */
+    void *global_def;  /* the global scope's definition, during a binding pass */
     uint64_t steps;
     int sites; /* GOT slots pointing at one of the closures */
     int defined;
@@ -103,6 +104,7 @@ static pthread_mutex_t bind_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int bind_again; /* a dlopen finished while another thread was binding */
 static _Thread_local int in_dlopen;
 static void *self_base;
+static long page; /* bytes, for mprotect */
 static void *(*real_dlopen)(const char *, int);
 
 /* Integers of any declared width, read and written through the argument or return storage
@@ -306,14 +308,9 @@ static int prepare_cif(bound_t *b, char *err, size_t len)
 /* The closure that calls `original`, made at its first use. */
 static variant_t *variant_for(bound_t *b, void *original)
 {
-    for (int i = 0; i < b->nv; i++)
+    for (size_t i = 0; i < b->nv; i++)
         if (b->v[i]->original == original) return b->v[i];
-    if (b->nv == b->capv) {
-        int cap = b->capv ? 2 * b->capv : 2;
-        variant_t **grown = realloc(b->v, (size_t)cap * sizeof *grown);
-        if (!grown) return NULL;
-        b->v = grown, b->capv = cap;
-    }
+    if (dps_grow((void **)&b->v, &b->capv, b->nv + 1, sizeof *b->v)) return NULL;
     variant_t *v = calloc(1, sizeof *v);
     void *code = NULL;
     ffi_closure *c = v ? ffi.closure_alloc(sizeof(ffi_closure), &code) : NULL;
@@ -353,16 +350,6 @@ static struct {
     size_t nobjs, capobjs;
 } found;
 
-static int grow_found(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return 0;
-    size_t c = *cap ? 2 * *cap : 64;
-    void *q = realloc(*p, c * elem);
-    if (!q) return -1;
-    *p = q, *cap = c;
-    return 0;
-}
-
 /* dl_iterate_phdr callback: only reads the ELF tables (no libdl calls while it holds ld.so's
  * list lock); resolution and patching come after. */
 static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
@@ -370,7 +357,6 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
     (void)size, (void)data;
     uintptr_t base = info->dlpi_addr;
     if ((self_base && (void *)base == self_base) || (ffi.base && (void *)base == ffi.base)) return 0;
-    long page = sysconf(_SC_PAGESIZE);
     const ElfW(Dyn) *dyn = NULL;
     uintptr_t relro_lo = 0, relro_hi = 0;
     for (int i = 0; i < info->dlpi_phnum; i++) {
@@ -428,14 +414,14 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
                 if (!strcmp(name, hooks[k].d->symbol)) hook = k;
             if (hook == -2) continue;
             if (obj < 0) {
-                if (grow_found((void **)&found.objs, &found.capobjs, found.nobjs + 1, sizeof *found.objs))
+                if (dps_grow((void **)&found.objs, &found.capobjs, found.nobjs + 1, sizeof *found.objs))
                     return 1;
                 object_ref_t *o = &found.objs[found.nobjs];
                 snprintf(o->name, sizeof o->name, "%s", info->dlpi_name ? info->dlpi_name : "");
                 o->relro_lo = relro_lo, o->relro_hi = relro_hi;
                 obj = (int)found.nobjs++;
             }
-            if (grow_found((void **)&found.slots, &found.capslots, found.nslots + 1, sizeof *found.slots))
+            if (dps_grow((void **)&found.slots, &found.capslots, found.nslots + 1, sizeof *found.slots))
                 return 1;
             found.slots[found.nslots++] = (slot_ref_t){(void **)(base + r->r_offset), hook, obj};
         }
@@ -445,7 +431,6 @@ static int collect_object(struct dl_phdr_info *info, size_t size, void *data)
 static void patch_slot(void **slot, void *code, const object_ref_t *o)
 {
     if (*slot == code) return;
-    long page = sysconf(_SC_PAGESIZE);
     uintptr_t p = (uintptr_t)slot & ~(uintptr_t)(page - 1);
     int in_relro = (uintptr_t)slot >= o->relro_lo && (uintptr_t)slot < o->relro_hi;
     if (in_relro && mprotect((void *)p, (size_t)page, PROT_READ | PROT_WRITE) != 0) return;
@@ -453,12 +438,12 @@ static void patch_slot(void **slot, void *code, const object_ref_t *o)
     if (in_relro) mprotect((void *)p, (size_t)page, PROT_READ);
 }
 
-/* What an object's references to `symbol` bind to, as ld.so looks it up: the global scope
- * first, then the object's own dependencies (an RTLD_LOCAL library's own definition). */
-static void *resolve_in(void *handle, const char *symbol)
+/* What an object's references to a hooked symbol bind to, as ld.so looks it up: the global
+ * scope first (found once per pass), then the object's own dependencies (an RTLD_LOCAL
+ * library's own definition). */
+static void *resolve_in(const bound_t *b, void *handle)
 {
-    void *f = dlsym(RTLD_DEFAULT, symbol);
-    return f ? f : handle ? dlsym(handle, symbol) : NULL;
+    return b->global_def ? b->global_def : dlsym(handle, b->d->symbol);
 }
 
 static void *dlopen_wrapper(const char *file, int mode);
@@ -467,29 +452,34 @@ static void bind_once(void)
 {
     found.nslots = found.nobjs = 0;
     dl_iterate_phdr(collect_object, NULL);
-    for (size_t o = 0; o < found.nobjs; o++) {
-        object_ref_t *obj = &found.objs[o];
-        /* a handle only for objects fully loaded (RTLD_NOLOAD finds nothing else, e.g. the vdso) */
-        void *h = real_dlopen(obj->name[0] ? obj->name : NULL, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) continue;
-        for (size_t i = 0; i < found.nslots; i++) {
-            const slot_ref_t *sr = &found.slots[i];
-            if (sr->obj != (int)o) continue;
-            if (sr->hook < 0) {
-                patch_slot(sr->slot, (void *)&dlopen_wrapper, obj);
-                continue;
-            }
-            bound_t *b = &hooks[sr->hook];
-            void *target = resolve_in(h, b->d->symbol);
-            if (!target || (b->d->library[0] && target != b->library_def)) continue;
-            b->defined = 1;
-            variant_t *v = variant_for(b, target);
-            if (!v || *sr->slot == v->code) continue;
-            patch_slot(sr->slot, v->code, obj);
-            if (*sr->slot == v->code) b->sites++;
+    for (int i = 0; i < nhooks; i++) hooks[i].global_def = dlsym(RTLD_DEFAULT, hooks[i].d->symbol);
+    /* slots come object by object: one handle per object */
+    void *h = NULL;
+    int h_obj = -1;
+    for (size_t i = 0; i < found.nslots; i++) {
+        const slot_ref_t *sr = &found.slots[i];
+        const object_ref_t *obj = &found.objs[sr->obj];
+        if (sr->obj != h_obj) {
+            if (h) dlclose(h);
+            /* a handle only for objects fully loaded (RTLD_NOLOAD finds nothing else, e.g. the vdso) */
+            h = real_dlopen(obj->name[0] ? obj->name : NULL, RTLD_LAZY | RTLD_NOLOAD);
+            h_obj = sr->obj;
         }
-        dlclose(h);
+        if (!h) continue;
+        if (sr->hook < 0) {
+            patch_slot(sr->slot, (void *)&dlopen_wrapper, obj);
+            continue;
+        }
+        bound_t *b = &hooks[sr->hook];
+        void *target = resolve_in(b, h);
+        if (!target || (b->d->library[0] && target != b->library_def)) continue;
+        b->defined = 1;
+        variant_t *v = variant_for(b, target);
+        if (!v || *sr->slot == v->code) continue;
+        patch_slot(sr->slot, v->code, obj);
+        if (*sr->slot == v->code) b->sites++;
     }
+    if (h) dlclose(h);
 }
 
 static void bind_all(void)
@@ -595,6 +585,7 @@ int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
     if (open_ffi(err, len)) return -1;
     Dl_info info;
     if (dladdr((void *)&dps_ffi_hooks_start, &info)) self_base = info.dli_fbase;
+    page = sysconf(_SC_PAGESIZE);
     *(void **)&real_dlopen = dlsym(RTLD_NEXT, "dlopen");
     if (!real_dlopen) *(void **)&real_dlopen = dlsym(RTLD_DEFAULT, "dlopen");
     hooks = calloc((size_t)p->nhooks, sizeof *hooks);
