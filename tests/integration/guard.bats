@@ -27,24 +27,25 @@ fault() {
     [ "$elapsed" -lt "$TIMEOUT" ] # detected at once, not by the timeout
 }
 
-@test "rank 1 stalls inside step 5: the watchdog lists every rank's position" {
-    fault stall 1 5
+# stalled_report COUNT: the watchdog's table when rank 1 stalled inside step 5 and the others
+# wait in dp_grads for COUNT floats.
+stalled_report() {
     assert_failure
     assert_output --partial "guard: dp_grads collective #6 (after step 4) has waited"
     assert_output --regexp "rank 1: in the program's own code for [0-9.]+ s, since dp_grads collective #5 after step 4  <-- culprit"
     for r in 0 2 3; do
-        assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x 1000\), collective #6 after step 4, waiting"
+        assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x $1\), collective #6 after step 4, waiting"
     done
+}
+
+@test "rank 1 stalls inside step 5: the watchdog lists every rank's position" {
+    fault stall 1 5
+    stalled_report 1000
 }
 
 @test "[comm] overlap: rank 1 stalls while the others wait in dp_grads for their background reductions" {
     GUARD_FAULTS_ANNOUNCE=1 fault stall 1 5
-    assert_failure
-    assert_output --partial "guard: dp_grads collective #6 (after step 4) has waited"
-    assert_output --regexp "rank 1: in the program's own code for [0-9.]+ s, since dp_grads collective #5 after step 4  <-- culprit"
-    for r in 0 2 3; do
-        assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x 70000\), collective #6 after step 4, waiting"
-    done
+    stalled_report 70000
 }
 
 @test "[comm] overlap: rank 1 exits while the others' background reductions wait for it" {
