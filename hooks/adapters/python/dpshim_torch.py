@@ -108,6 +108,18 @@ def _contiguous_views(ts):
     return out, back
 
 
+def _in_place(hook, name, ts, as_sent=lambda v: v):
+    """hook(tensors, n) of the hook ABI on ts, in place: non-contiguous tensors go through
+    contiguous copies that are copied back."""
+    import torch
+    with torch.no_grad():
+        views, back = _contiguous_views(ts)
+        sent = [as_sent(v) for v in views]
+        _check(hook(_tensors(sent), len(sent)), name)
+        for t, c in back:
+            t.copy_(c)
+
+
 # --- parameters and buffers: rank 0's values on every rank before the first forward ---
 
 def _is_lazy(t):
@@ -132,14 +144,10 @@ def _broadcast_tensors(ts):
     import torch
     if not ts:
         return
-    with torch.no_grad():
-        views, back = _contiguous_views([t.data for t in ts])
-        # a broadcast moves bytes: dtypes the hook ABI has no name for (bool masks, int8,
-        # complex) travel as their bytes
-        sent = [v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8) for v in views]
-        _check(_shim.dp_params(_tensors(sent), len(sent)), "dp_params")
-        for t, c in back:
-            t.copy_(c)
+    # a broadcast moves bytes: dtypes the hook ABI has no name for (bool masks, int8, complex)
+    # travel as their bytes
+    _in_place(_shim.dp_params, "dp_params", [t.data for t in ts],
+              lambda v: v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8))
 
 
 _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is here)
@@ -196,11 +204,7 @@ def _reduce_gradients(params):
         if p.grad.is_sparse:
             raise RuntimeError("dpshim: sparse gradients are not supported; use dense embeddings")
         grads.append(p.grad)
-    with torch.no_grad():
-        views, back = _contiguous_views(grads)
-        _check(_shim.dp_grads(_tensors(views), len(views)), "dp_grads")
-        for g, c in back:
-            g.copy_(c)
+    _in_place(_shim.dp_grads, "dp_grads", grads)
 
 
 _reduced = set()  # ids of parameters averaged by a backward since their optimizer's last step
@@ -405,6 +409,14 @@ def _hook_samplers(torch):
 
 # --- BatchNorm: statistics of the global batch ---
 
+def _bn_sums(a, b, n):
+    """a and b (contiguous float64) summed over ranks in place, and n with them: the total."""
+    count = ctypes.c_uint64(n)
+    t = _tensors([a, b])
+    _check(_shim.dp_bn_stats(ctypes.byref(t[0]), ctypes.byref(t[1]), ctypes.byref(count)), "dp_bn_stats")
+    return count.value
+
+
 def _hook_batchnorm(torch):
     class SumOverRanks(torch.autograd.Function):
         """Per-channel sums over all ranks (and the total sample count), and their gradients the
@@ -415,20 +427,15 @@ def _hook_batchnorm(torch):
         @staticmethod
         def forward(ctx, s, ss, n):
             s, ss = s.clone(), ss.clone()
-            count = ctypes.c_uint64(n)
-            t = _tensors([s, ss])
-            _check(_shim.dp_bn_stats(ctypes.byref(t[0]), ctypes.byref(t[1]), ctypes.byref(count)), "dp_bn_stats")
             ctx.n = n
-            total = torch.tensor(float(count.value), dtype=torch.float64)
+            total = torch.tensor(float(_bn_sums(s, ss, n)), dtype=torch.float64)
             ctx.mark_non_differentiable(total)
             return s, ss, total
 
         @staticmethod
         def backward(ctx, gs, gss, gtotal):
             gs, gss = (gs * ctx.n).contiguous(), (gss * ctx.n).contiguous()
-            count = ctypes.c_uint64(ctx.n)
-            t = _tensors([gs, gss])
-            _check(_shim.dp_bn_stats(ctypes.byref(t[0]), ctypes.byref(t[1]), ctypes.byref(count)), "dp_bn_stats")
+            _bn_sums(gs, gss, ctx.n)
             return (gs / ctx.n, gss / ctx.n, None) if ctx.n else (gs * 0, gss * 0, None)
 
     norm = torch.nn.modules.batchnorm._BatchNorm
