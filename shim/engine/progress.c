@@ -6,6 +6,7 @@
 #include "progress.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +71,10 @@ static void *progress_main(void *arg)
 int dps_progress_available(const dps_backend_t *be)
 {
     if (!dps_g.overlap || !be->allreduce_bg) return 0;
+    /* decided once; every dp_grad_ready asks */
+    static atomic_int decided; /* 0: not yet, 1: running, -1: could not start */
+    int d = atomic_load_explicit(&decided, memory_order_acquire);
+    if (d) return d > 0;
     pthread_mutex_lock(&q.lock);
     if (!q.running && !q.stop) {
         q.be = be;
@@ -79,6 +84,7 @@ int dps_progress_available(const dps_backend_t *be)
         q.stop = !q.running; /* do not try again */
     }
     int ok = q.running;
+    atomic_store_explicit(&decided, ok ? 1 : -1, memory_order_release);
     pthread_mutex_unlock(&q.lock);
     return ok;
 }
