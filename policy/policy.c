@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 const dps_key_info_t dps_keys[DPS_NKEYS] = {
-#define DPS_KEY(sec, key, type, def, allowed, doc) {#sec, #key, DPS_KEY_##type, def, allowed, doc},
+#define DPS_KEY(sec, key, type, def, allowed, doc) {#sec, #key, DPS_KEY_##type, def, DPS_ALLOWED_##type(allowed), doc},
 #include "policy_keys.def"
 #undef DPS_KEY
 };
@@ -196,11 +196,6 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
     free(p->set[id].text);
     p->set[id] = (dps_setting_t){text, num, src, line};
     return 0;
-}
-
-int dps_policy_is(const dps_policy_t *p, dps_key_id_t id, const char *v)
-{
-    return p->set[id].text && strcmp(p->set[id].text, v) == 0;
 }
 
 static int find_key(const char *sec, size_t slen, const char *key, size_t klen)

@@ -17,6 +17,47 @@ typedef enum {
     DPS_NKEYS
 } dps_key_id_t;
 
+/* The table's value lists, expanded. An ENUM key's list (a, b, c) gives the text "a|b|c" and the
+ * typed values dps_<sec>_<key>_t { DPS_V_<sec>_<key>_a, ... }, numbered in list order, which is
+ * what dps_policy_num returns. Lists hold up to 8 names. */
+#define DPS_LIST_N_(_1, _2, _3, _4, _5, _6, _7, _8, n, ...) n
+#define DPS_LIST_N(...) DPS_LIST_N_(__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define DPS_CAT_(a, b) a##b
+#define DPS_CAT(a, b) DPS_CAT_(a, b)
+#define DPS_UNPAREN(...) __VA_ARGS__
+#define DPS_TEXT_1(a) #a
+#define DPS_TEXT_2(a, ...) #a "|" DPS_TEXT_1(__VA_ARGS__)
+#define DPS_TEXT_3(a, ...) #a "|" DPS_TEXT_2(__VA_ARGS__)
+#define DPS_TEXT_4(a, ...) #a "|" DPS_TEXT_3(__VA_ARGS__)
+#define DPS_TEXT_5(a, ...) #a "|" DPS_TEXT_4(__VA_ARGS__)
+#define DPS_TEXT_6(a, ...) #a "|" DPS_TEXT_5(__VA_ARGS__)
+#define DPS_TEXT_7(a, ...) #a "|" DPS_TEXT_6(__VA_ARGS__)
+#define DPS_TEXT_8(a, ...) #a "|" DPS_TEXT_7(__VA_ARGS__)
+#define DPS_VALUES_TEXT_(...) DPS_CAT(DPS_TEXT_, DPS_LIST_N(__VA_ARGS__))(__VA_ARGS__)
+#define DPS_CONST_1(p, a) p##a,
+#define DPS_CONST_2(p, a, ...) p##a, DPS_CONST_1(p, __VA_ARGS__)
+#define DPS_CONST_3(p, a, ...) p##a, DPS_CONST_2(p, __VA_ARGS__)
+#define DPS_CONST_4(p, a, ...) p##a, DPS_CONST_3(p, __VA_ARGS__)
+#define DPS_CONST_5(p, a, ...) p##a, DPS_CONST_4(p, __VA_ARGS__)
+#define DPS_CONST_6(p, a, ...) p##a, DPS_CONST_5(p, __VA_ARGS__)
+#define DPS_CONST_7(p, a, ...) p##a, DPS_CONST_6(p, __VA_ARGS__)
+#define DPS_CONST_8(p, a, ...) p##a, DPS_CONST_7(p, __VA_ARGS__)
+#define DPS_CONSTS_(p, ...) DPS_CAT(DPS_CONST_, DPS_LIST_N(__VA_ARGS__))(p, __VA_ARGS__)
+/* allowed text per key type */
+#define DPS_ALLOWED_ENUM(list) DPS_VALUES_TEXT_(DPS_UNPAREN list)
+#define DPS_ALLOWED_UINT(range) range
+#define DPS_ALLOWED_STR(none) none
+#define DPS_ALLOWED_GLOBS(none) none
+/* typed values per key type: only ENUM keys have them */
+#define DPS_TYPED_ENUM(sec, key, list) \
+    typedef enum { DPS_CONSTS_(DPS_V_##sec##_##key##_, DPS_UNPAREN list) DPS_V_##sec##_##key##__N } dps_##sec##_##key##_t;
+#define DPS_TYPED_UINT(sec, key, range)
+#define DPS_TYPED_STR(sec, key, none)
+#define DPS_TYPED_GLOBS(sec, key, none)
+#define DPS_KEY(sec, key, type, def, allowed, doc) DPS_TYPED_##type(sec, key, allowed)
+#include "policy_keys.def"
+#undef DPS_KEY
+
 typedef struct dps_key_info {
     const char *section;
     const char *key;
@@ -72,8 +113,8 @@ static inline const char *dps_policy_text(const dps_policy_t *p, dps_key_id_t id
 {
     return p->set[id].text;
 }
-/* ENUM keys: is the value `v`? */
-int dps_policy_is(const dps_policy_t *p, dps_key_id_t id, const char *v);
+/* An ENUM key's value, typed: DPS_POLICY_ENUM(p, comm, backend) == DPS_V_comm_backend_nccl. */
+#define DPS_POLICY_ENUM(p, sec, key) ((dps_##sec##_##key##_t)dps_policy_num((p), DPS_P_##sec##_##key))
 /* "DPSHIM_COMM_BUCKET_MB" for a key, into buf. */
 const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len);
 /* "file.conf:12", "env DPSHIM_X" or "default", into buf. */

@@ -1,5 +1,7 @@
-/* Internal state and logging of libdpshim: one process-wide state owned by core/init.c.
- * Everything here has hidden visibility; only the hook ABI and the interposers are exported. */
+/* The ground floor of libdpshim: the process-wide state (identity, policy, engine settings),
+ * logging, the re-entry guard and small helpers. Every other part may use core; core uses
+ * nothing of the shim above it (README: How it works, layers). Everything here has hidden
+ * visibility; only the hook ABI and the interposers are exported. */
 #ifndef DPS_CORE_H
 #define DPS_CORE_H
 
@@ -19,7 +21,14 @@
 /* Exit status when the shim ends a job it cannot run correctly. */
 #define DPS_EXIT_FATAL 70
 
-typedef enum { DPS_LOG_ERROR, DPS_LOG_WARN, DPS_LOG_INFO, DPS_LOG_DEBUG } dps_log_level_t;
+/* The log levels are [diag] log's values; DPS_LOG compares them with <=, quietest first. */
+typedef dps_diag_log_t dps_log_level_t;
+#define DPS_LOG_ERROR DPS_V_diag_log_error
+#define DPS_LOG_WARN DPS_V_diag_log_warn
+#define DPS_LOG_INFO DPS_V_diag_log_info
+#define DPS_LOG_DEBUG DPS_V_diag_log_debug
+_Static_assert(DPS_LOG_ERROR < DPS_LOG_WARN && DPS_LOG_WARN < DPS_LOG_INFO && DPS_LOG_INFO < DPS_LOG_DEBUG,
+               "[diag] log must list its levels from the quietest");
 
 typedef enum {
     DPS_ROLE_RANK,  /* the process that owns this rank's collectives */
@@ -42,7 +51,6 @@ typedef struct dps_state {
     int uneven; /* index into [data] uneven: pad, drop, join */
     size_t bucket_bytes;
     int overlap; /* [comm] overlap = on */
-    int gpu_shared; /* [gpu] bind: local ranks outnumber this node's GPUs */
     int32_t compress_dtype; /* DP_F16 or DP_BF16 for [comm] compress, else -1 */
 } dps_state_t;
 
@@ -70,15 +78,13 @@ _Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 
             DPS_WARN(__VA_ARGS__);                                             \
     } while (0)
 
-/* output.c: [output] stdout, in the rank process */
-int dps_output_setup(const dps_state_t *s);
+/* Per thread: inside the shim's own work. The interposers pass such calls straight to the real
+ * function, so the shim never applies its own file policy to itself (state.c). */
+extern __thread int dps_in_shim __attribute__((tls_model("initial-exec")));
 
-/* bootstrap.c */
+/* bootstrap.c: who this process is in the job */
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
 void dps_bootstrap_finalize(void);
-
-/* [adapters] python: a Python rank process gets the PyTorch adapter (core/python.c). */
-void dps_python_inject(const dps_state_t *s);
 
 /* Makes the array *p (capacity *cap items of elem bytes) hold at least need items, doubling
  * from 64. 0, or -1 with the array untouched when memory runs out. */

@@ -32,30 +32,30 @@ int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 {
     const dps_policy_t *p = &s->policy;
     char src[1100];
-    if (dps_policy_is(p, DPS_P_comm_backend, "nccl")) {
+    if (DPS_POLICY_ENUM(p, comm, backend) == DPS_V_comm_backend_nccl) {
         snprintf(err, errlen, "%s: [comm] backend = nccl: this build has no nccl backend; use auto or mpi",
                  dps_policy_source(p, DPS_P_comm_backend, src, sizeof src));
         return -1;
     }
-    if (dps_policy_is(p, DPS_P_data_uneven, "join")) {
+    if (DPS_POLICY_ENUM(p, data, uneven) == DPS_V_data_uneven_join) {
         snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
                  dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
         return -1;
     }
-    int self = dps_policy_is(p, DPS_P_comm_backend, "self");
+    int self = DPS_POLICY_ENUM(p, comm, backend) == DPS_V_comm_backend_self;
     s->eff_rank = self ? 0 : s->rank;
     s->eff_size = self ? 1 : s->size;
     if (self && s->size > 1 && s->rank == 0)
         DPS_WARN("[comm] backend = self with %d ranks: every rank trains alone on all the data", s->size);
-    s->split_mode = dps_policy_is(p, DPS_P_data_mode, "split");
-    s->reduce_sum = dps_policy_is(p, DPS_P_comm_reduce, "sum");
-    s->bn_sync = dps_policy_is(p, DPS_P_bn_sync, "on");
+    s->split_mode = DPS_POLICY_ENUM(p, data, mode) == DPS_V_data_mode_split;
+    s->reduce_sum = DPS_POLICY_ENUM(p, comm, reduce) == DPS_V_comm_reduce_sum;
+    s->bn_sync = DPS_POLICY_ENUM(p, bn, sync) == DPS_V_bn_sync_on;
     s->uneven = (int)dps_policy_num(p, DPS_P_data_uneven);
     s->bucket_bytes = (size_t)dps_policy_num(p, DPS_P_comm_bucket_mb) << 20;
-    s->overlap = dps_policy_is(p, DPS_P_comm_overlap, "on") ||
-                 (dps_policy_is(p, DPS_P_comm_overlap, "auto") && spare_core(s));
-    s->compress_dtype = dps_policy_is(p, DPS_P_comm_compress, "fp16")   ? DP_F16
-                        : dps_policy_is(p, DPS_P_comm_compress, "bf16") ? DP_BF16
+    s->overlap = DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_on ||
+                 (DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_auto && spare_core(s));
+    s->compress_dtype = DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_fp16   ? DP_F16
+                        : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
                                                                         : -1;
     dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
     dps_e.be_name = "mpi"; /* host buffers; the only multi-rank backend of this build */

@@ -19,7 +19,6 @@ typedef struct dps_engine {
     uint64_t batch_share, batch_n; /* last dp_batch: this rank's share of a global batch */
     int have_batch;
     uint64_t step;
-    uint64_t seq; /* collectives so far */
 } dps_engine_t;
 
 extern dps_engine_t dps_e;
@@ -39,8 +38,8 @@ const dps_backend_t *dps_comm(const char *hook);
  * for them each call's latency is what counts. */
 #define DPS_INPLACE_MIN_BYTES (256u << 10)
 
-/* GRADS: an all-reduce that [comm] compress may send in half precision. */
-typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST } dps_fuse_t;
+/* GRADS: an all-reduce that [comm] compress may send in half precision. BARRIER: no data. */
+typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST, DPS_FUSE_BARRIER } dps_fuse_t;
 /* Reduce (each float element first multiplied by scale; 0 gives exact zeros) or broadcast from
  * rank 0 the tensors t[0..n) in place, packed into buckets of [comm] bucket_mb; tensors of a
  * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */
@@ -53,7 +52,13 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
 int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
                          double scale, char *err, size_t errlen);
 
-/* A declarative hook's allreduce action: t in place with op DP_SUM, DP_MEAN, DP_MIN or DP_MAX. */
+/* A barrier of the main thread, watched by the guard like any collective. 0, or fatal. */
+int dps_barrier(const char *hook, const dps_backend_t *be);
+
+/* A declarative hook's allreduce action: t in place with op DP_SUM, DP_MEAN, DP_MIN or DP_MAX.
+ * `where` names the hook in reports and traces, which keep the pointer: it must outlive the job. */
 int dps_hook_allreduce(const char *where, dp_tensor *t, int op);
+/* A declarative hook's barrier action (the same rule for `where`). */
+int dps_hook_barrier(const char *where);
 
 #endif

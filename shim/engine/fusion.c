@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
+#include "core/dtype.h"
 #include "engine.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
@@ -16,7 +16,7 @@ typedef struct lane {
     int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op);
     const char *(*last_error)(void);
     unsigned char *bucket;
-    uint64_t seq;          /* background collectives so far (the main lane counts in dps_e.seq) */
+    uint64_t seq;          /* background collectives so far (the main lane's are the guard's) */
     char *err;             /* background: where a failure is described for the waiting thread */
     size_t errlen;
 } lane_t;
@@ -131,11 +131,13 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
                               (unsigned long long)L->seq, L->last_error());
         return rc;
     }
-    dps_guard_enter(hook, kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE, dtype, count);
+    int coll = kind == DPS_FUSE_BARRIER ? DPS_COLL_BARRIER : kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
+    dps_guard_enter(hook, coll, dtype, count);
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
-    int rc = kind == DPS_FUSE_BCAST ? be->bcast(buf, bytes, 0) : be->allreduce(buf, count, dtype, op);
-    ++dps_e.seq;
-    if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_e.seq, dps_e.step);
+    int rc = coll == DPS_COLL_BARRIER ? be->barrier()
+             : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, 0)
+                                      : be->allreduce(buf, count, dtype, op);
+    if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     dps_guard_leave();
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
@@ -206,6 +208,11 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         }
     }
     return 0;
+}
+
+int dps_barrier(const char *hook, const dps_backend_t *be)
+{
+    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM);
 }
 
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,

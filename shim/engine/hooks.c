@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
+#include "core/dtype.h"
 #include "engine.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
@@ -39,6 +39,10 @@ DPS_EXPORT size_t dp_batch(uint64_t *idx, size_t n)
     dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
     return share;
 }
+
+_Static_assert((int)DPS_UNEVEN_PAD == (int)DPS_V_data_uneven_pad && (int)DPS_UNEVEN_DROP == (int)DPS_V_data_uneven_drop &&
+                   (int)DPS_UNEVEN_JOIN == (int)DPS_V_data_uneven_join,
+               "[data] uneven must list its values in dps_uneven_t's order: dps_g.uneven is passed on as it is");
 
 DPS_EXPORT size_t dp_epoch(uint64_t *idx, size_t n)
 {
@@ -148,8 +152,7 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
     char err[1024];
     int rc = dps_progress_wait(err, sizeof err);
-    ++dps_e.seq;
-    if (dps_diag_on) dps_diag_collective("dp_grads", 0, t0, dps_diag_now(), dps_e.seq, dps_e.step);
+    if (dps_diag_on) dps_diag_collective("dp_grads", 0, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     dps_guard_leave();
     if (rc) {
         char where[96];
@@ -202,6 +205,12 @@ int dps_hook_allreduce(const char *where, dp_tensor *t, int op)
     if (!be) return 0;
     return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0,
                      redop_of(op));
+}
+
+int dps_hook_barrier(const char *where)
+{
+    const dps_backend_t *be = dps_comm(where);
+    return be ? dps_barrier(where, be) : 0;
 }
 
 DPS_EXPORT int dp_scope_begin(const char *name)

@@ -15,7 +15,7 @@
 #include "core/dps.h"
 
 typedef struct group {
-    size_t first, n; /* tensors q.t[first .. first+n) */
+    size_t first, n; /* tensors queue.t[first .. first+n) */
     double scale;
 } group_t;
 
@@ -30,7 +30,7 @@ static struct {
     group_t *g;
     size_t ng, cap_g, next; /* groups submitted, and the next one to reduce */
     char err[1024];         /* the first failure; the queue stops there */
-} q = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
+} queue = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
 
 static void *progress_main(void *arg)
 {
@@ -40,30 +40,30 @@ static void *progress_main(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's, not ours */
     dp_tensor *mine = NULL;
     size_t cap = 0;
-    pthread_mutex_lock(&q.lock);
+    pthread_mutex_lock(&queue.lock);
     for (;;) {
-        while (!q.stop && (q.next == q.ng || q.err[0]))
-            pthread_cond_wait(&q.work, &q.lock);
-        if (q.stop) break;
-        group_t g = q.g[q.next];
-        /* the submitter may grow q.t meanwhile: work on a copy */
+        while (!queue.stop && (queue.next == queue.ng || queue.err[0]))
+            pthread_cond_wait(&queue.work, &queue.lock);
+        if (queue.stop) break;
+        group_t g = queue.g[queue.next];
+        /* the submitter may grow queue.t meanwhile: work on a copy */
         if (dps_grow((void **)&mine, &cap, g.n, sizeof *mine)) {
-            snprintf(q.err, sizeof q.err, "dp_grad_ready: out of memory in the progress thread");
-            pthread_cond_broadcast(&q.idle);
+            snprintf(queue.err, sizeof queue.err, "dp_grad_ready: out of memory in the progress thread");
+            pthread_cond_broadcast(&queue.idle);
             continue;
         }
-        memcpy(mine, q.t + g.first, g.n * sizeof *mine);
-        q.busy = 1;
-        pthread_mutex_unlock(&q.lock);
-        char err[sizeof q.err] = "";
-        int rc = dps_fused_background("dp_grad_ready", q.be, mine, g.n, g.scale, err, sizeof err);
-        pthread_mutex_lock(&q.lock);
-        q.busy = 0;
-        q.next++;
-        if (rc) snprintf(q.err, sizeof q.err, "%s", err);
-        if (q.next == q.ng || q.err[0]) pthread_cond_broadcast(&q.idle);
+        memcpy(mine, queue.t + g.first, g.n * sizeof *mine);
+        queue.busy = 1;
+        pthread_mutex_unlock(&queue.lock);
+        char err[sizeof queue.err] = "";
+        int rc = dps_fused_background("dp_grad_ready", queue.be, mine, g.n, g.scale, err, sizeof err);
+        pthread_mutex_lock(&queue.lock);
+        queue.busy = 0;
+        queue.next++;
+        if (rc) snprintf(queue.err, sizeof queue.err, "%s", err);
+        if (queue.next == queue.ng || queue.err[0]) pthread_cond_broadcast(&queue.idle);
     }
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_unlock(&queue.lock);
     free(mine);
     return NULL;
 }
@@ -75,59 +75,59 @@ int dps_progress_available(const dps_backend_t *be)
     static atomic_int decided; /* 0: not yet, 1: running, -1: could not start */
     int d = atomic_load_explicit(&decided, memory_order_acquire);
     if (d) return d > 0;
-    pthread_mutex_lock(&q.lock);
-    if (!q.running && !q.stop) {
-        q.be = be;
-        q.running = pthread_create(&q.thread, NULL, progress_main, NULL) == 0;
-        if (!q.running)
+    pthread_mutex_lock(&queue.lock);
+    if (!queue.running && !queue.stop) {
+        queue.be = be;
+        queue.running = pthread_create(&queue.thread, NULL, progress_main, NULL) == 0;
+        if (!queue.running)
             DPS_WARN("[comm] overlap: cannot start the progress thread; gradients are reduced in dp_grads");
-        q.stop = !q.running; /* do not try again */
+        queue.stop = !queue.running; /* do not try again */
     }
-    int ok = q.running;
+    int ok = queue.running;
     atomic_store_explicit(&decided, ok ? 1 : -1, memory_order_release);
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_unlock(&queue.lock);
     return ok;
 }
 
 int dps_progress_submit(const dp_tensor *t, size_t n, double scale)
 {
-    pthread_mutex_lock(&q.lock);
+    pthread_mutex_lock(&queue.lock);
     int rc = -1;
-    if (dps_grow((void **)&q.t, &q.cap_t, q.nt + n, sizeof *q.t) ||
-        dps_grow((void **)&q.g, &q.cap_g, q.ng + 1, sizeof *q.g))
+    if (dps_grow((void **)&queue.t, &queue.cap_t, queue.nt + n, sizeof *queue.t) ||
+        dps_grow((void **)&queue.g, &queue.cap_g, queue.ng + 1, sizeof *queue.g))
         goto out;
-    memcpy(q.t + q.nt, t, n * sizeof *t);
-    q.g[q.ng++] = (group_t){q.nt, n, scale};
-    q.nt += n;
-    pthread_cond_signal(&q.work);
+    memcpy(queue.t + queue.nt, t, n * sizeof *t);
+    queue.g[queue.ng++] = (group_t){queue.nt, n, scale};
+    queue.nt += n;
+    pthread_cond_signal(&queue.work);
     rc = 0;
 out:
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_unlock(&queue.lock);
     if (rc) DPS_ERROR("dp_grad_ready: out of memory queueing gradients for the progress thread");
     return rc;
 }
 
 int dps_progress_wait(char *err, size_t errlen)
 {
-    pthread_mutex_lock(&q.lock);
-    while (q.next < q.ng && !q.err[0])
-        pthread_cond_wait(&q.idle, &q.lock);
-    int rc = q.err[0] ? -1 : 0;
+    pthread_mutex_lock(&queue.lock);
+    while (queue.next < queue.ng && !queue.err[0])
+        pthread_cond_wait(&queue.idle, &queue.lock);
+    int rc = queue.err[0] ? -1 : 0;
     if (rc)
-        snprintf(err, errlen, "%s", q.err);
+        snprintf(err, errlen, "%s", queue.err);
     else
-        q.nt = q.ng = q.next = 0; /* drained: the next step starts from an empty queue */
-    pthread_mutex_unlock(&q.lock);
+        queue.nt = queue.ng = queue.next = 0; /* drained: the next step starts from an empty queue */
+    pthread_mutex_unlock(&queue.lock);
     return rc;
 }
 
 void dps_progress_stop(void)
 {
-    pthread_mutex_lock(&q.lock);
-    int running = q.running, busy = q.busy || q.next < q.ng;
-    q.stop = 1;
-    pthread_cond_broadcast(&q.work);
-    pthread_mutex_unlock(&q.lock);
+    pthread_mutex_lock(&queue.lock);
+    int running = queue.running, busy = queue.busy || queue.next < queue.ng;
+    queue.stop = 1;
+    pthread_cond_broadcast(&queue.work);
+    pthread_mutex_unlock(&queue.lock);
     if (!running) return;
     if (busy) {
         /* only a program that announced gradients and never called dp_grads gets here; its
@@ -136,6 +136,6 @@ void dps_progress_stop(void)
                  "before the program ends");
         return;
     }
-    pthread_join(q.thread, NULL);
-    q.running = 0;
+    pthread_join(queue.thread, NULL);
+    queue.running = 0;
 }

@@ -19,7 +19,6 @@
 
 atomic_int dps_files_on;
 atomic_int dps_files_pending;
-__thread int dps_in_shim __attribute__((tls_model("initial-exec")));
 
 typedef enum { GLOB_BASENAME, GLOB_ABSOLUTE, GLOB_RELATIVE } glob_kind_t;
 typedef struct glob_list {

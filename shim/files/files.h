@@ -32,8 +32,6 @@ typedef struct dps_redirect {
 extern atomic_int dps_files_on;
 /* Nonzero while PUBLISH files are open: close() looks them up only then. */
 extern atomic_int dps_files_pending;
-/* Per thread: inside the shim's own work, file calls pass through untouched. */
-extern __thread int dps_in_shim __attribute__((tls_model("initial-exec")));
 
 int dps_files_configure(const dps_policy_t *p, int rank, char *err, size_t errlen);
 

@@ -23,7 +23,7 @@ int dps_gpu_count(void)
 
 void dps_gpu_bind(dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || s->local_size < 2 || !dps_policy_is(&s->policy, DPS_P_gpu_bind, "auto"))
+    if (s->role != DPS_ROLE_RANK || s->local_size < 2 || DPS_POLICY_ENUM(&s->policy, gpu, bind) != DPS_V_gpu_bind_auto)
         return;
     const char *user = getenv("CUDA_VISIBLE_DEVICES");
     char pick[256], was[1024];
@@ -32,7 +32,6 @@ void dps_gpu_bind(dps_state_t *s)
         n = dps_gpu_pick(user, dps_gpu_count(), s->local_rank, s->local_size, pick, sizeof pick, &shared);
     if (!n) return; /* no GPU here (or none visible to the user): a CPU job */
     setenv("CUDA_VISIBLE_DEVICES", pick, 1);
-    s->gpu_shared = shared;
     DPS_INFO("[gpu] bind: local rank %d of %d sees GPU %s only (CUDA_VISIBLE_DEVICES=%s; it was %s)",
              s->local_rank, s->local_size, pick, pick, user ? was : "unset, all of /dev's");
     if (shared && s->local_rank == 0)

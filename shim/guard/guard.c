@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "diag/diag.h"
-#include "engine/dtype.h"
+#include "core/dtype.h"
 #include "dpshim/hooks.h"
 
 /* Where the main thread is; written by it, read by the watchdog and the crash handler. */
@@ -29,10 +29,12 @@ static struct {
     atomic_int leaving; /* the program is exiting */
 } pos;
 
-enum { DESYNC_OFF, DESYNC_STEP, DESYNC_FULL };
+/* The zeroed state before configuration must check nothing. */
+_Static_assert(DPS_V_guard_desync_off == 0, "[guard] desync must list off first");
 
 static struct {
-    int on, exit_barrier, desync;
+    int on, exit_barrier;
+    dps_guard_desync_t desync;
     uint64_t drift_every;
     uint64_t fp; /* rolling fingerprint of this rank's collectives since the last step check */
     dp_tensor *params;
@@ -57,8 +59,8 @@ void dps_guard_configure(const dps_state_t *s)
 {
     g.rank = s->rank, g.size = s->size;
     g.timeout = (double)dps_policy_num(&s->policy, DPS_P_guard_timeout);
-    g.exit_barrier = dps_policy_is(&s->policy, DPS_P_guard_exit_barrier, "on");
-    g.desync = (int)dps_policy_num(&s->policy, DPS_P_guard_desync);
+    g.exit_barrier = DPS_POLICY_ENUM(&s->policy, guard, exit_barrier) == DPS_V_guard_exit_barrier_on;
+    g.desync = DPS_POLICY_ENUM(&s->policy, guard, desync);
     g.drift_every = dps_policy_num(&s->policy, DPS_P_guard_drift_every);
     /* with neither a watchdog nor an exit barrier there is nothing for the thread to do */
     g.on = s->eff_size > 1 && (g.timeout > 0 || g.exit_barrier);
@@ -84,7 +86,7 @@ static uint64_t describe_call(const char *hook, int collective, int32_t dtype, u
 
 void dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
-    if (g.desync == DESYNC_FULL) check_call(hook, collective, dtype, count);
+    if (g.desync == DPS_V_guard_desync_full) check_call(hook, collective, dtype, count);
     g.fp = mix(g.fp, describe_call(hook, collective, dtype, count));
 }
 
@@ -112,7 +114,7 @@ static void check_drift(uint64_t step);
 void dps_guard_step(uint64_t step)
 {
     atomic_store_explicit(&pos.step, step, memory_order_relaxed);
-    if (g.desync == DESYNC_STEP) check_step(step);
+    if (g.desync == DPS_V_guard_desync_step) check_step(step);
     if (g.drift_every && step % g.drift_every == 0) check_drift(step);
 }
 
@@ -124,6 +126,8 @@ void dps_guard_params(const dp_tensor *t, size_t n)
     free(g.params);
     g.params = copy, g.nparams = n;
 }
+
+uint64_t dps_guard_seq(void) { return atomic_load_explicit(&pos.seq, memory_order_relaxed); }
 
 void dps_guard_where(char *buf, size_t len)
 {
@@ -188,7 +192,7 @@ static void describe(const guard_msg_t *m, char *buf, size_t len)
                  (unsigned long long)m->seq, (unsigned long long)m->step, m->seconds);
     else if (m->in_coll)
         snprintf(buf, len, "in %s (%s %s x %llu), collective #%llu after step %llu, waiting %.1f s", m->hook,
-                 m->coll == DPS_COLL_BCAST ? "broadcast" : "all-reduce", dps_dtype_name(m->dtype),
+                 dps_coll_name(m->coll), dps_dtype_name(m->dtype),
                  (unsigned long long)m->count, (unsigned long long)m->seq, (unsigned long long)m->step,
                  m->seconds);
     else
@@ -437,7 +441,7 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
             int votes = 0;
             for (int q = 0; q < g.size; q++) votes += all[q].key == all[r].key;
             DPS_ERROR("guard:   rank %d: %s (%s %s x %llu), collective #%llu after step %llu%s", r, all[r].hook,
-                      all[r].coll == DPS_COLL_BCAST ? "broadcast" : "all-reduce", dps_dtype_name(all[r].dtype),
+                      dps_coll_name(all[r].coll), dps_dtype_name(all[r].dtype),
                       (unsigned long long)all[r].count, (unsigned long long)all[r].seq,
                       (unsigned long long)all[r].step, 2 * votes <= g.size ? "  <-- culprit" : "");
         }

@@ -30,11 +30,18 @@ void dps_guard_leave(void);
 void dps_guard_step(uint64_t step);
 /* The parameters the drift check compares (what dp_params last saw). */
 void dps_guard_params(const dp_tensor *t, size_t n);
+/* Collectives the main thread has entered so far: the number of the current or last one. */
+uint64_t dps_guard_seq(void);
 /* "collective #57 after step 6", for messages. */
 void dps_guard_where(char *buf, size_t len);
 /* At exit of the rank process, before the backend finalizes: the exit barrier. */
 void dps_guard_exit(void);
 
-enum { DPS_COLL_ALLREDUCE, DPS_COLL_BCAST };
+/* The kinds of collective, and their names in reports. */
+enum { DPS_COLL_ALLREDUCE, DPS_COLL_BCAST, DPS_COLL_BARRIER };
+static inline const char *dps_coll_name(int coll)
+{
+    return coll == DPS_COLL_BCAST ? "broadcast" : coll == DPS_COLL_BARRIER ? "barrier" : "all-reduce";
+}
 
 #endif

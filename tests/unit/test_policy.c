@@ -27,9 +27,9 @@ static void test_defaults(void)
 {
     dps_policy_t p;
     dps_policy_init(&p);
-    CHECK(dps_policy_is(&p, DPS_P_comm_backend, "auto"), "backend default");
+    CHECK(DPS_POLICY_ENUM(&p, comm, backend) == DPS_V_comm_backend_auto, "backend default");
     CHECK(dps_policy_num(&p, DPS_P_comm_bucket_mb) == 25, "bucket default");
-    CHECK(dps_policy_is(&p, DPS_P_data_mode, "split"), "mode default");
+    CHECK(DPS_POLICY_ENUM(&p, data, mode) == DPS_V_data_mode_split, "mode default");
     CHECK(dps_policy_num(&p, DPS_P_guard_timeout) == 300, "timeout default");
     CHECK(strcmp(dps_policy_text(&p, DPS_P_files_rank0_only), "") == 0, "globs default empty");
     char src[64];
@@ -56,8 +56,8 @@ static void test_valid_file(void)
                        "dir =\n";
     CHECK(parse(&p, text, &e) == 0, "valid file rejected: %s", e.msg);
     CHECK(dps_policy_num(&p, DPS_P_comm_bucket_mb) == 64, "bucket_mb");
-    CHECK(dps_policy_is(&p, DPS_P_comm_reduce, "sum"), "reduce");
-    CHECK(dps_policy_is(&p, DPS_P_data_mode, "scale"), "mode");
+    CHECK(DPS_POLICY_ENUM(&p, comm, reduce) == DPS_V_comm_reduce_sum, "reduce");
+    CHECK(DPS_POLICY_ENUM(&p, data, mode) == DPS_V_data_mode_scale, "mode");
     CHECK(dps_policy_num(&p, DPS_P_data_uneven) == 1, "uneven index");
     CHECK(strcmp(dps_policy_text(&p, DPS_P_files_rank0_only), "*.ckpt checkpoints/** ckpt-[0-9].bin") == 0,
           "globs: '%s'", dps_policy_text(&p, DPS_P_files_rank0_only));
@@ -92,7 +92,7 @@ static void test_env(void)
     dps_policy_init(&p);
     CHECK(dps_policy_apply_env(&p, env1, &e) == 0, "env rejected: %s", e.msg);
     CHECK(dps_policy_num(&p, DPS_P_comm_bucket_mb) == 8, "env bucket");
-    CHECK(dps_policy_is(&p, DPS_P_data_mode, "scale"), "env mode");
+    CHECK(DPS_POLICY_ENUM(&p, data, mode) == DPS_V_data_mode_scale, "env mode");
     char src[64];
     CHECK(strcmp(dps_policy_source(&p, DPS_P_data_mode, src, sizeof src), "env DPSHIM_DATA_MODE") == 0, "%s", src);
     char *env2[] = {"DPSHIM_COMM_BUCKETMB=8", NULL};

@@ -11,7 +11,7 @@
 
 #include "backends/backend.h"
 #include "dpshim/hooks.h"
-#include "engine/dtype.h"
+#include "core/dtype.h"
 
 /* A data channel: a communicator with its own piece size and error text. The main thread uses
  * `main_ch`; the engine's progress thread uses `bg_ch`, so background gradient reductions never

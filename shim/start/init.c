@@ -9,17 +9,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dps.h"
-#include "engine/engine.h"
-#include "files/files.h"
+#include "start.h"
+
 #include "diag/diag.h"
-#include "guard/guard.h"
-#include "gpu/bind.h"
+#include "engine/engine.h"
 #include "ffi/ffihooks.h"
+#include "files/files.h"
+#include "gpu/bind.h"
+#include "guard/guard.h"
+#include "output/output.h"
 
 extern char **environ;
-
-dps_state_t dps_g = {.size = 1, .eff_size = 1, .launcher = "singleton", .compress_dtype = -1};
 
 static void on_fork_child(void)
 {
@@ -58,6 +58,10 @@ static _Noreturn void config_error(const char *msg)
 
 __attribute__((constructor)) static void dps_init(void)
 {
+    /* Everything start-up does is the shim's own work: the policy library's open and access,
+     * and the others' file calls, resolve to the shim's interposers, and the re-entry guard makes
+     * them pass straight through, whatever the file policy is by then. */
+    dps_in_shim++;
     char err[1024];
     if (dps_bootstrap(&dps_g, err, sizeof err) != 0) config_error(err);
     dps_policy_init(&dps_g.policy);
@@ -82,4 +86,5 @@ __attribute__((constructor)) static void dps_init(void)
              dps_g.size, dps_g.local_rank, dps_g.local_size, dps_g.launcher,
              dps_g.role == DPS_ROLE_RANK ? "rank" : "child",
              dps_g.policy.file[0] ? dps_g.policy.file : "built-in defaults");
+    dps_in_shim--;
 }

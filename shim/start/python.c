@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dps.h"
+#include "start.h"
 
 /* The user's PYTHONPATH, for the adapter to put back: "set:VALUE" or "unset". */
 #define DPS_ENV_PYTHONPATH "DPSHIM_PYTHONPATH"
@@ -25,7 +25,7 @@ static int is_python(void)
 
 void dps_python_inject(const dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || !dps_policy_is(&s->policy, DPS_P_adapters_python, "auto") || !is_python())
+    if (s->role != DPS_ROLE_RANK || DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python())
         return;
     Dl_info info;
     char lib[1024], dir[1100];

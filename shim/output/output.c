@@ -16,7 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dps.h"
+#include "output.h"
 
 /* Launchers forward each rank's output in reads of a few KiB and merge ranks at read
  * boundaries. Written into an empty pipe, a batch of whole lines of at most PIPE_BUF bytes is
@@ -109,11 +109,11 @@ int dps_output_setup(const dps_state_t *s)
 {
     const dps_policy_t *p = &s->policy;
     if (s->exec_in_place) return 0; /* the process it replaced set stdout up already */
-    if (dps_policy_is(p, DPS_P_output_stdout, "rank0") && s->rank != 0) {
+    if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_rank0 && s->rank != 0) {
         int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
         if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0) return -1;
         close(fd);
-    } else if (dps_policy_is(p, DPS_P_output_stdout, "prefix")) {
+    } else if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_prefix) {
         fflush(stdout);
         return setup_prefix(s->rank);
     }

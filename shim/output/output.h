@@ -1,0 +1,10 @@
+/* [output] stdout: what other ranks' standard output becomes (output.c). */
+#ifndef DPS_OUTPUT_H
+#define DPS_OUTPUT_H
+
+#include "core/dps.h"
+
+/* In the rank process's constructor; -1 with errno when the redirection cannot be set up. */
+int dps_output_setup(const dps_state_t *s);
+
+#endif

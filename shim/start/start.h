@@ -1,0 +1,10 @@
+/* Start-up: the constructor that wires the parts together (init.c), at the top of the layers. */
+#ifndef DPS_START_H
+#define DPS_START_H
+
+#include "core/dps.h"
+
+/* [adapters] python: a Python rank process gets the PyTorch adapter (python.c). */
+void dps_python_inject(const dps_state_t *s);
+
+#endif
