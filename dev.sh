@@ -47,7 +47,7 @@ run_tests() {
     mpirun_env
     # the unit tests again under AddressSanitizer and UBSan, in a build of their own
     cmake -S . -B "$BUILD_DIR-sanitize" -DDPSHIM_SANITIZE=ON -DDPSHIM_WERROR=ON >/dev/null
-    cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target test_policy test_shard test_glob test_gpu_pick test_hookdecl >/dev/null
+    cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target unit_tests >/dev/null
     ctest --test-dir "$BUILD_DIR-sanitize" -L unit --output-on-failure
     ctest --test-dir "$BUILD_DIR" --output-on-failure
 }
@@ -119,6 +119,26 @@ bench_single() {
         "$b" "$a" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')" "$c" "$(awk -v x="$c" -v y="$b" 'BEGIN { print x / y }')"
 }
 
+# exec_row LABEL [VAR=VALUE...]: /bin/true plain vs preloaded, started from an environment with VARs.
+exec_row() {
+    local label=$1 n=20 rounds=5 plain=() shim=() r p s
+    shift
+    for _ in $(seq "$rounds"); do
+        r=$(env "$@" "$BUILD_DIR/bin/bench_exec" "$BUILD_DIR/lib/libdpshim.so" $n /bin/true)
+        plain+=("${r% *}") shim+=("${r#* }")
+    done
+    p=$(printf '%s\n' "${plain[@]}" | median)
+    s=$(printf '%s\n' "${shim[@]}" | median)
+    printf '  %-58s plain %6.1f us  shim %6.1f us  +%5.1f us\n' "$label" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN { print a - b }')"
+}
+
+bench_exec() {
+    echo "/bin/true started plainly vs with the shim preloaded (20 alternating blocks of 50 starts each; median of 5 runs' medians):"
+    # what a rank's children see: the marker of a rank process that is not their own pid
+    exec_row "a child of a rank (a shell command, a compiler, an exec)" DPSHIM_RANK_PID=1:0:1:0:1
+    exec_row "a process started alone (a rank of its own)"
+}
+
 bench_ffi() {
     echo "declarative hook ([hook] section, libffi closure) on a 2-argument function:"
     printf '  '
@@ -165,7 +185,7 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-bench) setup && build && mpirun_env && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -108,96 +108,137 @@ static int is_builtin_word(const char *w)
     return 0;
 }
 
-/* One type and its optional name; the lexer stands on the token after them. */
-static int parse_carg(lexer_t *lx, dps_carg_t *a, char *name, size_t name_len, char *err, size_t len)
+/* The words of a type as they come: "unsigned long", "size_t", "struct model", "model_t". */
+typedef struct type_words {
+    int sign, longs, shorts, chars, ints, words; /* sign: 1 signed, 2 unsigned */
+    dps_ctype_t named;                           /* size_t, float... when have_named */
+    int have_named, opaque;                      /* opaque: struct/union/enum X, or a typedef */
+    char opaque_name[64];
+} type_words_t;
+
+/* One word of a type; 0 when the word is not one (it may be the argument's name). */
+static int add_type_word(type_words_t *tw, const char *w)
 {
-    int sign = 0, longs = 0, shorts = 0, chars = 0, ints = 0, words = 0;
-    dps_ctype_t named = DPS_CT_VOID;
-    int have_named = 0, opaque = 0;
-    char opaque_name[64] = "";
-    memset(a, 0, sizeof *a);
+    if (!strcmp(w, "signed"))
+        tw->sign = 1;
+    else if (!strcmp(w, "unsigned"))
+        tw->sign = 2;
+    else if (!strcmp(w, "long"))
+        tw->longs++;
+    else if (!strcmp(w, "short"))
+        tw->shorts++;
+    else if (!strcmp(w, "char"))
+        tw->chars++;
+    else if (!strcmp(w, "int"))
+        tw->ints++;
+    else {
+        int found = 0;
+        for (size_t i = 0; i < sizeof named_types / sizeof *named_types; i++)
+            if (!strcmp(w, named_types[i].name)) tw->named = named_types[i].type, tw->have_named = found = 1;
+        if (!found) return 0;
+    }
+    tw->words++;
+    return 1;
+}
+
+/* Reads type words up to the first token that is not one (a '*', the name, ',' or ')'). */
+static void read_type_words(lexer_t *lx, type_words_t *tw)
+{
     for (;; next(lx)) {
         const char *w = lx->word;
         if (is_qualifier(w)) continue;
         if (!strcmp(w, "struct") || !strcmp(w, "union") || !strcmp(w, "enum")) {
             next(lx);
-            snprintf(opaque_name, sizeof opaque_name, "%s", lx->word);
-            opaque = 1, words++;
+            snprintf(tw->opaque_name, sizeof tw->opaque_name, "%s", lx->word);
+            tw->opaque = 1, tw->words++;
             continue;
         }
-        if (!strcmp(w, "signed"))
-            sign = 1;
-        else if (!strcmp(w, "unsigned"))
-            sign = 2;
-        else if (!strcmp(w, "long"))
-            longs++;
-        else if (!strcmp(w, "short"))
-            shorts++;
-        else if (!strcmp(w, "char"))
-            chars++;
-        else if (!strcmp(w, "int"))
-            ints++;
-        else {
-            int found = 0;
-            for (size_t i = 0; i < sizeof named_types / sizeof *named_types; i++)
-                if (!strcmp(w, named_types[i].name)) named = named_types[i].type, have_named = found = 1;
-            if (!found) {
-                /* an unknown identifier: a typedef'd type if nothing came before it, else the name */
-                if (words == 0 && (isalpha((unsigned char)w[0]) || w[0] == '_')) {
-                    snprintf(opaque_name, sizeof opaque_name, "%s", w);
-                    opaque = 1, words++;
-                    continue;
-                }
-                break;
-            }
+        if (add_type_word(tw, w)) continue;
+        /* an unknown identifier: a typedef'd type if nothing came before it, else the name */
+        if (tw->words == 0 && (isalpha((unsigned char)w[0]) || w[0] == '_')) {
+            snprintf(tw->opaque_name, sizeof tw->opaque_name, "%s", w);
+            tw->opaque = 1, tw->words++;
+            continue;
         }
-        words++;
+        return;
     }
-    if (!words) return fail(err, len, "expected a type, got '%s'", lx->word[0] ? lx->word : "end of text");
-    dps_ctype_t t;
-    if (opaque)
-        t = DPS_CT_VOID;
-    else if (have_named) {
-        if (sign || longs || shorts || chars || ints)
-            return fail(err, len, "mixed type words before '%s'", lx->word);
-        t = named;
-    } else if (chars)
-        t = sign == 2 ? DPS_CT_U8 : DPS_CT_I8;
-    else if (shorts)
-        t = sign == 2 ? DPS_CT_U16 : DPS_CT_I16;
-    else if (longs)
-        t = sign == 2 ? DPS_CT_U64 : DPS_CT_I64;
+}
+
+/* The C type the words make (VOID for an opaque one); -1 with err set when they mix. */
+static int base_type(const type_words_t *tw, const char *next_word, dps_ctype_t *t, char *err, size_t len)
+{
+    if (tw->opaque)
+        *t = DPS_CT_VOID;
+    else if (tw->have_named) {
+        if (tw->sign || tw->longs || tw->shorts || tw->chars || tw->ints)
+            return fail(err, len, "mixed type words before '%s'", next_word);
+        *t = tw->named;
+    } else if (tw->chars)
+        *t = tw->sign == 2 ? DPS_CT_U8 : DPS_CT_I8;
+    else if (tw->shorts)
+        *t = tw->sign == 2 ? DPS_CT_U16 : DPS_CT_I16;
+    else if (tw->longs)
+        *t = tw->sign == 2 ? DPS_CT_U64 : DPS_CT_I64;
     else
-        t = sign == 2 ? DPS_CT_U32 : DPS_CT_I32;
+        *t = tw->sign == 2 ? DPS_CT_U32 : DPS_CT_I32;
+    return 0;
+}
+
+/* Pointer stars (and qualifiers between them): how many. */
+static int read_stars(lexer_t *lx)
+{
     int stars = 0;
     while (!strcmp(lx->word, "*") || is_qualifier(lx->word)) {
         stars += lx->word[0] == '*';
         next(lx);
     }
-    /* a pointer to a type of the program's own (a typedef) is fine, but not a misspelt one */
+    return stars;
+}
+
+/* A pointer to a type of the program's own (a typedef) is fine, but not a misspelt one, nor
+ * such a type by value. */
+static int check_opaque(const type_words_t *tw, int stars, char *err, size_t len)
+{
     static const char *const spellable[] = {"float",    "double",   "int",     "long",    "short",
                                             "char",     "size_t",   "ssize_t", "int32_t", "int64_t",
                                             "uint32_t", "uint64_t", "uint8_t", "void",    "unsigned"};
-    const char *close = opaque ? dps_suggest(opaque_name, strlen(opaque_name), spellable,
-                                             sizeof spellable / sizeof *spellable)
-                               : NULL;
-    if (opaque && (!stars || close))
-        return fail(err, len,
-                    "unknown type '%s'%s%s%s (known: void, char, short, int, long, long long, their unsigned "
-                    "forms, size_t, ssize_t, intN_t, uintN_t, float, double, bool, and pointers to anything)",
-                    opaque_name, close ? "; did you mean '" : "", close ? close : "", close ? "'?" : "");
+    if (!tw->opaque) return 0;
+    const char *close = dps_suggest(tw->opaque_name, strlen(tw->opaque_name), spellable,
+                                    sizeof spellable / sizeof *spellable);
+    if (stars && !close) return 0;
+    return fail(err, len,
+                "unknown type '%s'%s%s%s (known: void, char, short, int, long, long long, their unsigned "
+                "forms, size_t, ssize_t, intN_t, uintN_t, float, double, bool, and pointers to anything)",
+                tw->opaque_name, close ? "; did you mean '" : "", close ? close : "", close ? "'?" : "");
+}
+
+/* The argument's (or function's) optional name, into name. */
+static int read_name(lexer_t *lx, char *name, size_t name_len, char *err, size_t len)
+{
+    if (!(isalpha((unsigned char)lx->word[0]) || lx->word[0] == '_') || is_builtin_word(lx->word)) return 0;
+    if (strlen(lx->word) >= name_len || lx->too_long)
+        return fail(err, len, "the name '%.40s...' is longer than %zu characters", lx->word, name_len - 1);
+    snprintf(name, name_len, "%s", lx->word);
+    next(lx);
+    return 0;
+}
+
+/* One type and its optional name; the lexer stands on the token after them. */
+static int parse_carg(lexer_t *lx, dps_carg_t *a, char *name, size_t name_len, char *err, size_t len)
+{
+    type_words_t tw = {.named = DPS_CT_VOID};
+    dps_ctype_t t = DPS_CT_VOID;
+    memset(a, 0, sizeof *a);
+    read_type_words(lx, &tw);
+    if (!tw.words) return fail(err, len, "expected a type, got '%s'", lx->word[0] ? lx->word : "end of text");
+    if (base_type(&tw, lx->word, &t, err, len)) return -1;
+    int stars = read_stars(lx);
+    if (check_opaque(&tw, stars, err, len)) return -1;
     if (stars)
         a->type = DPS_CT_PTR, a->pointee = stars == 1 ? t : DPS_CT_VOID;
     else
         a->type = t;
-    if ((isalpha((unsigned char)lx->word[0]) || lx->word[0] == '_') && !is_builtin_word(lx->word)) {
-        if (strlen(lx->word) >= name_len || lx->too_long)
-            return fail(err, len, "the name '%.40s...' is longer than %zu characters", lx->word,
-                        name_len - 1);
-        snprintf(name, name_len, "%s", lx->word);
-        next(lx);
-    }
-    return 0;
+    return read_name(lx, name, name_len, err, len);
 }
 
 static int parse_signature(dps_hookdecl_t *h, const char *text, char *fname, size_t fnlen, char *err,
@@ -394,12 +435,15 @@ static int check_buffer_dtype(const dps_hookdecl_t *h, dps_action_t *a, const ch
     return 0;
 }
 
-static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const char *e, int after,
-                        const char *key, char *err, size_t len)
+/* The action's verb, from the start of its text: its index in action_names, or -1 with err set.
+ * *verb_end: where the verb ends. */
+static int find_action(const char *s, const char *e, const char *key, const char **verb_end, char *err,
+                       size_t len)
 {
     const char *ve = s;
     while (ve < e && !isspace((unsigned char)*ve) && *ve != '[')
         ve++;
+    *verb_end = ve;
     int k = -1;
     for (size_t i = 0; i < sizeof action_names / sizeof *action_names; i++)
         if (strlen(action_names[i].name) == (size_t)(ve - s) &&
@@ -410,85 +454,98 @@ static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const
                     "%s: unknown action '%.*s' (grads, allreduce, broadcast, batch, epoch, seed, rank0_only, "
                     "barrier, step_end)",
                     key, (int)(ve - s), s);
-    memset(a, 0, sizeof *a);
-    a->kind = action_names[k].kind;
-    const char *verb = action_names[k].name, *rest = ve;
-    while (rest < e && isspace((unsigned char)*rest))
-        rest++;
-    switch (a->kind) {
-    case DPS_ACT_GRADS:
-    case DPS_ACT_ALLREDUCE:
-    case DPS_ACT_BROADCAST:
-        if (parse_buffer(h, a, rest, e, key, verb, err, len) || check_buffer_dtype(h, a, key, verb, err, len))
-            return -1;
-        if (a->kind == DPS_ACT_ALLREDUCE && a->op < 0)
-            return fail(err, len, "%s: allreduce needs an op: sum, mean, min or max", key);
-        if (a->kind != DPS_ACT_ALLREDUCE && a->op >= 0)
-            return fail(err, len, "%s: %s takes no op", key, verb);
-        if (a->op == OP_MEAN && (a->dtype == DT_I32 || a->dtype == DT_I64 || a->dtype == DT_U8))
-            return fail(err, len, "%s: allreduce mean of integers is not exact; use sum", key);
-        break;
-    case DPS_ACT_BATCH:
-    case DPS_ACT_EPOCH: {
-        if (parse_buffer(h, a, rest, e, key, verb, err, len)) return -1;
-        dps_ctype_t p = h->args[a->buf].pointee;
-        char tb[64];
-        if (!(p == DPS_CT_I32 || p == DPS_CT_U32 || p == DPS_CT_I64 || p == DPS_CT_U64))
-            return fail(err, len, "%s: %s needs a pointer to 32- or 64-bit integer indices, '%s' is a %s",
-                        key, verb, h->args[a->buf].name, dps_carg_text(&h->args[a->buf], tb, sizeof tb));
-        if (a->dtype >= 0 || a->op >= 0) return fail(err, len, "%s: %s takes no dtype or op", key, verb);
-        if (a->count.kind == DPS_REF_CONST)
-            return fail(err, len, "%s: %s changes the count: give it as an argument, *argument or return",
-                        key, verb);
-        break;
+    return k;
+}
+
+/* grads, allreduce, broadcast: BUF[COUNT] [DTYPE] [OP]. */
+static int parse_reduction(const dps_hookdecl_t *h, dps_action_t *a, const char *rest, const char *e,
+                           const char *key, const char *verb, char *err, size_t len)
+{
+    if (parse_buffer(h, a, rest, e, key, verb, err, len) || check_buffer_dtype(h, a, key, verb, err, len))
+        return -1;
+    if (a->kind == DPS_ACT_ALLREDUCE && a->op < 0)
+        return fail(err, len, "%s: allreduce needs an op: sum, mean, min or max", key);
+    if (a->kind != DPS_ACT_ALLREDUCE && a->op >= 0) return fail(err, len, "%s: %s takes no op", key, verb);
+    if (a->op == OP_MEAN && (a->dtype == DT_I32 || a->dtype == DT_I64 || a->dtype == DT_U8))
+        return fail(err, len, "%s: allreduce mean of integers is not exact; use sum", key);
+    return 0;
+}
+
+/* batch, epoch: BUF[COUNT] of integer indices, the count written back where it came from. */
+static int parse_sharding(const dps_hookdecl_t *h, dps_action_t *a, const char *rest, const char *e,
+                          const char *key, const char *verb, char *err, size_t len)
+{
+    if (parse_buffer(h, a, rest, e, key, verb, err, len)) return -1;
+    dps_ctype_t p = h->args[a->buf].pointee;
+    char tb[64];
+    if (!(p == DPS_CT_I32 || p == DPS_CT_U32 || p == DPS_CT_I64 || p == DPS_CT_U64))
+        return fail(err, len, "%s: %s needs a pointer to 32- or 64-bit integer indices, '%s' is a %s", key,
+                    verb, h->args[a->buf].name, dps_carg_text(&h->args[a->buf], tb, sizeof tb));
+    if (a->dtype >= 0 || a->op >= 0) return fail(err, len, "%s: %s takes no dtype or op", key, verb);
+    if (a->count.kind == DPS_REF_CONST)
+        return fail(err, len, "%s: %s changes the count: give it as an argument, *argument or return", key,
+                    verb);
+    return 0;
+}
+
+static int parse_seed(const dps_hookdecl_t *h, dps_action_t *a, const char *rest, const char *e,
+                      const char *key, char *err, size_t len)
+{
+    if (parse_ref(h, rest, (size_t)(e - rest), &a->value, key, err, len)) return -1;
+    if (a->value.kind == DPS_REF_CONST)
+        return fail(err, len, "%s: seed needs an argument, *argument or return", key);
+    return 0;
+}
+
+/* VALUE of rank0_only's return=VALUE, read as the function's return type. */
+static int parse_return_value(const dps_hookdecl_t *h, dps_action_t *a, const char *num, const char *key,
+                              char *err, size_t len)
+{
+    dps_ctype_t rt = h->ret.type;
+    char *end;
+    if (rt == DPS_CT_VOID)
+        return fail(err, len, "%s: rank0_only: the function returns void, drop return=", key);
+    errno = 0;
+    if (rt == DPS_CT_F32 || rt == DPS_CT_F64) {
+        a->ret_f = strtod(num, &end);
+    } else if (rt == DPS_CT_PTR) {
+        if (strcmp(num, "NULL") && strcmp(num, "0"))
+            return fail(err, len, "%s: rank0_only: a pointer result can only be return=NULL (or 0)", key);
+        a->ret_i = 0, end = (char *)num + strlen(num);
+    } else if (rt == DPS_CT_U64 || rt == DPS_CT_U32 || rt == DPS_CT_U16 || rt == DPS_CT_U8) {
+        a->ret_i = (int64_t)strtoull(num, &end, 10);
+        if (num[0] == '-') errno = ERANGE;
+    } else {
+        a->ret_i = (int64_t)strtoll(num, &end, 10);
     }
-    case DPS_ACT_SEED:
-        if (parse_ref(h, rest, (size_t)(e - rest), &a->value, key, err, len)) return -1;
-        if (a->value.kind == DPS_REF_CONST)
-            return fail(err, len, "%s: seed needs an argument, *argument or return", key);
-        break;
-    case DPS_ACT_RANK0_ONLY:
-        if (after)
-            return fail(err, len, "%s: rank0_only decides whether the call happens: put it in before", key);
-        if (rest < e) {
-            if (strncmp(rest, "return", 6) != 0 || !memchr(rest, '=', (size_t)(e - rest)))
-                return fail(err, len, "%s: rank0_only takes 'return=VALUE', got '%.*s'", key, (int)(e - rest),
-                            rest);
-            const char *v = (const char *)memchr(rest, '=', (size_t)(e - rest)) + 1;
-            while (v < e && isspace((unsigned char)*v))
-                v++;
-            char num[64];
-            snprintf(num, sizeof num, "%.*s", (int)(e - v), v);
-            char *end;
-            if (h->ret.type == DPS_CT_VOID)
-                return fail(err, len, "%s: rank0_only: the function returns void, drop return=", key);
-            errno = 0;
-            if (h->ret.type == DPS_CT_F32 || h->ret.type == DPS_CT_F64) {
-                a->ret_f = strtod(num, &end);
-            } else if (h->ret.type == DPS_CT_PTR) {
-                if (strcmp(num, "NULL") && strcmp(num, "0"))
-                    return fail(err, len, "%s: rank0_only: a pointer result can only be return=NULL (or 0)",
-                                key);
-                a->ret_i = 0, end = num + strlen(num);
-            } else if (h->ret.type == DPS_CT_U64 || h->ret.type == DPS_CT_U32 || h->ret.type == DPS_CT_U16 ||
-                       h->ret.type == DPS_CT_U8) {
-                a->ret_i = (int64_t)strtoull(num, &end, 10);
-                if (num[0] == '-') errno = ERANGE;
-            } else {
-                a->ret_i = (int64_t)strtoll(num, &end, 10);
-            }
-            if (!num[0] || *end || errno)
-                return fail(err, len, "%s: rank0_only: return=%s is not a value of the return type", key,
-                            num);
-            a->has_return = 1;
-        }
-        break;
-    case DPS_ACT_BARRIER:
-    case DPS_ACT_STEP_END:
-        if (rest < e)
-            return fail(err, len, "%s: %s takes nothing, got '%.*s'", key, verb, (int)(e - rest), rest);
-        break;
-    }
+    if (!num[0] || *end || errno)
+        return fail(err, len, "%s: rank0_only: return=%s is not a value of the return type", key, num);
+    a->has_return = 1;
+    return 0;
+}
+
+/* rank0_only [return=VALUE], before the call only. */
+static int parse_rank0_only(const dps_hookdecl_t *h, dps_action_t *a, const char *rest, const char *e,
+                            int after, const char *key, char *err, size_t len)
+{
+    if (after)
+        return fail(err, len, "%s: rank0_only decides whether the call happens: put it in before", key);
+    if (rest == e) return 0;
+    if (strncmp(rest, "return", 6) != 0 || !memchr(rest, '=', (size_t)(e - rest)))
+        return fail(err, len, "%s: rank0_only takes 'return=VALUE', got '%.*s'", key, (int)(e - rest), rest);
+    const char *v = (const char *)memchr(rest, '=', (size_t)(e - rest)) + 1;
+    while (v < e && isspace((unsigned char)*v))
+        v++;
+    char num[64];
+    snprintf(num, sizeof num, "%.*s", (int)(e - v), v);
+    return parse_return_value(h, a, num, key, err, len);
+}
+
+/* Where the action reads or writes must exist when it runs: the return value only after the
+ * call, and a by-value argument cannot carry a result back after it. */
+static int check_timing(const dps_hookdecl_t *h, const dps_action_t *a, int after, const char *key,
+                        const char *verb, char *err, size_t len)
+{
     int uses_return =
         a->count.kind == DPS_REF_RETURN || (a->kind == DPS_ACT_SEED && a->value.kind == DPS_REF_RETURN);
     if (uses_return && !after)
@@ -502,6 +559,44 @@ static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const
                 key, verb, h->args[r->arg].name, h->args[r->arg].name);
     }
     return 0;
+}
+
+/* One action, the text [s, e) without surrounding spaces. */
+static int parse_action(dps_hookdecl_t *h, dps_action_t *a, const char *s, const char *e, int after,
+                        const char *key, char *err, size_t len)
+{
+    const char *rest;
+    int k = find_action(s, e, key, &rest, err, len);
+    if (k < 0) return -1;
+    memset(a, 0, sizeof *a);
+    a->kind = action_names[k].kind;
+    const char *verb = action_names[k].name;
+    while (rest < e && isspace((unsigned char)*rest))
+        rest++;
+    int rc = 0;
+    switch (a->kind) {
+    case DPS_ACT_GRADS:
+    case DPS_ACT_ALLREDUCE:
+    case DPS_ACT_BROADCAST:
+        rc = parse_reduction(h, a, rest, e, key, verb, err, len);
+        break;
+    case DPS_ACT_BATCH:
+    case DPS_ACT_EPOCH:
+        rc = parse_sharding(h, a, rest, e, key, verb, err, len);
+        break;
+    case DPS_ACT_SEED:
+        rc = parse_seed(h, a, rest, e, key, err, len);
+        break;
+    case DPS_ACT_RANK0_ONLY:
+        rc = parse_rank0_only(h, a, rest, e, after, key, err, len);
+        break;
+    case DPS_ACT_BARRIER:
+    case DPS_ACT_STEP_END:
+        if (rest < e)
+            rc = fail(err, len, "%s: %s takes nothing, got '%.*s'", key, verb, (int)(e - rest), rest);
+        break;
+    }
+    return rc ? -1 : check_timing(h, a, after, key, verb, err, len);
 }
 
 static int parse_actions(dps_hookdecl_t *h, const char *text, int after, char *err, size_t len)

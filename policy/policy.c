@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 const dps_key_info_t dps_keys[DPS_NKEYS] = {
-#define DPS_KEY(sec, key, type, def, allowed, doc) {#sec, #key, DPS_KEY_##type, def, DPS_ALLOWED_##type(allowed), doc},
+#define DPS_KEY(sec, key, type, def, allowed, doc)                                                    \
+    {#sec, #key, DPS_KEY_##type, DPS_DEFAULT_TEXT_##type(def), DPS_DEFAULT_NUM_##type(sec, key, def), \
+     DPS_ALLOWED_##type(allowed), doc},
 #include "policy_keys.def"
 #undef DPS_KEY
 };
@@ -95,24 +97,28 @@ static const char *hint(char *buf, size_t len, const char *s)
     return buf;
 }
 
-void dps_policy_init(dps_policy_t *p)
+/* Every process that preloads the shim starts here: the defaults come from the table as they
+ * are, without parsing or allocating (they are valid by construction; the unit tests check it). */
+DPS_STARTUP void dps_policy_init(dps_policy_t *p)
 {
     memset(p, 0, sizeof *p);
     for (int i = 0; i < DPS_NKEYS; i++) {
-        dps_error_t e;
-        /* defaults are valid by construction; the unit tests check the table */
-        if (dps_policy_set_value(p, (dps_key_id_t)i, dps_keys[i].def, strlen(dps_keys[i].def),
-                                 DPS_SRC_DEFAULT, 0, &e) != 0)
-            abort();
+        const dps_key_info_t *k = &dps_keys[i];
+        uint64_t num = k->type == DPS_KEY_UINT ? strtoull(k->def, NULL, 10) : k->def_num;
+        p->set[i] = (dps_setting_t){(char *)k->def, num, DPS_SRC_DEFAULT, 0};
     }
+}
+
+/* A setting's text, unless it is the table's default, which nobody owns. */
+static void free_text(dps_policy_t *p, int id)
+{
+    if (p->set[id].text != dps_keys[id].def) free(p->set[id].text);
+    p->set[id].text = NULL;
 }
 
 void dps_policy_free(dps_policy_t *p)
 {
-    for (int i = 0; i < DPS_NKEYS; i++) {
-        free(p->set[i].text);
-        p->set[i].text = NULL;
-    }
+    for (int i = 0; i < DPS_NKEYS; i++) free_text(p, i);
     free(p->hooks);
     p->hooks = NULL, p->nhooks = 0;
 }
@@ -193,7 +199,7 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
     }
     char *text = strndup(v, vlen);
     if (!text) return fail(e, "out of memory");
-    free(p->set[id].text);
+    free_text(p, id);
     p->set[id] = (dps_setting_t){text, num, src, line};
     return 0;
 }
@@ -461,40 +467,59 @@ static const char *const dps_other_env[] = {
     "DPSHIM_PYTHONPATH", /* set by the shim: the user's PYTHONPATH, which the Python adapter restores */
 };
 
-int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)
+/* 1 when name[0..n) is "DPSHIM_<SECTION>_<KEY>" of key id: compared in place, since every
+ * process that preloads the shim reads its environment and most have no such variable. */
+DPS_STARTUP static int is_env_name(const char *name, size_t n, int id)
 {
-    char names[DPS_NKEYS][64];
+    const char *parts[2] = {dps_keys[id].section, dps_keys[id].key};
+    size_t at = 7; /* after "DPSHIM_" */
+    for (int k = 0; k < 2; k++) {
+        if (k && (at >= n || name[at++] != '_')) return 0;
+        for (const char *c = parts[k]; *c; c++, at++)
+            if (at >= n || name[at] != (char)toupper((unsigned char)*c)) return 0;
+    }
+    return at == n;
+}
+
+static int unknown_env(const char *name, size_t n, dps_error_t *e)
+{
+    char names[DPS_NKEYS][64], h[96];
     const char *cands[DPS_NKEYS + sizeof dps_other_env / sizeof *dps_other_env];
     size_t nc = 0;
     for (int i = 0; i < DPS_NKEYS; i++) cands[nc++] = dps_policy_env_name((dps_key_id_t)i, names[i], 64);
     for (size_t i = 0; i < sizeof dps_other_env / sizeof *dps_other_env; i++) cands[nc++] = dps_other_env[i];
+    shown_t sv;
+    return fail(e, "unknown environment variable %s%s", show(&sv, name, n), hint(h, sizeof h, dps_suggest(name, n, cands, nc)));
+}
+
+DPS_STARTUP int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)
+{
     for (char *const *ep = envp; ep && *ep; ep++) {
         if (strncmp(*ep, "DPSHIM_", 7) != 0) continue;
         const char *eq = strchr(*ep, '=');
         size_t nlen = eq ? (size_t)(eq - *ep) : strlen(*ep);
         const char *val = eq ? eq + 1 : "";
-        int id = -1;
-        for (size_t i = 0; i < nc; i++)
-            if (strlen(cands[i]) == nlen && memcmp(cands[i], *ep, nlen) == 0) id = (int)i;
-        if (id >= DPS_NKEYS) continue; /* not a policy key, but ours */
-        if (id < 0) {
-            char h[96];
-            shown_t sv;
-            return fail(e, "unknown environment variable %s%s", show(&sv, *ep, nlen),
-                        hint(h, sizeof h, dps_suggest(*ep, nlen, cands, nc)));
-        }
+        int id = -1, ours = 0;
+        for (int i = 0; i < DPS_NKEYS && id < 0; i++)
+            if (is_env_name(*ep, nlen, i)) id = i;
+        for (size_t i = 0; id < 0 && i < sizeof dps_other_env / sizeof *dps_other_env; i++)
+            ours |= strlen(dps_other_env[i]) == nlen && memcmp(dps_other_env[i], *ep, nlen) == 0;
+        if (ours) continue; /* not a policy key, but ours */
+        if (id < 0) return unknown_env(*ep, nlen, e);
         dps_error_t ve;
         /* env values may carry the surrounding blanks of a shell quote; keep what the user meant */
         const char *vs = val, *vend = val + strlen(val);
         trim(&vs, &vend);
-        if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(vend - vs), DPS_SRC_ENV, 0, &ve) != 0)
-            return fail(e, "environment %s ([%s] %s): %s", cands[id], dps_keys[id].section,
-                        dps_keys[id].key, ve.msg);
+        if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(vend - vs), DPS_SRC_ENV, 0, &ve) != 0) {
+            char env[64];
+            return fail(e, "environment %s ([%s] %s): %s", dps_policy_env_name((dps_key_id_t)id, env, sizeof env),
+                        dps_keys[id].section, dps_keys[id].key, ve.msg);
+        }
     }
     return 0;
 }
 
-int dps_policy_load(dps_policy_t *p, char *const *envp, dps_error_t *e)
+DPS_STARTUP int dps_policy_load(dps_policy_t *p, char *const *envp, dps_error_t *e)
 {
     const char *path = NULL;
     for (char *const *ep = envp; ep && *ep; ep++)

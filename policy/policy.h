@@ -8,6 +8,12 @@
 
 #include "hookdecl.h"
 
+/* Marks code that every process preloading the shim runs once, at start-up: kept together in
+ * .text.startup (beside the constructor, where the compiler puts it), so that a short-lived
+ * process (a shell command, a compiler) touches a few pages of the library instead of one page
+ * per function (README: what the preload costs other programs). */
+#define DPS_STARTUP __attribute__((section(".text.startup")))
+
 typedef enum { DPS_KEY_ENUM, DPS_KEY_UINT, DPS_KEY_STR, DPS_KEY_GLOBS } dps_key_type_t;
 
 typedef enum {
@@ -48,6 +54,15 @@ typedef enum {
 #define DPS_ALLOWED_UINT(range) range
 #define DPS_ALLOWED_STR(none) none
 #define DPS_ALLOWED_GLOBS(none) none
+/* default text and number per key type: an ENUM default is one of its names */
+#define DPS_DEFAULT_TEXT_ENUM(name) #name
+#define DPS_DEFAULT_TEXT_UINT(text) text
+#define DPS_DEFAULT_TEXT_STR(text) text
+#define DPS_DEFAULT_TEXT_GLOBS(text) text
+#define DPS_DEFAULT_NUM_ENUM(sec, key, name) DPS_V_##sec##_##key##_##name
+#define DPS_DEFAULT_NUM_UINT(sec, key, text) 0 /* read from the text at start-up */
+#define DPS_DEFAULT_NUM_STR(sec, key, text) 0
+#define DPS_DEFAULT_NUM_GLOBS(sec, key, text) 0
 /* typed values per key type: only ENUM keys have them */
 #define DPS_TYPED_ENUM(sec, key, list) \
     typedef enum { DPS_CONSTS_(DPS_V_##sec##_##key##_, DPS_UNPAREN list) DPS_V_##sec##_##key##__N } dps_##sec##_##key##_t;
@@ -63,6 +78,7 @@ typedef struct dps_key_info {
     const char *key;
     dps_key_type_t type;
     const char *def;
+    uint64_t def_num; /* ENUM: the default's index */
     const char *allowed; /* ENUM: "a|b|c"; UINT: "min..max"; else "" */
     const char *doc;
 } dps_key_info_t;
@@ -72,7 +88,7 @@ extern const dps_key_info_t dps_keys[DPS_NKEYS];
 typedef enum { DPS_SRC_DEFAULT, DPS_SRC_FILE, DPS_SRC_ENV } dps_source_t;
 
 typedef struct dps_setting {
-    char *text;   /* canonical value text (owned) */
+    char *text;   /* canonical value text: owned, or the table's default (DPS_SRC_DEFAULT) */
     uint64_t num; /* ENUM: index into allowed; UINT: the number */
     dps_source_t src;
     int line; /* DPS_SRC_FILE: line number */

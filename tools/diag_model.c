@@ -99,47 +99,58 @@ static int positive(const char *opt, const char *v, double lo, double hi, double
     return 0;
 }
 
-int dps_diag_model(int argc, char **argv)
+/* The figures given on the command line. */
+typedef struct args {
+    const char *dir, *bench;
+    double a_in, bw_in; /* -1: not given */
+} args_t;
+
+/* One "--option value" into m or a: 0, or 2 after saying what is wrong. */
+static int parse_option(const char *o, const char *val, model_t *m, args_t *a)
 {
-    /* assumed network when none is given: one 200 Gb/s InfiniBand port per GPU */
-    model_t m = {.net = {5e-6, 25e9}, .per_node = 8, .backward_share = 2.0 / 3};
-    const char *dir = NULL, *bench = NULL;
-    double a_in = -1, bw_in = -1, v;
+    double v;
+    if (!strcmp(o, "--bench"))
+        a->bench = val;
+    else if (!strcmp(o, "--alpha-us")) {
+        if (positive(o, val, 0, 1e6, &a->a_in)) return 2;
+    } else if (!strcmp(o, "--bw-gbs")) {
+        if (positive(o, val, 1e-3, 1e6, &a->bw_in)) return 2;
+    } else if (!strcmp(o, "--net-alpha-us")) {
+        if (positive(o, val, 0, 1e6, &v)) return 2;
+        m->net.alpha_s = v * 1e-6;
+    } else if (!strcmp(o, "--net-bw-gbs")) {
+        if (positive(o, val, 1e-3, 1e6, &v)) return 2;
+        m->net.bw = v * 1e9;
+    } else if (!strcmp(o, "--gpus-per-node")) {
+        if (positive(o, val, 1, 1024, &v)) return 2;
+        m->per_node = (int)v;
+    } else if (!strcmp(o, "--backward-share")) {
+        if (positive(o, val, 0, 1, &v)) return 2;
+        m->backward_share = v;
+    } else {
+        fprintf(stderr, "dpshim-diag model: unknown option %s\n", o);
+        return 2;
+    }
+    if (!val) {
+        fprintf(stderr, "dpshim-diag model: %s needs a value\n", o);
+        return 2;
+    }
+    return 0;
+}
+
+/* The command line into m and a: 0, or 2 after saying what is wrong. */
+static int parse_args(int argc, char **argv, model_t *m, args_t *a)
+{
     for (int i = 0; i < argc; i++) {
         const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (o[0] != '-') {
-            dir = o;
+            a->dir = o;
             continue;
         }
         i++;
-        if (!strcmp(o, "--bench"))
-            bench = val;
-        else if (!strcmp(o, "--alpha-us")) {
-            if (positive(o, val, 0, 1e6, &a_in)) return 2;
-        } else if (!strcmp(o, "--bw-gbs")) {
-            if (positive(o, val, 1e-3, 1e6, &bw_in)) return 2;
-        } else if (!strcmp(o, "--net-alpha-us")) {
-            if (positive(o, val, 0, 1e6, &v)) return 2;
-            m.net.alpha_s = v * 1e-6;
-        } else if (!strcmp(o, "--net-bw-gbs")) {
-            if (positive(o, val, 1e-3, 1e6, &v)) return 2;
-            m.net.bw = v * 1e9;
-        } else if (!strcmp(o, "--gpus-per-node")) {
-            if (positive(o, val, 1, 1024, &v)) return 2;
-            m.per_node = (int)v;
-        } else if (!strcmp(o, "--backward-share")) {
-            if (positive(o, val, 0, 1, &v)) return 2;
-            m.backward_share = v;
-        } else {
-            fprintf(stderr, "dpshim-diag model: unknown option %s\n", o);
-            return 2;
-        }
-        if (!val) {
-            fprintf(stderr, "dpshim-diag model: %s needs a value\n", o);
-            return 2;
-        }
+        if (parse_option(o, val, m, a)) return 2;
     }
-    if (!dir || (!bench && (a_in < 0 || bw_in < 0))) {
+    if (!a->dir || (!a->bench && (a->a_in < 0 || a->bw_in < 0))) {
         fprintf(
             stderr,
             "usage: dpshim-diag model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [--net-alpha-us A] "
@@ -147,15 +158,29 @@ int dps_diag_model(int argc, char **argv)
             "  DIR: the [diag] dir of a trainer run; BENCH.txt: saved output of dpshim-diag bench\n");
         return 2;
     }
-    if (bench && read_bench(bench, &m.in)) return 1;
-    if (a_in >= 0) m.in.alpha_s = a_in * 1e-6;
-    if (bw_in >= 0) m.in.bw = bw_in * 1e9;
+    return 0;
+}
+
+/* The link within a node (measured by bench, or given) and the profile of the run: 0, or 1
+ * after saying what could not be read. */
+static int read_inputs(const args_t *a, model_t *m)
+{
+    if (a->bench && read_bench(a->bench, &m->in)) return 1;
+    if (a->a_in >= 0) m->in.alpha_s = a->a_in * 1e-6;
+    if (a->bw_in >= 0) m->in.bw = a->bw_in * 1e9;
     char err[4400] = "";
-    if (dps_diag_profile(dir, &m.prof, err, sizeof err)) {
+    if (dps_diag_profile(a->dir, &m->prof, err, sizeof err)) {
         fprintf(stderr, "dpshim-diag model: %s\n", err);
         return 1;
     }
-    const dps_step_profile_t *p = &m.prof;
+    return 0;
+}
+
+/* What the model starts from: the profile, the links, and on one node a check of the model
+ * against what the profiled job measured. */
+static void print_inputs(const model_t *m, const char *dir)
+{
+    const dps_step_profile_t *p = &m->prof;
     printf("profile of %s (rank 0 of %d, %.0f steps): step %.3f ms = compute %.3f ms + collectives %.3f ms; "
            "%.2f MB in %.1f collectives per step\n",
            dir, p->size, p->steps, p->step_s * 1e3, p->compute_s * 1e3, p->comm_s * 1e3, p->bytes / 1e6,
@@ -163,22 +188,39 @@ int dps_diag_model(int argc, char **argv)
     printf("links: within a node alpha %.2f us, B %.2f GB/s (measured); between nodes alpha %.2f us, B %.2f "
            "GB/s per GPU%s; "
            "%d GPUs per node; overlap hides up to %.0f%% of compute\n",
-           m.in.alpha_s * 1e6, m.in.bw / 1e9, m.net.alpha_s * 1e6, m.net.bw / 1e9,
-           m.net.bw == 25e9 && m.net.alpha_s == 5e-6 ? " (assumed)" : "", m.per_node, 100 * m.backward_share);
-    if (p->size > 1 && p->size <= m.per_node)
+           m->in.alpha_s * 1e6, m->in.bw / 1e9, m->net.alpha_s * 1e6, m->net.bw / 1e9,
+           m->net.bw == 25e9 && m->net.alpha_s == 5e-6 ? " (assumed)" : "", m->per_node,
+           100 * m->backward_share);
+    if (p->size > 1 && p->size <= m->per_node)
         printf("check on the profiled job (%d ranks, one node): collectives took %.3f ms per step, %.3f ms "
                "of it waiting for "
                "the last rank; the rest, %.3f ms, the model puts at %.3f ms\n",
                p->size, p->comm_s * 1e3, p->wait_s * 1e3, (p->comm_s - p->wait_s) * 1e3,
-               ring_s(&m.in, p->size, p->bytes, p->collectives) * 1e3);
+               ring_s(&m->in, p->size, p->bytes, p->collectives) * 1e3);
+}
+
+/* A row per size from 8 to 1024 GPUs, and what the columns mean. */
+static void print_table(const model_t *m)
+{
     printf("\n%6s %6s %10s %10s %10s %11s %11s %8s %8s %8s\n", "GPUs", "nodes", "ring ms", "hier ms",
            "bound ms", "step ring", "step hier", "eff ring", "hier off", "hier on");
     for (int gpus = 8; gpus <= 1024; gpus *= 2)
-        model_row(&m, gpus);
+        model_row(m, gpus);
     printf("\nring/hier: all-reduce time per step; bound: 2(p-1)/p n/B on the slowest link; step: compute + "
            "the part of\n"
            "the all-reduce that overlap cannot hide; eff: compute / step, as in scale mode (weak scaling); "
            "hier off/on:\n"
            "without/with [comm] overlap.\n");
+}
+
+int dps_diag_model(int argc, char **argv)
+{
+    /* assumed network when none is given: one 200 Gb/s InfiniBand port per GPU */
+    model_t m = {.net = {5e-6, 25e9}, .per_node = 8, .backward_share = 2.0 / 3};
+    args_t a = {.a_in = -1, .bw_in = -1};
+    if (parse_args(argc, argv, &m, &a)) return 2;
+    if (read_inputs(&a, &m)) return 1;
+    print_inputs(&m, a.dir);
+    print_table(&m);
     return 0;
 }

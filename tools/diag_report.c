@@ -1,7 +1,7 @@
-/* dpshim-diag report: reads the per-rank files of [diag] dir (stats.rankN.txt, trace.rankN.txt,
- * format version 1, written by shim/diag/diag.c) and merges them: a table of where each rank's
- * time went, who kept the others waiting, and what looks wrong; optionally one Chrome/Perfetto
- * trace of all ranks and an SVG picture of the timeline. */
+/* dpshim-diag report: reads the per-rank files of [diag] dir (the format of shim/diag/diag_format.h,
+ * which the shim writes with the same tables) and merges them: a table of where each rank's time
+ * went, who kept the others waiting, and what looks wrong; optionally one Chrome/Perfetto trace
+ * of all ranks and an SVG picture of the timeline. */
 #define _GNU_SOURCE
 #include "diag_report.h"
 
@@ -10,82 +10,160 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FORMAT_VERSION 1
+#include "diag_format.h"
 
-typedef struct ev {
-    char kind;
-    uint64_t begin, end, seq, step, bytes;
-    char hook[32];
-} ev_t;
+typedef dps_diag_event_t ev_t;
 
 typedef struct rank_data {
-    int present, size;
-    char host[128], launcher[32], failure[256];
-    uint64_t start, end, steps, collectives, bytes, comm, sinks, noops, published, rank_paths;
-    uint64_t bg_collectives, bg_bytes, bg_comm; /* [comm] overlap: the progress thread's */
+    int present; /* its stats file was there */
+    dps_diag_stats_t st;
     ev_t *ev;
     size_t n;
-    double wait_s;   /* inside collectives, waiting for the last rank to arrive */
-    uint64_t last;   /* collectives this rank arrived at last */
-    double late_s;   /* how much later than the second-to-last it arrived, summed */
+    double wait_s; /* inside collectives, waiting for the last rank to arrive */
+    uint64_t last; /* collectives this rank arrived at last */
+    double late_s; /* how much later than the second-to-last it arrived, summed */
 } rank_data_t;
 
-static int read_stats(const char *dir, int r, rank_data_t *d, char *err, size_t errlen)
+/* The files of one job, as read. Hook names are kept once each: events hold their index. */
+typedef struct job {
+    const char *dir;
+    int size, missing; /* missing: ranks without a stats file */
+    rank_data_t *rd;
+    char **names;
+    uint32_t nnames, last_name;
+} job_t;
+
+static void free_job(job_t *j)
 {
-    char path[4200], key[64], val[256];
-    snprintf(path, sizeof path, "%s/stats.rank%d.txt", dir, r);
+    for (int r = 0; j->rd && r < j->size; r++)
+        free(j->rd[r].ev);
+    for (uint32_t i = 0; i < j->nnames; i++)
+        free(j->names[i]);
+    free(j->rd), free(j->names);
+}
+
+/* --- reading --- */
+
+/* Opens path and checks its first line, MAGIC and the format version. 1 with *f_p open, 0 when
+ * there is no such file, -1 with err set when it is not one of ours or of another version. */
+static int open_versioned(const char *path, const char *magic, const char *what, FILE **f_p, char *err,
+                          size_t errlen)
+{
+    char line[128];
+    int version = -1;
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    int version = 0;
-    if (fscanf(f, "dpshim-stats %d\n", &version) != 1 || version != FORMAT_VERSION) {
-        snprintf(err, errlen, "%s: not a dpshim stats file of format %d", path, FORMAT_VERSION);
+    if (!fgets(line, sizeof line, f) || strncmp(line, magic, strlen(magic)) ||
+        sscanf(line + strlen(magic), " %d", &version) != 1) {
+        snprintf(err, errlen, "%s: not a dpshim %s file of format %d", path, what, DPS_DIAG_FORMAT_VERSION);
         fclose(f);
         return -1;
     }
-    while (fscanf(f, "%63s %255[^\n]\n", key, val) == 2) {
-        unsigned long long x = strtoull(val, NULL, 10);
-        if (!strcmp(key, "host")) snprintf(d->host, sizeof d->host, "%.127s", val);
-        else if (!strcmp(key, "launcher")) snprintf(d->launcher, sizeof d->launcher, "%.31s", val);
-        else if (!strcmp(key, "size")) d->size = (int)x;
-        else if (!strcmp(key, "failure")) snprintf(d->failure, sizeof d->failure, "%.255s", val);
-        else if (!strcmp(key, "start_ns")) d->start = x;
-        else if (!strcmp(key, "end_ns")) d->end = x;
-        else if (!strcmp(key, "steps")) d->steps = x;
-        else if (!strcmp(key, "collectives")) d->collectives = x;
-        else if (!strcmp(key, "bytes")) d->bytes = x;
-        else if (!strcmp(key, "comm_ns")) d->comm = x;
-        else if (!strcmp(key, "bg_collectives")) d->bg_collectives = x;
-        else if (!strcmp(key, "bg_bytes")) d->bg_bytes = x;
-        else if (!strcmp(key, "bg_comm_ns")) d->bg_comm = x;
-        else if (!strcmp(key, "gated_sinks")) d->sinks = x;
-        else if (!strcmp(key, "gated_noops")) d->noops = x;
-        else if (!strcmp(key, "published")) d->published = x;
-        else if (!strcmp(key, "rank_paths")) d->rank_paths = x;
+    if (version != DPS_DIAG_FORMAT_VERSION) {
+        snprintf(
+            err, errlen,
+            "%s: a dpshim %s file of format %d, but this dpshim-diag reads format %d; use the dpshim-diag "
+            "built with the shim that wrote it",
+            path, what, version, DPS_DIAG_FORMAT_VERSION);
+        fclose(f);
+        return -1;
     }
-    fclose(f);
-    d->present = 1;
+    *f_p = f;
     return 1;
 }
 
-static int read_trace(const char *dir, int r, rank_data_t *d, char *err, size_t errlen)
+/* One "key value" line of a stats file into st; keys of other versions are passed over. */
+static void stats_line(char *line, dps_diag_stats_t *st)
 {
-    char path[4200], line[512];
-    snprintf(path, sizeof path, "%s/trace.rank%d.txt", dir, r);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int version = 0;
-    if (!fgets(line, sizeof line, f) || sscanf(line, "dpshim-trace %d", &version) != 1 || version != FORMAT_VERSION) {
-        snprintf(err, errlen, "%s: not a dpshim trace file of format %d", path, FORMAT_VERSION);
-        fclose(f);
-        return -1;
+    line[strcspn(line, "\n")] = '\0';
+    char *val = strchr(line, ' ');
+    if (!val) return;
+    *val++ = '\0';
+#define NUM(key)                                                                                             \
+    if (!strcmp(line, #key)) {                                                                               \
+        st->key = strtoull(val, NULL, 10);                                                                   \
+        return;                                                                                              \
     }
+#define TEXT(key, len)                                                                                       \
+    if (!strcmp(line, #key)) {                                                                               \
+        snprintf(st->key, sizeof st->key, "%s", val);                                                        \
+        return;                                                                                              \
+    }
+    DPS_DIAG_STATS(NUM, TEXT)
+#undef NUM
+#undef TEXT
+}
+
+/* 1 with rank r's stats in *st, 0 without a file, -1 with err set. */
+static int read_stats(const char *dir, int r, dps_diag_stats_t *st, char *err, size_t errlen)
+{
+    char name[64], path[4200], *line = NULL;
     size_t cap = 0;
-    while (fgets(line, sizeof line, f)) {
+    FILE *f;
+    snprintf(name, sizeof name, DPS_DIAG_STATS_FILE, r);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = open_versioned(path, DPS_DIAG_STATS_MAGIC, "stats", &f, err, errlen);
+    if (rc <= 0) return rc;
+    memset(st, 0, sizeof *st);
+    while (getline(&line, &cap, f) > 0)
+        stats_line(line, st);
+    free(line);
+    fclose(f);
+    return 1;
+}
+
+/* The index of name in the job's table, added on first sight; names repeat on every step, so the
+ * last one found is tried first. UINT32_MAX when memory runs out. */
+static uint32_t name_index(job_t *j, const char *name)
+{
+    if (j->nnames && !strcmp(j->names[j->last_name], name)) return j->last_name;
+    uint32_t i = 0;
+    while (i < j->nnames && strcmp(j->names[i], name))
+        i++;
+    if (i == j->nnames) {
+        char *copy = strdup(name);
+        char **p = copy ? realloc(j->names, (j->nnames + 1) * sizeof *p) : NULL;
+        if (!p) {
+            free(copy);
+            return UINT32_MAX;
+        }
+        j->names = p, j->names[j->nnames++] = copy;
+    }
+    return j->last_name = i;
+}
+
+/* One trace line into *e: the kind, the numbers of DPS_DIAG_TRACE_FIELDS, then the hook, the rest
+ * of the line. 0, or -1 for a line that is not an event (the column names, damage). */
+static int parse_event(job_t *j, char *line, ev_t *e)
+{
+    char *p = line + 1, *end;
+    line[strcspn(line, "\n")] = '\0';
+    if (line[0] == '#' || !line[0] || line[1] != ' ') return -1;
+    e->kind = line[0];
+#define FIELD(field)                                                                                         \
+    e->field = strtoull(p, &end, 10);                                                                        \
+    if (end == p || *end != ' ') return -1;                                                                  \
+    p = end;
+    DPS_DIAG_TRACE_FIELDS(FIELD)
+#undef FIELD
+    e->hook = name_index(j, p + 1);
+    return e->hook == UINT32_MAX ? -1 : 0;
+}
+
+/* 1 with rank r's events in j->rd[r], 0 without a file, -1 with err set. */
+static int read_trace(job_t *j, int r, char *err, size_t errlen)
+{
+    char name[64], path[4200], *line = NULL;
+    size_t len = 0, cap = 0;
+    rank_data_t *d = &j->rd[r];
+    FILE *f;
+    snprintf(name, sizeof name, DPS_DIAG_TRACE_FILE, r);
+    snprintf(path, sizeof path, "%s/%s", j->dir, name);
+    int rc = open_versioned(path, DPS_DIAG_TRACE_MAGIC, "trace", &f, err, errlen);
+    if (rc <= 0) return rc;
+    while (getline(&line, &len, f) > 0) {
         ev_t e;
-        unsigned long long b, en, sq, st, by;
-        if (line[0] == '#' || sscanf(line, "%c %llu %llu %llu %llu %llu %31s", &e.kind, &b, &en, &sq, &st, &by, e.hook) != 7)
-            continue;
-        e.begin = b, e.end = en, e.seq = sq, e.step = st, e.bytes = by;
+        if (parse_event(j, line, &e)) continue;
         if (d->n == cap) {
             cap = cap ? 2 * cap : 1024;
             ev_t *p = realloc(d->ev, cap * sizeof *p);
@@ -94,26 +172,72 @@ static int read_trace(const char *dir, int r, rank_data_t *d, char *err, size_t 
         }
         d->ev[d->n++] = e;
     }
+    free(line);
     fclose(f);
     return 1;
 }
+
+/* Reads rank 0's stats for the job's size: 1 with j->size set, 0 without the file, -1 with err
+ * set. A size out of range is left to the caller (0). */
+static int probe_job(const char *dir, job_t *j, char *err, size_t errlen)
+{
+    dps_diag_stats_t st;
+    memset(j, 0, sizeof *j);
+    j->dir = dir;
+    int rc = read_stats(dir, 0, &st, err, errlen);
+    if (rc > 0) j->size = st.size > 0 && st.size <= 65536 ? (int)st.size : 0;
+    return rc;
+}
+
+/* Every rank's files. With need_all a rank without files is an error; else it counts as missing.
+ * 0, or -1 with err set. */
+static int read_ranks(job_t *j, int need_all, char *err, size_t errlen)
+{
+    j->rd = calloc((size_t)j->size, sizeof *j->rd);
+    if (!j->rd) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int r = 0; r < j->size; r++) {
+        rank_data_t *d = &j->rd[r];
+        int rc = read_stats(j->dir, r, &d->st, err, errlen);
+        if (rc < 0 || (need_all && rc == 0)) goto fail;
+        d->present = rc;
+        j->missing += !d->present;
+        rc = read_trace(j, r, err, errlen);
+        if (rc < 0 || (need_all && rc == 0)) goto fail;
+        continue;
+    fail: /* err is set, or the rank has no files */
+        if (!err[0])
+            snprintf(err, errlen, "%s: the files of rank %d are missing; a profile needs every rank's",
+                     j->dir, r);
+        return -1;
+    }
+    return 0;
+}
+
+/* --- matching collectives across ranks --- */
 
 /* Steps every rank's cursor `at` to its next collective. 1 when every rank has one and they
  * carry the same number (the same collective); then *latest is when the last rank arrived,
  * *last is that rank and *second when the one before it arrived. 0 at the end, or where the
  * ranks' sequences diverge (a desync). */
-static int next_matched(const rank_data_t *rd, int size, size_t *at, uint64_t *latest, uint64_t *second, int *last)
+static int next_matched(const rank_data_t *rd, int size, size_t *at, uint64_t *latest, uint64_t *second,
+                        int *last)
 {
     *latest = *second = 0, *last = -1;
     for (int r = 0; r < size; r++) {
-        while (at[r] < rd[r].n && rd[r].ev[at[r]].kind != 'c') at[r]++;
+        while (at[r] < rd[r].n && rd[r].ev[at[r]].kind != DPS_DIAG_COLLECTIVE)
+            at[r]++;
         if (at[r] >= rd[r].n) return 0;
     }
     for (int r = 0; r < size; r++) {
         const ev_t *e = &rd[r].ev[at[r]];
         if (e->seq != rd[0].ev[at[0]].seq) return 0;
-        if (e->begin >= *latest) *second = *latest, *latest = e->begin, *last = r;
-        else if (e->begin > *second) *second = e->begin;
+        if (e->begin_ns >= *latest)
+            *second = *latest, *latest = e->begin_ns, *last = r;
+        else if (e->begin_ns > *second)
+            *second = e->begin_ns;
     }
     return 1;
 }
@@ -126,257 +250,423 @@ static void match_collectives(rank_data_t *rd, int size, uint64_t lo, uint64_t h
     uint64_t latest, second;
     int last;
     while (at && next_matched(rd, size, at, &latest, &second, &last)) {
-        uint64_t b0 = rd[0].ev[at[0]].begin;
+        uint64_t b0 = rd[0].ev[at[0]].begin_ns;
         if (b0 < lo || b0 > hi) {
-            for (int r = 0; r < size; r++) at[r]++;
+            for (int r = 0; r < size; r++)
+                at[r]++;
             continue;
         }
-        for (int r = 0; r < size; r++) rd[r].wait_s += (double)(latest - rd[r].ev[at[r]++].begin) * 1e-9;
+        for (int r = 0; r < size; r++)
+            rd[r].wait_s += (double)(latest - rd[r].ev[at[r]++].begin_ns) * 1e-9;
         if (size > 1) rd[last].last++, rd[last].late_s += (double)(latest - second) * 1e-9;
     }
     free(at);
 }
 
-static void json_events(FILE *f, const rank_data_t *rd, int size, uint64_t t0)
+/* --- the Chrome/Perfetto trace --- */
+
+/* A JSON string: hook names are plain, but nothing stops one holding a quote. */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++)
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned char)*s);
+        else
+            fputc(*s, f);
+    fputc('"', f);
+}
+
+/* A collective as a span: on the rank's lane (comm), or its background lane. */
+static void json_span(FILE *f, const job_t *j, const ev_t *e, const char *cat, int tid, uint64_t t0)
+{
+    fprintf(f, ",\n{\"name\":");
+    json_string(f, j->names[e->hook]);
+    fprintf(f,
+            ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
+            "\"args\":{\"seq\":%llu,\"step\":%llu,\"bytes\":%llu}}",
+            cat, tid, (double)(e->begin_ns - t0) / 1e3, (double)(e->end_ns - e->begin_ns) / 1e3,
+            (unsigned long long)e->seq, (unsigned long long)e->step, (unsigned long long)e->bytes);
+}
+
+/* One rank's lanes: compute between its collectives, the collectives, step marks, and the
+ * progress thread's reductions on a lane of their own. */
+static void json_rank(FILE *f, const job_t *j, int r, uint64_t t0)
+{
+    const rank_data_t *d = &j->rd[r];
+    if (d->st.bg_collectives)
+        fprintf(f,
+                ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d "
+                "background\"}}",
+                j->size + r, r);
+    uint64_t prev = d->st.start_ns;
+    for (size_t i = 0; i < d->n; i++) {
+        const ev_t *e = &d->ev[i];
+        if (e->kind == DPS_DIAG_STEP) {
+            fprintf(f,
+                    ",\n{\"name\":\"step %llu\",\"ph\":\"i\",\"s\":\"t\",\"pid\":0,\"tid\":%d,\"ts\":%.3f}",
+                    (unsigned long long)e->step, r, (double)(e->begin_ns - t0) / 1e3);
+            continue;
+        }
+        if (e->kind == DPS_DIAG_BACKGROUND) {
+            json_span(f, j, e, "background", j->size + r, t0);
+            continue;
+        }
+        if (e->begin_ns > prev)
+            fprintf(f,
+                    ",\n{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%."
+                    "3f,\"dur\":%.3f}",
+                    r, (double)(prev - t0) / 1e3, (double)(e->begin_ns - prev) / 1e3);
+        json_span(f, j, e, "comm", r, t0);
+        prev = e->end_ns;
+    }
+}
+
+static void json_events(FILE *f, const job_t *j, uint64_t t0)
 {
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     int first = 1;
-    for (int r = 0; r < size; r++) {
-        if (!rd[r].present) continue;
-        fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}}",
-                first ? "" : ",\n", r, r);
+    for (int r = 0; r < j->size; r++) {
+        if (!j->rd[r].present) continue;
+        fprintf(
+            f,
+            "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+            first ? "" : ",\n", r, r);
         first = 0;
-        if (rd[r].bg_collectives)
-            fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d background\"}}",
-                    size + r, r);
-        uint64_t prev = rd[r].start;
-        for (size_t i = 0; i < rd[r].n; i++) {
-            const ev_t *e = &rd[r].ev[i];
-            if (e->kind == 's') {
-                fprintf(f, ",\n{\"name\":\"step %llu\",\"ph\":\"i\",\"s\":\"t\",\"pid\":0,\"tid\":%d,\"ts\":%.3f}",
-                        (unsigned long long)e->step, r, (double)(e->begin - t0) / 1e3);
-                continue;
-            }
-            if (e->kind == 'b') { /* the progress thread: a lane of its own */
-                fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"background\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,"
-                           "\"dur\":%.3f,\"args\":{\"seq\":%llu,\"step\":%llu,\"bytes\":%llu}}",
-                        e->hook, size + r, (double)(e->begin - t0) / 1e3, (double)(e->end - e->begin) / 1e3,
-                        (unsigned long long)e->seq, (unsigned long long)e->step, (unsigned long long)e->bytes);
-                continue;
-            }
-            if (e->begin > prev)
-                fprintf(f, ",\n{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-                        r, (double)(prev - t0) / 1e3, (double)(e->begin - prev) / 1e3);
-            fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"comm\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
-                       "\"args\":{\"seq\":%llu,\"step\":%llu,\"bytes\":%llu}}",
-                    e->hook, r, (double)(e->begin - t0) / 1e3, (double)(e->end - e->begin) / 1e3,
-                    (unsigned long long)e->seq, (unsigned long long)e->step, (unsigned long long)e->bytes);
-            prev = e->end;
-        }
+        json_rank(f, j, r, t0);
     }
     fprintf(f, "\n]}\n");
 }
 
-/* One lane per rank: compute, waiting for the last rank inside a collective, and transfer. */
-static void svg_timeline(FILE *f, rank_data_t *rd, int size, uint64_t t0, uint64_t t1, const char *dir)
+/* --- the SVG timeline --- */
+
+typedef struct svg_frame {
+    double W, left, lane, top, x_of;
+    uint64_t t0;
+} svg_frame_t;
+
+static void svg_box(FILE *f, const svg_frame_t *s, int r, uint64_t from, uint64_t to, const char *color)
 {
-    const double W = 1100, left = 70, lane = 34, top = 50;
-    double span = (double)(t1 - t0), x_of = (W - left - 20) / (span > 0 ? span : 1);
-    double H = top + lane * size + 70;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">dpshim timeline of %s: %d ranks, first to last collective, %.3f s</text>\n",
-            left, dir, size, span * 1e-9);
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"/>\n",
+            s->left + (double)(from - s->t0) * s->x_of, s->top + s->lane * r + 4,
+            (double)(to - from) * s->x_of, s->lane - 8, color);
+}
+
+/* Collectives matched across ranks by number, so that waiting can be drawn apart from
+ * transfer; then what never completed everywhere (a job the guard ended), drawn as waiting to
+ * the end. */
+static void svg_collectives(FILE *f, const svg_frame_t *s, const rank_data_t *rd, int size)
+{
     size_t *at = calloc((size_t)size, sizeof *at);
-    for (int r = 0; r < size; r++) {
-        double y = top + lane * r;
-        fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", y + lane * 0.6, r);
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#9ecae1\"/>\n", left,
-                y + 4, span * x_of, lane - 8);
-    }
-    /* collectives, matched across ranks by number, so waiting can be drawn */
     uint64_t latest, second;
     int last;
     while (next_matched(rd, size, at, &latest, &second, &last)) {
         for (int r = 0; r < size; r++) {
             const ev_t *e = &rd[r].ev[at[r]++];
-            double y = top + lane * r + 4, h = lane - 8;
-            uint64_t w_end = latest < e->end ? latest : e->end;
-            if (w_end > e->begin)
-                fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"#e6550d\"/>\n",
-                        left + (double)(e->begin - t0) * x_of, y, (double)(w_end - e->begin) * x_of, h);
-            if (e->end > w_end)
-                fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"#31a354\"/>\n",
-                        left + (double)(w_end - t0) * x_of, y, (double)(e->end - w_end) * x_of, h);
+            uint64_t w_end = latest < e->end_ns ? latest : e->end_ns;
+            if (w_end > e->begin_ns) svg_box(f, s, r, e->begin_ns, w_end, "#e6550d");
+            if (e->end_ns > w_end) svg_box(f, s, r, w_end, e->end_ns, "#31a354");
         }
     }
-    /* what never completed everywhere (a job the guard ended): drawn as waiting to the end */
     for (int r = 0; r < size; r++)
         for (; at[r] < rd[r].n; at[r]++) {
             const ev_t *e = &rd[r].ev[at[r]];
-            if (e->kind == 'c' && e->end > e->begin)
-                fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"#e6550d\"/>\n",
-                        left + (double)(e->begin - t0) * x_of, top + lane * r + 4, (double)(e->end - e->begin) * x_of, lane - 8);
+            if (e->kind == DPS_DIAG_COLLECTIVE && e->end_ns > e->begin_ns)
+                svg_box(f, s, r, e->begin_ns, e->end_ns, "#e6550d");
         }
     free(at);
-    double ly = top + lane * size + 25;
+}
+
+static void svg_legend(FILE *f, const svg_frame_t *s, int size, double span)
+{
+    double ly = s->top + s->lane * size + 25;
     const char *names[] = {"compute", "waiting for the last rank", "communication"};
     const char *colors[] = {"#9ecae1", "#e6550d", "#31a354"};
     for (int i = 0; i < 3; i++) {
-        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", left + 230 * i, ly, colors[i]);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", left + 230 * i + 20, ly + 12, names[i]);
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n",
+                s->left + 230 * i, ly, colors[i]);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", s->left + 230 * i + 20, ly + 12, names[i]);
     }
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">0 s</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.3f s</text>\n",
-            left, ly + 36, W - 20, ly + 36, span * 1e-9);
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"%.0f\">0 s</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.3f "
+            "s</text>\n",
+            s->left, ly + 36, s->W - 20, ly + 36, span * 1e-9);
+}
+
+/* One lane per rank: compute, waiting for the last rank inside a collective, and transfer. */
+static void svg_timeline(FILE *f, const job_t *j, uint64_t t0, uint64_t t1)
+{
+    svg_frame_t s = {.W = 1100, .left = 70, .lane = 34, .top = 50, .t0 = t0};
+    double span = (double)(t1 - t0), H = s.top + s.lane * j->size + 70;
+    s.x_of = (s.W - s.left - 20) / (span > 0 ? span : 1);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "font-family=\"sans-serif\" font-size=\"12\">\n",
+            s.W, H);
+    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"22\" font-size=\"15\">dpshim timeline of %s: %d ranks, first to last "
+            "collective, %.3f s</text>\n",
+            s.left, j->dir, j->size, span * 1e-9);
+    for (int r = 0; r < j->size; r++) {
+        double y = s.top + s.lane * r;
+        fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", y + s.lane * 0.6, r);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#9ecae1\"/>\n", s.left,
+                y + 4, span * s.x_of, s.lane - 8);
+    }
+    svg_collectives(f, &s, j->rd, j->size);
+    svg_legend(f, &s, j->size, span);
     fprintf(f, "</svg>\n");
 }
 
-int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
+/* --- the report --- */
+
+/* From the first rank's start to the last one's files. */
+static void job_span(const job_t *j, uint64_t *t0, uint64_t *t1)
 {
-    char err[4400] = "";
-    rank_data_t probe = {0};
-    if (read_stats(dir, 0, &probe, err, sizeof err) <= 0) {
-        fprintf(stderr, "dpshim-diag: %s\n", err[0] ? err : "no stats.rank0.txt: is DIR the [diag] dir of a finished job?");
-        return 1;
-    }
-    int size = probe.size;
-    if (size <= 0 || size > 65536) {
-        fprintf(stderr, "dpshim-diag: %s/stats.rank0.txt does not say the job's size\n", dir);
-        return 1;
-    }
-    free(probe.ev);
-    rank_data_t *rd = calloc((size_t)size, sizeof *rd);
-    int missing = 0;
-    for (int r = 0; r < size; r++) {
-        if (read_stats(dir, r, &rd[r], err, sizeof err) < 0 || read_trace(dir, r, &rd[r], err, sizeof err) < 0) {
-            fprintf(stderr, "dpshim-diag: %s\n", err);
-            return 1;
+    *t0 = UINT64_MAX, *t1 = 0;
+    for (int r = 0; r < j->size; r++)
+        if (j->rd[r].present) {
+            if (j->rd[r].st.start_ns < *t0) *t0 = j->rd[r].st.start_ns;
+            if (j->rd[r].st.end_ns > *t1) *t1 = j->rd[r].st.end_ns;
         }
-        missing += !rd[r].present;
-    }
-    match_collectives(rd, size, 0, UINT64_MAX);
-    uint64_t t0 = UINT64_MAX, t1 = 0;
-    for (int r = 0; r < size; r++)
-        if (rd[r].present) {
-            if (rd[r].start < t0) t0 = rd[r].start;
-            if (rd[r].end > t1) t1 = rd[r].end;
-        }
-    printf("dpshim report of %s: %d ranks, host %s, launcher %s, %.3f s\n\n", dir, size, rd[0].host, rd[0].launcher,
-           (double)(t1 - t0) * 1e-9);
-    printf("rank  steps  collectives  MB reduced   wall s  compute s   comm s  waiting s  comm %%  arrived last\n");
-    for (int r = 0; r < size; r++) {
-        const rank_data_t *d = &rd[r];
+}
+
+/* From the first collective to the last, which the picture shows; the job's span without any. */
+static void collective_span(const job_t *j, uint64_t t0, uint64_t t1, uint64_t *c0, uint64_t *c1)
+{
+    *c0 = UINT64_MAX, *c1 = 0;
+    for (int r = 0; r < j->size; r++)
+        for (size_t i = 0; i < j->rd[r].n; i++)
+            if (j->rd[r].ev[i].kind == DPS_DIAG_COLLECTIVE) {
+                if (j->rd[r].ev[i].begin_ns < *c0) *c0 = j->rd[r].ev[i].begin_ns;
+                if (j->rd[r].ev[i].end_ns > *c1) *c1 = j->rd[r].ev[i].end_ns;
+            }
+    if (*c1 <= *c0) *c0 = t0, *c1 = t1;
+}
+
+/* Where each rank's time went, a line per rank; then the progress thread's share. */
+static void print_ranks(const job_t *j)
+{
+    printf("rank  steps  collectives  MB reduced   wall s  compute s   comm s  waiting s  comm %%  arrived "
+           "last\n");
+    for (int r = 0; r < j->size; r++) {
+        const rank_data_t *d = &j->rd[r];
         if (!d->present) {
             printf("%4d  no files: the rank crashed, was killed, or left with _exit\n", r);
             continue;
         }
-        double wall = (double)(d->end - d->start) * 1e-9, comm = (double)d->comm * 1e-9;
+        double wall = (double)(d->st.end_ns - d->st.start_ns) * 1e-9, comm = (double)d->st.comm_ns * 1e-9;
         printf("%4d  %5llu  %11llu  %10.1f  %7.3f  %9.3f  %7.3f  %9.3f  %5.1f%%  %5.1f%%\n", r,
-               (unsigned long long)d->steps, (unsigned long long)d->collectives, (double)(d->bytes + d->bg_bytes) / 1e6, wall,
-               wall - comm, comm, d->wait_s, wall > 0 ? 100 * comm / wall : 0,
-               d->collectives ? 100.0 * (double)d->last / (double)d->collectives : 0);
+               (unsigned long long)d->st.steps, (unsigned long long)d->st.collectives,
+               (double)(d->st.bytes + d->st.bg_bytes) / 1e6, wall, wall - comm, comm, d->wait_s,
+               wall > 0 ? 100 * comm / wall : 0,
+               d->st.collectives ? 100.0 * (double)d->last / (double)d->st.collectives : 0);
     }
-    for (int r = 0; r < size; r++)
-        if (rd[r].present && rd[r].bg_collectives)
-            printf("%4d  in the background ([comm] overlap): %llu reductions, %.1f MB, %.3f s, of which only the "
-                   "wait in dp_grads counts as comm above\n", r, (unsigned long long)rd[r].bg_collectives,
-                   (double)rd[r].bg_bytes / 1e6, (double)rd[r].bg_comm * 1e-9);
+    for (int r = 0; r < j->size; r++)
+        if (j->rd[r].present && j->rd[r].st.bg_collectives)
+            printf("%4d  in the background ([comm] overlap): %llu reductions, %.1f MB, %.3f s, of which only "
+                   "the "
+                   "wait in dp_grads counts as comm above\n",
+                   r, (unsigned long long)j->rd[r].st.bg_collectives, (double)j->rd[r].st.bg_bytes / 1e6,
+                   (double)j->rd[r].st.bg_comm_ns * 1e-9);
+}
+
+/* The rank that kept the others waiting longest, if any did. */
+static void print_straggler(const job_t *j)
+{
+    const rank_data_t *rd = j->rd;
     int straggler = -1;
-    for (int r = 0; r < size; r++)
+    for (int r = 0; r < j->size; r++)
         if (rd[r].present && (straggler < 0 || rd[r].late_s > rd[straggler].late_s)) straggler = r;
-    if (size > 1 && straggler >= 0 && rd[straggler].last)
-        printf("\nstraggler: rank %d arrived last at %llu collectives, keeping the others waiting %.3f s in all "
-               "(%.3f ms each)\n", straggler, (unsigned long long)rd[straggler].last, rd[straggler].late_s,
-               1e3 * rd[straggler].late_s / (double)rd[straggler].last);
-    int desync = 0;
-    for (int r = 1; r < size; r++)
-        if (rd[r].present && rd[0].present && rd[r].collectives != rd[0].collectives) desync = 1;
+    if (j->size > 1 && straggler >= 0 && rd[straggler].last)
+        printf(
+            "\nstraggler: rank %d arrived last at %llu collectives, keeping the others waiting %.3f s in all "
+            "(%.3f ms each)\n",
+            straggler, (unsigned long long)rd[straggler].last, rd[straggler].late_s,
+            1e3 * rd[straggler].late_s / (double)rd[straggler].last);
+}
+
+static void print_files(const job_t *j)
+{
     uint64_t sinks = 0, noops = 0, pub = 0, rp = 0;
-    for (int r = 0; r < size; r++) sinks += rd[r].sinks, noops += rd[r].noops, pub += rd[r].published, rp += rd[r].rank_paths;
-    printf("files: %llu writes to a sink and %llu calls without effect on ranks other than 0, %llu files published "
-           "whole by rank 0, %llu per-rank paths\n", (unsigned long long)sinks, (unsigned long long)noops,
-           (unsigned long long)pub, (unsigned long long)rp);
-    int failed = 0;
-    for (int r = 0; r < size; r++) failed |= rd[r].failure[0] != 0;
-    printf("problems: %s%s%s\n", missing ? "ranks without files (see above); " : "",
+    for (int r = 0; r < j->size; r++) {
+        const dps_diag_stats_t *st = &j->rd[r].st;
+        sinks += st->gated_sinks, noops += st->gated_noops, pub += st->published, rp += st->rank_paths;
+    }
+    printf("files: %llu writes to a sink and %llu calls without effect on ranks other than 0, %llu files "
+           "published "
+           "whole by rank 0, %llu per-rank paths\n",
+           (unsigned long long)sinks, (unsigned long long)noops, (unsigned long long)pub,
+           (unsigned long long)rp);
+}
+
+/* Ranks whose trace lacks events past [diag] trace_mb: the figures drawn from the trace cover
+ * only what was kept, while the counts above cover everything. */
+static void print_dropped(const job_t *j)
+{
+    enum { SHOWN = 8 };
+    int ranks = 0;
+    uint64_t all = 0;
+    for (int r = 0; r < j->size; r++) {
+        uint64_t n = j->rd[r].st.dropped_events;
+        if (!n) continue;
+        if (!ranks) printf("trace cap: events past [diag] trace_mb were counted but not traced:");
+        if (ranks < SHOWN) printf("%s rank %d lacks %llu", ranks ? "," : "", r, (unsigned long long)n);
+        ranks++, all += n;
+    }
+    if (!ranks) return;
+    if (ranks > SHOWN)
+        printf(", and %d more ranks (%llu events in all)", ranks - SHOWN, (unsigned long long)all);
+    printf("\n  the waiting and arrived-last columns, --trace and --svg show only the events kept; raise "
+           "[diag] trace_mb to keep them all\n");
+}
+
+/* Ranks without files, a desync, and the failure each rank recorded. */
+static void print_problems(const job_t *j)
+{
+    const rank_data_t *rd = j->rd;
+    int desync = 0, failed = 0;
+    for (int r = 1; r < j->size; r++)
+        if (rd[r].present && rd[0].present && rd[r].st.collectives != rd[0].st.collectives) desync = 1;
+    for (int r = 0; r < j->size; r++)
+        failed |= rd[r].st.failure[0] != 0;
+    printf("problems: %s%s%s\n", j->missing ? "ranks without files (see above); " : "",
            desync ? "the ranks made different numbers of collectives (a desync); " : "",
-           missing || desync || failed ? "" : "none");
-    for (int r = 0; r < size; r++)
-        if (rd[r].failure[0]) printf("  rank %d: %s\n", r, rd[r].failure);
+           j->missing || desync || failed ? "" : "none");
+    for (int r = 0; r < j->size; r++)
+        if (rd[r].st.failure[0]) printf("  rank %d: %s\n", r, rd[r].st.failure);
+}
+
+/* --trace and --svg: 0, or 1 when one could not be written. */
+static int write_pictures(const job_t *j, const char *trace_out, const char *svg_out, uint64_t t0,
+                          uint64_t t1)
+{
     int rc = 0;
     if (trace_out) {
         FILE *f = fopen(trace_out, "w");
-        if (!f) fprintf(stderr, "dpshim-diag: cannot write %s: %s\n", trace_out, strerror(errno)), rc = 1;
-        else json_events(f, rd, size, t0), rc |= fclose(f) != 0, printf("trace: %s (chrome://tracing, ui.perfetto.dev)\n", trace_out);
+        if (!f)
+            fprintf(stderr, "dpshim-diag: cannot write %s: %s\n", trace_out, strerror(errno)), rc = 1;
+        else
+            json_events(f, j, t0), rc |= fclose(f) != 0,
+                printf("trace: %s (chrome://tracing, ui.perfetto.dev)\n", trace_out);
     }
-    uint64_t c0 = UINT64_MAX, c1 = 0; /* the picture shows the span of the collectives */
-    for (int r = 0; r < size; r++)
-        for (size_t i = 0; i < rd[r].n; i++)
-            if (rd[r].ev[i].kind == 'c') {
-                if (rd[r].ev[i].begin < c0) c0 = rd[r].ev[i].begin;
-                if (rd[r].ev[i].end > c1) c1 = rd[r].ev[i].end;
-            }
-    if (c1 <= c0) c0 = t0, c1 = t1;
+    uint64_t c0, c1;
+    collective_span(j, t0, t1, &c0, &c1);
     if (svg_out) {
         FILE *f = fopen(svg_out, "w");
-        if (!f) fprintf(stderr, "dpshim-diag: cannot write %s: %s\n", svg_out, strerror(errno)), rc = 1;
-        else svg_timeline(f, rd, size, c0, c1, dir), rc |= fclose(f) != 0, printf("timeline: %s\n", svg_out);
+        if (!f)
+            fprintf(stderr, "dpshim-diag: cannot write %s: %s\n", svg_out, strerror(errno)), rc = 1;
+        else
+            svg_timeline(f, j, c0, c1), rc |= fclose(f) != 0, printf("timeline: %s\n", svg_out);
     }
-    for (int r = 0; r < size; r++) free(rd[r].ev);
-    free(rd);
     return rc;
+}
+
+/* The job of dir, read whole for the report: 0, or 1 after saying what is wrong. */
+static int load_for_report(const char *dir, job_t *j)
+{
+    char err[4400] = "";
+    int rc = probe_job(dir, j, err, sizeof err);
+    if (rc <= 0) {
+        fprintf(stderr, "dpshim-diag: %s\n",
+                err[0] ? err : "no stats.rank0.txt: is DIR the [diag] dir of a finished job?");
+        return 1;
+    }
+    if (!j->size) {
+        fprintf(stderr, "dpshim-diag: %s/stats.rank0.txt does not say the job's size\n", dir);
+        return 1;
+    }
+    if (read_ranks(j, 0, err, sizeof err)) {
+        fprintf(stderr, "dpshim-diag: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
+{
+    job_t j;
+    if (load_for_report(dir, &j)) return free_job(&j), 1;
+    match_collectives(j.rd, j.size, 0, UINT64_MAX);
+    uint64_t t0, t1;
+    job_span(&j, &t0, &t1);
+    printf("dpshim report of %s: %d ranks, host %s, launcher %s, %.3f s\n\n", dir, j.size, j.rd[0].st.host,
+           j.rd[0].st.launcher, (double)(t1 - t0) * 1e-9);
+    print_ranks(&j);
+    print_straggler(&j);
+    print_files(&j);
+    print_dropped(&j);
+    print_problems(&j);
+    int rc = write_pictures(&j, trace_out, svg_out, t0, t1);
+    free_job(&j);
+    return rc;
+}
+
+/* --- the per-step profile (dpshim-diag model) --- */
+
+/* The window from rank 0's first to its last step end: start-up and the tail are left out.
+ * The number of step ends in it, or 0 with err set when there are too few for a profile. */
+static uint64_t step_window(const job_t *j, uint64_t *first, uint64_t *last, char *err, size_t errlen)
+{
+    const rank_data_t *d = &j->rd[0];
+    uint64_t steps = 0;
+    *first = *last = 0;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->ev[i].kind == DPS_DIAG_STEP) {
+            if (!steps++) *first = d->ev[i].begin_ns;
+            *last = d->ev[i].begin_ns;
+        }
+    if (steps >= 3) return steps;
+    snprintf(err, errlen,
+             "%s: rank 0 recorded %llu step(s); a profile needs at least 3 (dp_step_end after each step)",
+             j->dir, (unsigned long long)steps);
+    return 0;
+}
+
+/* Rank 0's collectives inside the window: the main thread's exposed time, and the bytes and
+ * collectives of both threads. The wait in dp_grads moves no bytes and is not counted as one. */
+static void window_comm(const job_t *j, uint64_t first, uint64_t last, double *exposed, double *bytes,
+                        double *calls)
+{
+    const rank_data_t *d = &j->rd[0];
+    *exposed = *bytes = *calls = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        const ev_t *e = &d->ev[i];
+        if ((e->kind != DPS_DIAG_COLLECTIVE && e->kind != DPS_DIAG_BACKGROUND) || e->begin_ns < first ||
+            e->end_ns > last)
+            continue;
+        if (e->kind == DPS_DIAG_COLLECTIVE) *exposed += (double)(e->end_ns - e->begin_ns) * 1e-9;
+        *bytes += (double)e->bytes, *calls += e->bytes > 0;
+    }
 }
 
 int dps_diag_profile(const char *dir, dps_step_profile_t *p, char *err, size_t errlen)
 {
-    rank_data_t probe = {0};
-    int rc = read_stats(dir, 0, &probe, err, errlen);
+    job_t j;
+    int rc = probe_job(dir, &j, err, errlen);
     if (rc <= 0) {
-        if (!rc) snprintf(err, errlen, "%s/stats.rank0.txt: missing; is DIR the [diag] dir of a finished job?", dir);
+        if (!rc)
+            snprintf(err, errlen, "%s/stats.rank0.txt: missing; is DIR the [diag] dir of a finished job?",
+                     dir);
         return -1;
     }
-    int size = probe.size > 0 && probe.size <= 65536 ? probe.size : 1;
-    rank_data_t *rd = calloc((size_t)size, sizeof *rd);
-    if (!rd) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!j.size) j.size = 1;
+    uint64_t first, last, steps;
     rc = -1;
-    for (int r = 0; r < size; r++)
-        if (read_stats(dir, r, &rd[r], err, errlen) <= 0 || read_trace(dir, r, &rd[r], err, errlen) <= 0) {
-            if (!err[0]) snprintf(err, errlen, "%s: the files of rank %d are missing; a profile needs every rank's", dir, r);
-            goto out;
-        }
-    /* the window from rank 0's first to its last step end: start-up and the tail are left out */
-    const rank_data_t *d = &rd[0];
-    uint64_t first = 0, last = 0, steps = 0;
-    for (size_t i = 0; i < d->n; i++)
-        if (d->ev[i].kind == 's') {
-            if (!steps++) first = d->ev[i].begin;
-            last = d->ev[i].begin;
-        }
-    if (steps < 3) {
-        snprintf(err, errlen, "%s: rank 0 recorded %llu step(s); a profile needs at least 3 (dp_step_end after each step)",
-                 dir, (unsigned long long)steps);
-        goto out;
-    }
-    double exposed = 0, bytes = 0, calls = 0;
-    for (size_t i = 0; i < d->n; i++) {
-        const ev_t *e = &d->ev[i];
-        if ((e->kind != 'c' && e->kind != 'b') || e->begin < first || e->end > last) continue;
-        if (e->kind == 'c') exposed += (double)(e->end - e->begin) * 1e-9;
-        bytes += (double)e->bytes, calls += e->bytes > 0; /* the wait in dp_grads moves no bytes */
-    }
-    match_collectives(rd, size, first, last);
+    if (read_ranks(&j, 1, err, errlen) || !(steps = step_window(&j, &first, &last, err, errlen))) goto out;
+    double exposed, bytes, calls;
+    window_comm(&j, first, last, &exposed, &bytes, &calls);
+    match_collectives(j.rd, j.size, first, last);
     double n = (double)(steps - 1), window = (double)(last - first) * 1e-9;
-    p->size = size, p->steps = n;
+    p->size = j.size, p->steps = n;
     p->step_s = window / n, p->comm_s = exposed / n, p->compute_s = (window - exposed) / n;
-    p->wait_s = rd[0].wait_s / n;
+    p->wait_s = j.rd[0].wait_s / n;
     p->bytes = bytes / n, p->collectives = calls / n;
     rc = 0;
 out:
-    for (int r = 0; r < size; r++) free(rd[r].ev);
-    free(rd);
-    free(probe.ev);
+    free_job(&j);
     return rc;
 }

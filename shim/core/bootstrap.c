@@ -31,7 +31,7 @@ static const launcher_env_t launcher_envs[] = {
 };
 
 /* -1 when unset; -2 when set but not a number in [0, INT32_MAX]. */
-static long env_int(const char *name)
+DPS_STARTUP static long env_int(const char *name)
 {
     const char *v = name ? getenv(name) : NULL;
     if (!v) return -1;
@@ -107,7 +107,7 @@ void dps_bootstrap_finalize(void)
 }
 
 /* The launcher environment alone, without PMIx: what a child of the rank process sees. */
-static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
+DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
 {
     s->rank = 0, s->size = 1, s->local_rank = 0, s->local_size = 1, s->launcher = "singleton";
     for (size_t i = 0; i < sizeof launcher_envs / sizeof *launcher_envs; i++) {
@@ -133,16 +133,47 @@ static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
 }
 
 /* The rank process exports its identity so that exec'd children keep their rank's file policy
- * and never enter collectives: "pid:rank:size:local_rank:local_size". */
+ * and never enter collectives: "pid:rank:size:local_rank:local_size". Read and written by hand:
+ * every process of the job passes here, and stdio's formatting is the costliest code a short
+ * child (a shell, a compiler) would otherwise run at start (README: cost for other programs). */
 #define DPS_ENV_RANK_PID "DPSHIM_RANK_PID"
+enum { MARKER_FIELDS = 5 };
 
-int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
+/* "1:2:3:4:5" into v[5]; 1 when it is exactly five non-negative integers. */
+DPS_STARTUP static int parse_marker(const char *m, long v[MARKER_FIELDS])
+{
+    for (int i = 0; i < MARKER_FIELDS; i++) {
+        char *end;
+        errno = 0;
+        v[i] = strtol(m, &end, 10);
+        if (errno || end == m || v[i] < 0 || v[i] > INT32_MAX || *end != (i + 1 < MARKER_FIELDS ? ':' : '\0'))
+            return 0;
+        m = end + 1;
+    }
+    return 1;
+}
+
+DPS_STARTUP static void format_marker(char *out, const long v[MARKER_FIELDS])
+{
+    char *o = out;
+    for (int i = 0; i < MARKER_FIELDS; i++) {
+        char digits[24];
+        int n = 0;
+        unsigned long x = (unsigned long)v[i];
+        do digits[n++] = (char)('0' + x % 10); while (x /= 10);
+        while (n) *o++ = digits[--n];
+        *o++ = i + 1 < MARKER_FIELDS ? ':' : '\0';
+    }
+}
+
+DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
 {
     if (bootstrap_env(s, err, errlen) != 0) return -1;
     const char *marker = getenv(DPS_ENV_RANK_PID);
-    long pid = -1;
-    int r = -1, n = -1, lr = 0, ls = 1;
-    int parsed = marker && sscanf(marker, "%ld:%d:%d:%d:%d", &pid, &r, &n, &lr, &ls) == 5;
+    long m[MARKER_FIELDS] = {-1, -1, -1, 0, 1};
+    int parsed = marker && parse_marker(marker, m);
+    long pid = m[0];
+    int r = (int)m[1], n = (int)m[2], lr = (int)m[3], ls = (int)m[4];
     long my_rank = s->rank, my_size = s->size;
     if (parsed && strcmp(s->launcher, "singleton") == 0 && env_int("PMIX_RANK") >= 0)
         my_rank = env_int("PMIX_RANK"), my_size = n; /* PMIx-only launcher: the env has no size */
@@ -156,9 +187,8 @@ int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
     s->role = DPS_ROLE_RANK;
     s->exec_in_place = parsed && pid == getpid();
     if (strcmp(s->launcher, "singleton") == 0) bootstrap_pmix(s);
-    char buf[96];
-    snprintf(buf, sizeof buf, "%ld:%d:%d:%d:%d", (long)getpid(), s->rank, s->size, s->local_rank,
-             s->local_size);
+    char buf[MARKER_FIELDS * 24];
+    format_marker(buf, (long[MARKER_FIELDS]){(long)getpid(), s->rank, s->size, s->local_rank, s->local_size});
     setenv(DPS_ENV_RANK_PID, buf, 1);
     return 0;
 }

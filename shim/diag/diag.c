@@ -1,6 +1,7 @@
-/* Diagnostics files (see diag.h). Events go to a buffer that grows by doubling, so recording
- * one costs a store or two; files are written once, at exit, with the shim's own calls passing
- * through its interposers untouched. */
+/* Diagnostics files (see diag.h, format in diag_format.h). Events go to a buffer that grows by
+ * doubling up to [diag] trace_mb, so recording one costs a store or two and a long job cannot
+ * take the node's memory; events past the cap are counted. Files are written at exit (or when
+ * the guard ends the job), with the shim's own calls passing through its interposers untouched. */
 #define _GNU_SOURCE
 #include "diag.h"
 
@@ -13,25 +14,31 @@
 #include <time.h>
 #include <unistd.h>
 
-
 dps_diag_counters_t dps_diag_count;
 int dps_diag_on;
 
-typedef struct event {
-    char kind; /* 'c' collective, 'b' background collective, 's' step end */
-    const char *hook;
-    uint64_t begin_ns, end_ns, seq, step, bytes;
-} event_t;
+/* Hook names are copied, not pointed to: a declarative hook's name lives in its caller's stack
+ * buffer. Few names exist (the hook ABI's and one per [hook] section); the last slot stands for
+ * any beyond the table. */
+#define NAME_MAX_LEN 208 /* "[hook NAME] SYMBOL": 63 + 127 characters and the brackets */
+#define NAMES 256
 
+/* Everything below is guarded by `lock`: the main and the progress thread record, and the
+ * guard's watchdog may write the files while they do. */
 static struct {
     char dir[1024];
     const dps_state_t *s;
-    event_t *ev;
-    size_t n, cap;
-    uint64_t start_ns, collectives, bytes, comm_ns, steps;
-    uint64_t bg_collectives, bg_bytes, bg_comm_ns;
-    char failure[256];
+    dps_diag_stats_t st; /* the counters; identity and file counts are filled in at writing */
+    dps_diag_event_t *ev;
+    size_t n, cap, max;         /* max: events [diag] trace_mb holds */
+    dps_diag_event_t in_flight; /* the collective the guard found stuck, kept whatever the cap */
+    int has_in_flight;
+    char names[NAMES][NAME_MAX_LEN];
+    uint32_t nnames, last_name;
 } diag;
+
+/* Uncontended but for [comm] overlap, and at the end, when the files are written. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 uint64_t dps_diag_now(void)
 {
@@ -40,61 +47,200 @@ uint64_t dps_diag_now(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void dps_diag_configure(const dps_state_t *s)
+DPS_STARTUP void dps_diag_configure(const dps_state_t *s)
 {
     const char *dir = dps_policy_text(&s->policy, DPS_P_diag_dir);
-    diag.s = s;
-    dps_diag_on = dir && *dir && s->role == DPS_ROLE_RANK;
-    snprintf(diag.dir, sizeof diag.dir, "%s", dir ? dir : "");
-    diag.start_ns = dps_diag_now();
-}
-
-/* The main and the progress thread both record; the lock is uncontended but for overlaps. */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void add(event_t e)
-{
+    int on = dir && *dir && s->role == DPS_ROLE_RANK;
+    /* every process passes here: one that records nothing leaves the recorder's pages untouched */
+    if (!on && !diag.s) return;
     pthread_mutex_lock(&lock);
-    if (e.kind == 'c') diag.collectives++, diag.bytes += e.bytes, diag.comm_ns += e.end_ns - e.begin_ns;
-    if (e.kind == 'b') diag.bg_collectives++, diag.bg_bytes += e.bytes, diag.bg_comm_ns += e.end_ns - e.begin_ns;
-    if (diag.n == diag.cap) {
-        size_t cap = diag.cap ? 2 * diag.cap : 4096;
-        event_t *p = realloc(diag.ev, cap * sizeof *p);
-        if (!p) goto out; /* diagnostics never break the job: drop the event */
-        diag.ev = p, diag.cap = cap;
-    }
-    diag.ev[diag.n++] = e;
-out:
+    free(diag.ev);
+    memset(&diag, 0, sizeof diag);
+    diag.s = s;
+    diag.max = (size_t)dps_policy_num(&s->policy, DPS_P_diag_trace_mb) * (1u << 20) / sizeof *diag.ev;
+    snprintf(diag.dir, sizeof diag.dir, "%s", dir ? dir : "");
+    diag.st.start_ns = dps_diag_now();
+    dps_diag_on = on;
     pthread_mutex_unlock(&lock);
 }
 
-void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
-                         uint64_t seq, uint64_t step)
+/* The index of hook's name, added on first sight. Called with the lock held. */
+static uint32_t name_of(const char *hook)
 {
-    if (!dps_diag_on) return;
-    add((event_t){'c', hook, begin_ns, end_ns, seq, step, bytes});
+    if (!hook) hook = "?";
+    if (diag.nnames && !strncmp(diag.names[diag.last_name], hook, NAME_MAX_LEN - 1)) return diag.last_name;
+    uint32_t i = 0;
+    while (i < diag.nnames && strncmp(diag.names[i], hook, NAME_MAX_LEN - 1))
+        i++;
+    if (i == diag.nnames && i < NAMES - 1) {
+        char *to = diag.names[diag.nnames++];
+        snprintf(to, NAME_MAX_LEN, "%s", hook);
+        for (char *c = to; *c; c++)
+            if (*c == '\n' || *c == '\r') *c = ' '; /* one event, one line */
+    } else if (i == diag.nnames) {
+        i = NAMES - 1;
+        snprintf(diag.names[i], NAME_MAX_LEN, "(a hook past the first %d names)", NAMES - 1);
+    }
+    return diag.last_name = i;
 }
 
-void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
-                         uint64_t seq, uint64_t step)
+/* Counts e in the stats, kept in the trace or not. Called with the lock held. */
+static void count(const dps_diag_event_t *e)
+{
+    if (e->kind == DPS_DIAG_COLLECTIVE)
+        diag.st.collectives++, diag.st.bytes += e->bytes, diag.st.comm_ns += e->end_ns - e->begin_ns;
+    if (e->kind == DPS_DIAG_BACKGROUND)
+        diag.st.bg_collectives++, diag.st.bg_bytes += e->bytes, diag.st.bg_comm_ns += e->end_ns - e->begin_ns;
+    if (e->kind == DPS_DIAG_STEP) diag.st.steps++;
+}
+
+/* Counts an event and keeps it while the buffer may grow toward [diag] trace_mb; past that, or
+ * when memory runs out, it is counted as dropped. */
+static void add(char kind, const char *hook, uint64_t begin_ns, uint64_t end_ns, uint64_t seq, uint64_t step,
+                uint64_t bytes)
+{
+    pthread_mutex_lock(&lock);
+    dps_diag_event_t e = {.kind = kind,
+                          .hook = name_of(hook),
+                          .begin_ns = begin_ns,
+                          .end_ns = end_ns,
+                          .seq = seq,
+                          .step = step,
+                          .bytes = bytes};
+    count(&e);
+    if (diag.n == diag.cap && diag.cap < diag.max) {
+        size_t cap = diag.cap ? 2 * diag.cap : 4096;
+        if (cap > diag.max) cap = diag.max;
+        dps_diag_event_t *p = realloc(diag.ev, cap * sizeof *p);
+        if (p) diag.ev = p, diag.cap = cap; /* else drop it: diagnostics never break the job */
+    }
+    if (diag.n < diag.cap)
+        diag.ev[diag.n++] = e;
+    else
+        diag.st.dropped_events++;
+    pthread_mutex_unlock(&lock);
+}
+
+void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
+                         uint64_t step)
 {
     if (!dps_diag_on) return;
-    add((event_t){'b', hook, begin_ns, end_ns, seq, step, bytes});
+    add(DPS_DIAG_COLLECTIVE, hook, begin_ns, end_ns, seq, step, bytes);
+}
+
+void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
+                         uint64_t step)
+{
+    if (!dps_diag_on) return;
+    add(DPS_DIAG_BACKGROUND, hook, begin_ns, end_ns, seq, step, bytes);
 }
 
 void dps_diag_step(uint64_t step)
 {
     if (!dps_diag_on) return;
-    diag.steps++;
     uint64_t t = dps_diag_now();
-    add((event_t){'s', "dp_step_end", t, t, 0, step, 0});
+    add(DPS_DIAG_STEP, "dp_step_end", t, t, 0, step, 0);
 }
 
-static FILE *open_out(const char *what)
-{
+/* --- writing --- */
+
+/* One file being written, and what went wrong with it. */
+typedef struct out {
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s.rank%diag.txt", diag.dir, what, diag.s->rank);
-    return fopen(path, "w");
+    FILE *f;
+    int err; /* errno of the first failure, 0 while none */
+} out_t;
+
+static void open_out(out_t *o, const char *file_fmt)
+{
+    char name[64];
+    snprintf(name, sizeof name, file_fmt, diag.s->rank);
+    snprintf(o->path, sizeof o->path, "%s/%s", diag.dir, name);
+    o->f = fopen(o->path, "w");
+    o->err = o->f ? 0 : errno;
+}
+
+/* Closes o's file whatever happened to the other one: closing is what flushes it. */
+static void close_out(out_t *o)
+{
+    if (!o->f) return;
+    if (ferror(o->f) && !o->err) o->err = errno ? errno : EIO;
+    if (fclose(o->f) != 0 && !o->err) o->err = errno;
+    o->f = NULL;
+}
+
+/* The stats: the counters, who this rank is, and the file policy's effects. Lock held. */
+static void write_stats(FILE *f)
+{
+    dps_diag_stats_t st = diag.st;
+    st.rank = (uint64_t)diag.s->rank;
+    st.size = (uint64_t)diag.s->size;
+    st.local_rank = (uint64_t)diag.s->local_rank;
+    gethostname(st.host, sizeof st.host - 1);
+    snprintf(st.launcher, sizeof st.launcher, "%s", diag.s->launcher ? diag.s->launcher : "");
+    st.end_ns = dps_diag_now();
+    st.gated_sinks = atomic_load(&dps_diag_count.sinks), st.gated_noops = atomic_load(&dps_diag_count.noops);
+    st.published = atomic_load(&dps_diag_count.published);
+    st.rank_paths = atomic_load(&dps_diag_count.rank_paths);
+    fprintf(f, DPS_DIAG_STATS_MAGIC " %d\n", DPS_DIAG_FORMAT_VERSION);
+#define NUM(key) fprintf(f, #key " %llu\n", (unsigned long long)st.key);
+#define TEXT(key, len)                                                                                       \
+    if (st.key[0]) fprintf(f, #key " %s\n", st.key);
+    DPS_DIAG_STATS(NUM, TEXT)
+#undef NUM
+#undef TEXT
+}
+
+static void write_event(FILE *f, const dps_diag_event_t *e)
+{
+    fputc(e->kind, f);
+#define FIELD(field) fprintf(f, " %llu", (unsigned long long)e->field);
+    DPS_DIAG_TRACE_FIELDS(FIELD)
+#undef FIELD
+    fprintf(f, " %s\n", diag.names[e->hook]);
+}
+
+/* The trace: every event kept, then the one the guard found in flight. Lock held. */
+static void write_trace(FILE *f)
+{
+    fprintf(f, DPS_DIAG_TRACE_MAGIC " %d\n" DPS_DIAG_TRACE_COLUMNS "\n", DPS_DIAG_FORMAT_VERSION);
+    for (size_t i = 0; i < diag.n; i++)
+        write_event(f, &diag.ev[i]);
+    if (diag.has_in_flight) write_event(f, &diag.in_flight);
+}
+
+/* Adds "writing PATH failed (why)" to warn when o failed. */
+static void note_failure(const out_t *o, char *warn, size_t len)
+{
+    size_t n = strlen(warn);
+    if (o->err && n < len)
+        snprintf(warn + n, len - n, "%swriting %s failed (%s)", n ? "; " : "", o->path, strerror(o->err));
+}
+
+/* Both files, under the lock so that no thread grows the buffer being read. Nothing here may
+ * record or log: a warning is left in `warn` for the caller to print once the lock is free. */
+static void write_files(char *warn, size_t len)
+{
+    out_t st = {0}, tr = {0};
+    pthread_mutex_lock(&lock);
+    if (mkdir(diag.dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(warn, len, "cannot create it (%s); no diagnostics written", strerror(errno));
+    } else {
+        open_out(&st, DPS_DIAG_STATS_FILE);
+        open_out(&tr, DPS_DIAG_TRACE_FILE);
+        errno = 0; /* what close_out finds is a write's */
+        if (st.f && tr.f)
+            write_stats(st.f), write_trace(tr.f);
+        else
+            snprintf(warn, len, "cannot write there (%s); no diagnostics written",
+                     strerror(st.f ? tr.err : st.err));
+    }
+    close_out(&st);
+    close_out(&tr);
+    pthread_mutex_unlock(&lock);
+    if (warn[0]) return;
+    note_failure(&st, warn, len);
+    note_failure(&tr, warn, len);
 }
 
 void dps_diag_write(void)
@@ -102,39 +248,9 @@ void dps_diag_write(void)
     if (!dps_diag_on || atomic_load(&dps_g.forked)) return;
     int saved = errno;
     dps_in_shim++;
-    if (mkdir(diag.dir, 0755) != 0 && errno != EEXIST) {
-        DPS_WARN("[diag] dir = %s: cannot create it (%s); no diagnostics written", diag.dir, strerror(errno));
-        goto out;
-    }
-    FILE *st = open_out("stats"), *tr = open_out("trace");
-    if (!st || !tr) {
-        DPS_WARN("[diag] dir = %s: cannot write there (%s); no diagnostics written", diag.dir, strerror(errno));
-        if (st) fclose(st);
-        if (tr) fclose(tr);
-        goto out;
-    }
-    char host[256] = "";
-    gethostname(host, sizeof host - 1);
-    fprintf(st, "dpshim-stats %d\nrank %d\nsize %d\nlocal_rank %d\nhost %s\nlauncher %s\n"
-                "start_ns %llu\nend_ns %llu\nsteps %llu\ncollectives %llu\nbytes %llu\ncomm_ns %llu\n"
-                "bg_collectives %llu\nbg_bytes %llu\nbg_comm_ns %llu\n"
-                "gated_sinks %llu\ngated_noops %llu\npublished %llu\nrank_paths %llu\n",
-            DPS_DIAG_FORMAT_VERSION, diag.s->rank, diag.s->size, diag.s->local_rank, host, diag.s->launcher,
-            (unsigned long long)diag.start_ns, (unsigned long long)dps_diag_now(), (unsigned long long)diag.steps,
-            (unsigned long long)diag.collectives, (unsigned long long)diag.bytes, (unsigned long long)diag.comm_ns,
-            (unsigned long long)diag.bg_collectives, (unsigned long long)diag.bg_bytes, (unsigned long long)diag.bg_comm_ns,
-            (unsigned long long)atomic_load(&dps_diag_count.sinks), (unsigned long long)atomic_load(&dps_diag_count.noops),
-            (unsigned long long)atomic_load(&dps_diag_count.published),
-            (unsigned long long)atomic_load(&dps_diag_count.rank_paths));
-    if (diag.failure[0]) fprintf(st, "failure %s\n", diag.failure);
-    fprintf(tr, "dpshim-trace %d\n# kind begin_ns end_ns seq step bytes hook\n", DPS_DIAG_FORMAT_VERSION);
-    for (size_t i = 0; i < diag.n; i++)
-        fprintf(tr, "%c %llu %llu %llu %llu %llu %s\n", diag.ev[i].kind, (unsigned long long)diag.ev[i].begin_ns,
-                (unsigned long long)diag.ev[i].end_ns, (unsigned long long)diag.ev[i].seq,
-                (unsigned long long)diag.ev[i].step, (unsigned long long)diag.ev[i].bytes, diag.ev[i].hook);
-    if (fclose(st) != 0 || fclose(tr) != 0)
-        DPS_WARN("[diag] dir = %s: writing the diagnostics failed (%s)", diag.dir, strerror(errno));
-out:
+    char warn[3000] = "";
+    write_files(warn, sizeof warn);
+    if (warn[0]) DPS_WARN("[diag] dir = %s: %s", diag.dir, warn);
     dps_in_shim--;
     errno = saved;
 }
@@ -142,8 +258,19 @@ out:
 void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step)
 {
     if (!dps_diag_on) return;
-    snprintf(diag.failure, sizeof diag.failure, "%s", why);
     uint64_t now = dps_diag_now();
-    if (in_flight_seq) add((event_t){'c', hook, now - ago_ns, now, in_flight_seq, step, 0});
+    pthread_mutex_lock(&lock);
+    snprintf(diag.st.failure, sizeof diag.st.failure, "%s", why);
+    if (in_flight_seq) {
+        diag.in_flight = (dps_diag_event_t){.kind = DPS_DIAG_COLLECTIVE,
+                                            .hook = name_of(hook),
+                                            .begin_ns = now - ago_ns,
+                                            .end_ns = now,
+                                            .seq = in_flight_seq,
+                                            .step = step};
+        diag.has_in_flight = 1;
+        count(&diag.in_flight);
+    }
+    pthread_mutex_unlock(&lock);
     dps_diag_write();
 }

@@ -1,6 +1,6 @@
 /* Diagnostics files ([diag] dir): per-rank statistics and an event trace, written at exit of
- * each rank process in a versioned text format that tools/dpshim-diag reads. Off (one branch
- * per collective) when [diag] dir is empty. */
+ * each rank process in the versioned text format of diag_format.h, which tools/dpshim-diag
+ * reads. Off (one branch per collective) when [diag] dir is empty. */
 #ifndef DPS_DIAG_H
 #define DPS_DIAG_H
 
@@ -8,8 +8,7 @@
 #include <stdint.h>
 
 #include "core/dps.h"
-
-#define DPS_DIAG_FORMAT_VERSION 1
+#include "diag_format.h"
 
 /* Counted always: the file policy's effects. */
 typedef struct dps_diag_counters {
@@ -17,18 +16,19 @@ typedef struct dps_diag_counters {
 } dps_diag_counters_t;
 extern dps_diag_counters_t dps_diag_count;
 
+/* Starts a fresh record from s's policy ([diag] dir, trace_mb); s is read again at writing. */
 void dps_diag_configure(const dps_state_t *s);
 /* [diag] dir is set in this process: collectives are timed only then. */
 extern int dps_diag_on;
 uint64_t dps_diag_now(void); /* wall-clock ns, comparable across the ranks of a node */
 /* A collective of the main thread: hook, payload bytes, its number and the step it follows. */
-void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
-                         uint64_t seq, uint64_t step);
+void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
+                         uint64_t step);
 /* A collective of the progress thread ([comm] overlap), numbered apart from the main thread's. */
-void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns,
-                         uint64_t seq, uint64_t step);
+void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
+                         uint64_t step);
 void dps_diag_step(uint64_t step);
-/* At exit of the rank process. */
+/* At exit of the rank process. Safe while other threads record: they wait for the files. */
 void dps_diag_write(void);
 /* The guard is about to end the job: say why in the stats, record the collective still in
  * flight (when in_flight_seq > 0; it began ago_ns ago), and write the files now. */

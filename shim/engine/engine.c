@@ -28,7 +28,7 @@ static int spare_core(const dps_state_t *s)
     return spare;
 }
 
-int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
+DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 {
     const dps_policy_t *p = &s->policy;
     char src[1100];
@@ -52,8 +52,10 @@ int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
     s->bn_sync = DPS_POLICY_ENUM(p, bn, sync) == DPS_V_bn_sync_on;
     s->uneven = (int)dps_policy_num(p, DPS_P_data_uneven);
     s->bucket_bytes = (size_t)dps_policy_num(p, DPS_P_comm_bucket_mb) << 20;
+    /* counting cores costs a look at /sys: only a rank process of a real job asks */
     s->overlap = DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_on ||
-                 (DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_auto && spare_core(s));
+                 (DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_auto && s->eff_size > 1 &&
+                  s->role == DPS_ROLE_RANK && spare_core(s));
     s->compress_dtype = DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_fp16   ? DP_F16
                         : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
                                                                         : -1;

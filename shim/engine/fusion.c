@@ -89,7 +89,9 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
         }
         return;
     }
-    switch (kind == DPS_FUSE_BCAST ? -1 : t->dtype) { /* a broadcast moves bytes as they are */
+    /* a broadcast moves bytes as they are, and so does a bucket of the tensor's own dtype (a half
+     * tensor under [comm] compress of its own type); half tensors otherwise come back from f32 */
+    switch (kind == DPS_FUSE_BCAST || rd == t->dtype ? -1 : t->dtype) {
     case DP_F16:
     case DP_BF16:
         for (uint64_t j = 0; j < k; j++) store_half(dst, t->dtype, j, f[j]);
@@ -202,7 +204,7 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         if (run(L, hook, be, kind, bucket, used, rd, op)) return -1;
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
-            unpack(&t[j], first_off, bucket + done * es, k, kind, rd);
+            if (k) unpack(&t[j], first_off, bucket + done * es, k, kind, rd); /* an empty tensor may have no data */
             done += k, first_off += k;
             if (first_off == t[j].count) j++, first_off = 0;
         }

@@ -14,8 +14,25 @@ DPS_EXPORT int dp_rank(void) { return dps_g.rank; }
 DPS_EXPORT int dp_world_size(void) { return dps_g.size; }
 DPS_EXPORT int dp_local_rank(void) { return dps_g.local_rank; }
 
+/* The hooks' own lists could not grow: say so, since this rank now misses a collective the
+ * others enter (the guard then names it). */
+static int no_memory(const char *hook, size_t n)
+{
+    DPS_ERROR("%s: out of memory tracking %zu gradient tensors; this rank cannot take part in the reduction", hook, n);
+    return -1;
+}
+
+/* A NULL list with elements: the framework's bug, named before it becomes a SIGSEGV. */
+static int null_list(const char *hook, const void *p, size_t n)
+{
+    if (DPS_LIKELY(p || !n)) return 0;
+    DPS_ERROR("%s: called with a NULL pointer for %zu element(s); nothing was reduced", hook, n);
+    return -1;
+}
+
 DPS_EXPORT int dp_params(dp_tensor *t, size_t n)
 {
+    if (null_list("dp_params", t, n)) return -1;
     dps_guard_params(t, n);
     const dps_backend_t *be = dps_comm("dp_params");
     return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) : 0;
@@ -23,6 +40,7 @@ DPS_EXPORT int dp_params(dp_tensor *t, size_t n)
 
 DPS_EXPORT int dp_seed(uint64_t *seed)
 {
+    if (null_list("dp_seed", seed, 1)) return -1;
     const dps_backend_t *be = dps_comm("dp_seed");
     if (!be) return 0;
     dp_tensor t = {seed, 1, DP_I64, DP_HOST, "seed"};
@@ -99,7 +117,8 @@ static int submit(const dp_tensor *t, size_t n)
 static int flush_pending(const dps_backend_t *be, int background)
 {
     if (!ready.npending) return 0;
-    if (dps_grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done)) return -1;
+    if (dps_grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done))
+        return no_memory("dp_grad_ready", ready.ndone + ready.npending);
     int rc = background ? submit(ready.pending, ready.npending)
                         : dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
                                     grad_scale(), DPS_RED_SUM);
@@ -111,9 +130,11 @@ static int flush_pending(const dps_backend_t *be, int background)
 
 DPS_EXPORT int dp_grad_ready(const dp_tensor *t)
 {
+    if (null_list("dp_grad_ready", t, 1)) return -1;
     const dps_backend_t *be = dps_comm("dp_grad_ready");
     if (!be) return 0;
-    if (dps_grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending)) return -1;
+    if (dps_grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending))
+        return no_memory("dp_grad_ready", ready.npending + 1);
     ready.pending[ready.npending++] = *t;
     size_t bytes = t->count * dps_dtype_size(dps_reduce_dtype(t->dtype));
     ready.pending_bytes += bytes;
@@ -136,9 +157,11 @@ static int announced(const void *data)
 
 DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
 {
+    if (null_list("dp_grads", t, n)) return -1;
     const dps_backend_t *be = dps_comm("dp_grads");
     if (!be) return 0;
-    if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest)) return -1;
+    if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest))
+        return no_memory("dp_grads", ready.npending + n);
     size_t m = 0;
     for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
     for (size_t i = 0; i < n; i++)
@@ -164,6 +187,8 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
 
 DPS_EXPORT int dp_bn_stats(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
 {
+    if (null_list("dp_bn_stats", sum, 1) || null_list("dp_bn_stats", sumsq, 1) || null_list("dp_bn_stats", count, 1))
+        return -1;
     if (!dps_g.bn_sync) return 0;
     const dps_backend_t *be = dps_comm("dp_bn_stats");
     if (!be) return 0;
@@ -190,6 +215,7 @@ DPS_EXPORT int dp_metric(double *v, size_t n, int op)
         DPS_ERROR("dp_metric: unknown op %d; use DP_SUM, DP_MEAN, DP_MIN or DP_MAX", op);
         return -1;
     }
+    if (null_list("dp_metric", v, n)) return -1;
     const dps_backend_t *be = dps_comm("dp_metric");
     if (!be) return 0;
     dp_tensor t = {v, n, DP_F64, DP_HOST, "metric"};

@@ -33,7 +33,7 @@ static int my_rank, need_cwd;
 DPS_REAL_DECLARE(int, rename, (const char *, const char *));
 DPS_REAL_DECLARE(int, unlink, (const char *));
 
-static int parse_globs(glob_list_t *l, const char *text)
+DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 {
     for (const char *s = text; *s;) {
         while (isspace((unsigned char)*s)) s++;
@@ -52,7 +52,7 @@ static int parse_globs(glob_list_t *l, const char *text)
     return 0;
 }
 
-int dps_files_configure(const dps_policy_t *p, int rank, char *err, size_t errlen)
+DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, char *err, size_t errlen)
 {
     my_rank = rank;
     if (parse_globs(&rank0_only, dps_policy_text(p, DPS_P_files_rank0_only)) ||
@@ -170,6 +170,10 @@ static void rank_path(const char *path, char *out, size_t cap)
     if (!dot || dot == base) dot = base + strlen(base);
     snprintf(out, cap, "%.*s.rank%d%s", (int)(dot - path), path, my_rank, dot);
 }
+
+/* Exposed for unit tests (files.h); the policy itself calls the static functions. */
+void dps_files_normalize(const char *src, char *dst, size_t cap) { normalize(src, dst, cap); }
+void dps_files_rank_path(const char *path, char *out, size_t cap) { rank_path(path, out, cap); }
 
 /* Common part: per_rank mapping, and whether the (mapped) path is gated. */
 static void classify(dps_redirect_t *r, int dirfd, const char *path)

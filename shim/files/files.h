@@ -57,4 +57,10 @@ void dps_files_shutdown(void);
 /* chdir/fchdir happened: relative paths resolve elsewhere now. */
 void dps_files_cwd_changed(void);
 
+/* Exposed for unit tests (tests/unit/test_files.c), unchanged: the lexical normalization that
+ * glob views and published paths go through, and the per-rank name (with the configured rank)
+ * that per_rank paths become. */
+void dps_files_normalize(const char *src, char *dst, size_t cap);
+void dps_files_rank_path(const char *path, char *out, size_t cap);
+
 #endif

@@ -21,7 +21,7 @@ int dps_gpu_count(void)
     return n;
 }
 
-void dps_gpu_bind(dps_state_t *s)
+DPS_STARTUP void dps_gpu_bind(dps_state_t *s)
 {
     if (s->role != DPS_ROLE_RANK || s->local_size < 2 || DPS_POLICY_ENUM(&s->policy, gpu, bind) != DPS_V_gpu_bind_auto)
         return;

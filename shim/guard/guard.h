@@ -18,7 +18,8 @@
 void dps_guard_configure(const dps_state_t *s);
 /* The rank process is up: crash reports. */
 void dps_guard_install_crash_handlers(void);
-/* The backend opened: the watchdog starts when the backend has a side channel. */
+/* The backend opened: the watchdog starts. Without a side channel (MPI below
+ * MPI_THREAD_MULTIPLE) it watches this rank alone, and rank 0 warns once of what is off. */
 void dps_guard_start(const dps_backend_t *be);
 /* A collective the main thread hands to the progress thread: compared across ranks by the
  * desync checks like the main thread's own. */

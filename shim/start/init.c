@@ -31,8 +31,9 @@ static void on_fork_child(void)
 static void at_exit(void)
 {
     if (atomic_load(&dps_g.forked)) return;
-    DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_files_shutdown();
+    if (dps_g.role != DPS_ROLE_RANK) return; /* a child has no guard, diagnostics, PMIx or backend */
+    DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_guard_exit();
     dps_diag_write();
     /* PMIx first: Open MPI shares the PMIx client, and the launcher counts the process as
@@ -42,7 +43,7 @@ static void at_exit(void)
 }
 
 /* Children must find the same policy after a chdir: name the file found in ./ for them. */
-static void export_policy_path(void)
+DPS_STARTUP static void export_policy_path(void)
 {
     char abs[PATH_MAX];
     if (dps_g.policy.file[0] && !getenv(DPS_ENV_POLICY) && realpath(dps_g.policy.file, abs))
@@ -75,7 +76,8 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_ffi_hooks_start(&dps_g.policy, err, sizeof err) != 0) config_error(err);
     dps_guard_configure(&dps_g);
     dps_diag_configure(&dps_g);
-    if (dps_g.role == DPS_ROLE_RANK) dps_guard_install_crash_handlers();
+    /* a crash report says where a rank was for the others' sake: alone, there are no others */
+    if (dps_g.role == DPS_ROLE_RANK && dps_g.size > 1) dps_guard_install_crash_handlers();
     export_policy_path();
     if (dps_g.role == DPS_ROLE_RANK && dps_output_setup(&dps_g) != 0)
         DPS_WARN("[output] stdout = %s could not be set up (%s); output is not filtered",

@@ -23,7 +23,7 @@ static int is_python(void)
            dlsym(RTLD_DEFAULT, "PyImport_ImportModule") != NULL;
 }
 
-void dps_python_inject(const dps_state_t *s)
+DPS_STARTUP void dps_python_inject(const dps_state_t *s)
 {
     if (s->role != DPS_ROLE_RANK || DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python())
         return;

@@ -9,8 +9,9 @@ load helpers
         --steps 30 --no-eval --save m.ckpt
     assert_success
     for r in 0 1 2 3; do
-        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 1"
-        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 1"
+        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 2"
+        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 2"
+        assert_equal "$(sed -n 's/^dropped_events //p' diag/stats.rank$r.txt)" 0
         assert_equal "$(sed -n 's/^steps //p' diag/stats.rank$r.txt)" 30
     done
     run "$BUILD/bin/dpshim-diag" report diag --trace t.json --svg t.svg
@@ -21,6 +22,7 @@ load helpers
     assert_output --partial "3 writes to a sink"
     assert_output --partial "1 files published whole by rank 0"
     assert_line "problems: none"
+    refute_output --partial "trace cap"
     # the trace is JSON with a lane per rank, the picture is SVG with one per rank
     run /usr/bin/python3 -c "import json; e = json.load(open('t.json'))['traceEvents']; print(len({x['tid'] for x in e}), sum(x.get('cat') == 'comm' for x in e))"
     assert_output --regexp "^4 [0-9]+$"
@@ -37,6 +39,64 @@ load helpers
     for r in 0 1 2 3; do
         assert_line --regexp "^  rank $r: guard: dp_grads collective #6 after step 4 waited longer than the timeout"
     done
+}
+
+# [diag] trace_mb caps the memory a rank's events take; at 0 it keeps the statistics alone, and
+# every event is counted as dropped. The collective a failure leaves in flight is kept all the same.
+@test "[diag] trace_mb: events past the cap are counted in the stats and the report names the ranks" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_DIAG_DIR=diag DPSHIM_DIAG_TRACE_MB=0 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10
+    assert_success
+    for r in 0 1; do
+        stat_of() { sed -n "s/^$1 //p" diag/stats.rank$r.txt; }
+        assert_equal "$(stat_of steps)" 10
+        assert_equal "$(stat_of dropped_events)" \
+            "$(($(stat_of steps) + $(stat_of collectives) + $(stat_of bg_collectives)))"
+        assert_equal "$(wc -l <diag/trace.rank$r.txt)" 2 # its two header lines
+        eval "dropped$r=$(stat_of dropped_events)"
+    done
+    run "$BUILD/bin/dpshim-diag" report diag
+    echo "$output"
+    assert_success
+    assert_line "trace cap: events past [diag] trace_mb were counted but not traced: rank 0 lacks $dropped0, rank 1 lacks $dropped1"
+    assert_line --partial "--trace and --svg show only the events kept; raise [diag] trace_mb"
+    assert_line --regexp "^ +0 +10 +[0-9]+ " # the table still counts every step
+    # a job the guard ended: rank 1 stalls outside a collective, ranks 0 and 2 wait inside #6
+    rm -r diag
+    run mpi 3 env DPSHIM_DIAG_DIR=diag DPSHIM_DIAG_TRACE_MB=0 DPSHIM_GUARD_TIMEOUT=3 LD_PRELOAD="$SHIM" \
+        "$BUILD/bin/guard_faults" 10 stall 1 5
+    assert_failure
+    for r in 0 2; do
+        run sed 1,2d diag/trace.rank$r.txt
+        assert_output --regexp "^c [0-9]+ [0-9]+ 6 4 0 dp_grads$"
+    done
+    assert_equal "$(wc -l <diag/trace.rank1.txt)" 2
+}
+
+# A declarative hook is named "[hook NAME] symbol": the trace keeps the name whole (the rest of
+# the line) and the name outlives the hook's own buffer.
+@test "a declarative hook's name, spaces and all, in the trace and the report's trace" {
+    cd "$BATS_TEST_TMPDIR"
+    sed 's/^before = grads g\[n\]$/before = allreduce g[n] mean/' "$SRC/examples/legacy/legacy.conf" >avg.conf
+    grep -qx 'before = allreduce g\[n\] mean' avg.conf
+    run mpi 2 env DPSHIM_DIAG_DIR=diag DPSHIM_POLICY=avg.conf LD_PRELOAD="$SHIM" "$BUILD/bin/legacy_train" --steps 5
+    assert_success
+    for r in 0 1; do
+        assert_equal "$(grep -cE '^c( [0-9]+){5} \[hook update\] legacy_sgd_update$' diag/trace.rank$r.txt)" 5
+    done
+    run "$BUILD/bin/dpshim-diag" report diag --trace t.json
+    assert_success
+    run /usr/bin/python3 -c "import json; e = json.load(open('t.json'))['traceEvents']; print(sum(x['name'] == '[hook update] legacy_sgd_update' and x.get('cat') == 'comm' for x in e))"
+    assert_output 10
+}
+
+# Files of another format version are refused with a message that says so.
+@test "report of files in another format version: a clear error" {
+    mkdir -p "$BATS_TEST_TMPDIR/old"
+    printf 'dpshim-stats 1\nrank 0\nsize 1\n' >"$BATS_TEST_TMPDIR/old/stats.rank0.txt"
+    run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR/old"
+    assert_failure
+    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 1, but this dpshim-diag reads format 2"
 }
 
 @test "a rank without files (crashed or killed before exit) is reported as such" {
@@ -132,4 +192,21 @@ load helpers
     run "$BUILD/bin/dpshim-diag" model "$BATS_TEST_TMPDIR" --bench "$BATS_TEST_TMPDIR/b.txt"
     assert_failure 1
     assert_output --partial "has no \"model inputs\" line"
+}
+
+# A failed write of one file must not cost the other: the stats file outgrows a 200-byte file
+# size limit (SIGXFSZ ignored, so the write fails with EFBIG instead of killing the program)
+# while the short trace of a program without collectives fits. The warning names the file that
+# failed; the C library's flush at exit would save an unclosed trace here, so unit.diag checks
+# that the trace is closed when dps_diag_write returns.
+@test "a stats file that cannot be written still leaves the trace whole, and the warning names it" {
+    cd "$BATS_TEST_TMPDIR"
+    run bash -c 'trap "" XFSZ; exec prlimit --fsize=200 env DPSHIM_DIAG_DIR=diag LD_PRELOAD="$1" /bin/true' \
+        sh "$SHIM"
+    echo "$output"
+    assert_success
+    assert_output --regexp "WARN \[diag\] dir = diag: writing diag/stats\.rank0\.txt failed \(File too large\)"
+    refute_output --partial "trace.rank0.txt"
+    assert_equal "$(sed -n 1p diag/trace.rank0.txt)" "dpshim-trace $(sed -n 's/^dpshim-stats //p' diag/stats.rank0.txt)"
+    assert_equal "$(sed -n 2p diag/trace.rank0.txt)" "# kind begin_ns end_ns seq step bytes hook"
 }

@@ -1,11 +1,14 @@
 #!/usr/bin/env bats
 # Declarative hooks ([hook NAME] sections, bound with libffi): the legacy trainer
-# (examples/legacy), which knows nothing of dpshim, distributed by its policy file alone; and
-# signatures of 0 to 8 mixed arguments called through the closures (progs/ffi_roundtrip.c).
+# (examples/legacy), which knows nothing of dpshim, distributed by its policy file alone;
+# signatures of 0 to 8 mixed arguments called through the closures (progs/ffi_roundtrip.c); and
+# actions that communicate, as the guard and the traces see them (progs/ffi_actions.c).
 load helpers
 
 LEGACY=$BUILD/bin/legacy_train
 POLICY=$SRC/examples/legacy/legacy.conf
+ROUNDTRIP=$SRC/tests/integration/policies/ffi_roundtrip.conf
+ACTIONS=$SRC/tests/integration/policies/ffi_actions.conf
 
 # legacy_np N DIR ARGS...: the legacy trainer on N ranks with its policy, in DIR.
 legacy_np() {
@@ -54,7 +57,7 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
 }
 
 @test "signatures of 0 to 8 mixed arguments round-trip through the closures, from 4 threads too; libraries opened later are bound" {
-    run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_POLICY="$SRC/tests/integration/policies/ffi_roundtrip.conf" \
+    run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_POLICY="$ROUNDTRIP" \
         LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_roundtrip" "$BUILD/lib/libffi_late.so" "$BUILD/lib/libffi_dup_a.so" \
         "$BUILD/lib/libffi_dup_b.so"
     echo "$output"
@@ -70,6 +73,51 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
     # definition through the closures, rank 1's are skipped in both (so both were bound)
     assert_equal "$(count "dup_call a(1) = 2, b(1) = 101")" 1
     assert_equal "$(count "dup_call a(1) = -5, b(1) = -5")" 1
+}
+
+@test "a library opened by a bare name is found where ld.so would look for the caller (its RUNPATH, \$ORIGIN) and bound" {
+    # ffi_roundtrip's RUNPATH is $ORIGIN/../lib, which applies to its own dlopen calls only:
+    # the real dlopen, called from libdpshim.so, would not find libffi_late.so there
+    run mpi 2 env DPSHIM_POLICY="$ROUNDTRIP" LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_roundtrip" libffi_late.so
+    echo "$output"
+    assert_success
+    assert_equal "$(count "late_call(20) = 41")" 1
+    assert_equal "$(count "late_call(20) = 101")" 1 # rank 1: bound, rank0_only skipped the call
+    # a name no directory has: the real dlopen's own answer
+    run mpi 2 env DPSHIM_POLICY="$ROUNDTRIP" LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_roundtrip" libffi_nowhere.so
+    assert_failure
+    assert_equal "$(count "cannot open libffi_nowhere.so: libffi_nowhere.so: cannot open shared object file")" 2
+}
+
+@test "allreduce and barrier actions: sums, maxima and a real barrier; the trace names each collective's hook" {
+    local dir=$BATS_TEST_TMPDIR/diag
+    run mpi 2 env DPSHIM_DIAG_DIR="$dir" DPSHIM_POLICY="$ACTIONS" LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_actions" 1
+    echo "$output"
+    assert_success
+    assert_equal "$(count "reduce: 6 checks, 0 wrong")" 2
+    # rank 1 comes to fa_meet 1 s late: rank 0 waits for it there
+    assert_le 0.8 "$(sed -n 's/.*rank 0: waited \([0-9.]*\) s in fa_meet.*/\1/p' <<<"$output" | head -1)"
+    # trace lines: kind begin end seq step bytes hook. The hook's name, kept by the trace until
+    # exit, is the hook's own (not a stack buffer since reused), and the barrier moves no bytes.
+    for r in 0 1; do
+        local trace=$dir/trace.rank$r.txt
+        cat "$trace"
+        assert_equal "$(grep -cE '^c( [0-9]+){4} 16 \[hook reduce\] fa_reduce$' "$trace")" 3
+        assert_equal "$(grep -cE '^c( [0-9]+){4} 8 \[hook total\] fa_total$' "$trace")" 3
+        assert_equal "$(grep -cE '^c( [0-9]+){4} 0 \[hook meet\] fa_meet$' "$trace")" 1
+        assert_equal "$(grep -c '^c ' "$trace")" 7
+    done
+}
+
+@test "the guard watches a barrier action and names the hooks in its report" {
+    local start=$SECONDS
+    run mpi 2 env DPSHIM_GUARD_TIMEOUT=2 DPSHIM_POLICY="$ACTIONS" LD_PRELOAD="$SHIM" "$BUILD/bin/ffi_actions" 60
+    echo "$output"
+    assert_failure
+    assert_output --regexp "rank 0: in \[hook meet\] fa_meet \(barrier [a-z0-9]+ x 0\), collective #7"
+    # rank 1's last collective ended long ago, and its stack has been reused since
+    assert_output --regexp "rank 1: in the program's own code for [0-9.]+ s, since \[hook total\] fa_total collective #6"
+    [ $((SECONDS - start)) -lt 30 ]
 }
 
 @test "a declared function nobody defines: a warning by default, an error with missing = error" {

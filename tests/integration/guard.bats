@@ -123,3 +123,32 @@ stalled_report() {
     assert_output --partial "rank 1 finished; 1 rank(s) still running after [guard] timeout = 2 s, leaving without them"
     assert_equal "$(count 'finished 5 steps, 2 ranks')" 2
 }
+
+# A program that calls MPI_Init itself gets an MPI below MPI_THREAD_MULTIPLE: no side channel,
+# yet a stuck collective still ends the job, and rank 0 says once what is missing.
+@test "MPI_Init by the program (no MPI_THREAD_MULTIPLE): a stall still ends the job, naming the collective" {
+    MPI_TIMEOUT=60
+    local start=$SECONDS
+    run mpi 2 env DPSHIM_GUARD_TIMEOUT=3 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_mpi_init" 10 stall 1 3
+    elapsed=$((SECONDS - start))
+    echo "$output"
+    echo "ended after $elapsed s" >&3
+    assert_failure
+    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] || fail "killed by timeout after $elapsed s"
+    [ "$elapsed" -le 20 ] || fail "took $elapsed s"
+    assert_output --partial "MPI thread level below multiple"
+    assert_output --partial "[dpshim r0/2] ERROR guard: dp_grads collective #4 (after step 2) has waited"
+    assert_output --regexp "rank 0: in dp_grads \(all-reduce f32 x 1000\), collective #4 after step 2, waiting [0-9.]+ s"
+    assert_output --partial "without MPI_THREAD_MULTIPLE"
+    assert_output --partial "ending the job (exit status 75)"
+}
+
+@test "MPI_Init by the program, healthy: runs to the end, one warning on rank 0 that the guard is limited" {
+    run mpi 2 env DPSHIM_GUARD_TIMEOUT=3 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_mpi_init" 5
+    echo "$output"
+    assert_success
+    assert_equal "$(count 'finished 5 steps, 2 ranks')" 2
+    assert_equal "$(count 'WARN guard:')" 1
+    assert_output --partial "[dpshim r0/2] WARN guard:"
+    assert_output --partial "MPI_Init_thread with MPI_THREAD_MULTIPLE"
+}

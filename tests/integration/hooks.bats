@@ -37,6 +37,11 @@ hook_check() {
     assert_success
     assert_output --regexp "\[dpshim r0/2\] INFO mpi backend: all-reduce pieces of [0-9]+ KiB \(measured on 16 MiB: "
 }
+@test "with [comm] overlap both channels measure their own piece size, and both are reported" {
+    run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_COMM_OVERLAP=on LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench overlap
+    assert_success
+    assert_output --regexp "\[dpshim r0/2\] INFO mpi backend: all-reduce pieces of [0-9]+ KiB \(measured on 16 MiB: [^)]*\); background: all-reduce pieces of [0-9]+ KiB \(measured on 16 MiB: "
+}
 @test "hooks at np=3 in scale mode" { hook_check 3 DPSHIM_DATA_MODE=scale; }
 @test "hooks at np=2 with sync-BN off" { hook_check 2 DPSHIM_BN_SYNC=off; }
 @test "hooks with backend = self act as world size 1 on every rank" {

@@ -16,3 +16,13 @@ load helpers
     assert_success
     assert_output --partial "fork_workers rank 0: ok"
 }
+
+@test "an interposed function with no real definition ends with a message naming it, not a SIGSEGV" {
+    run "$BUILD/bin/real_missing"
+    assert_equal "$status" 3
+    run env LD_PRELOAD="$SHIM" "$BUILD/bin/real_missing"
+    echo "$output"
+    assert_equal "$status" 70
+    assert_output --partial "ERROR MPI_Init: the program calls it, but no library loaded after libdpshim.so defines it"
+    refute_output --partial "crashed with signal"
+}

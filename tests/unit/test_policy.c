@@ -111,8 +111,11 @@ static void test_table(void)
         dps_policy_t p;
         dps_error_t e;
         dps_policy_init(&p);
+        uint64_t init_num = dps_policy_num(&p, (dps_key_id_t)i); /* what start-up takes unparsed */
         CHECK(dps_policy_set_value(&p, (dps_key_id_t)i, dps_keys[i].def, strlen(dps_keys[i].def),
                                    DPS_SRC_DEFAULT, 0, &e) == 0, "default of %s: %s", dps_keys[i].key, e.msg);
+        CHECK(dps_policy_num(&p, (dps_key_id_t)i) == init_num, "default of %s: parsed %llu, table %llu",
+              dps_keys[i].key, (unsigned long long)dps_policy_num(&p, (dps_key_id_t)i), (unsigned long long)init_num);
         dps_policy_free(&p);
         for (int j = 0; j < i; j++) {
             char a[64], b[64];

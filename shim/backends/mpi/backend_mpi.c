@@ -20,9 +20,10 @@ typedef struct channel {
     MPI_Comm comm;
     size_t piece_bytes; /* large reductions go in pieces of this size; 0: not chosen yet */
     char err[512];
+    char tuning[256]; /* how piece_bytes was chosen; written only by the channel's own thread */
 } channel_t;
 
-static channel_t main_ch = {MPI_COMM_NULL, 0, ""}, bg_ch = {MPI_COMM_NULL, 0, ""};
+static channel_t main_ch = {MPI_COMM_NULL, 0, "", ""}, bg_ch = {MPI_COMM_NULL, 0, "", ""};
 static MPI_Comm guard_comm = MPI_COMM_NULL;
 static int initialized_by_us;
 
@@ -82,7 +83,6 @@ static MPI_Datatype mpi_dtype(int dtype)
  * first reduction that is large enough to care; every rank then uses the same size. */
 #define PIECE_MIN_BUFFER (8u << 20)
 #define CALIBRATION_BYTES (16u << 20)
-static char tuning_text[256];
 
 static int reduce_whole(channel_t *ch, void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es)
 {
@@ -130,7 +130,7 @@ static void calibrate(channel_t *ch)
     for (int c = 1; c < N; c++)
         if (best[c] < best[pick]) pick = c;
     ch->piece_bytes = candidates[pick];
-    snprintf(tuning_text, sizeof tuning_text,
+    snprintf(ch->tuning, sizeof ch->tuning,
              "all-reduce pieces of %zu KiB (measured on %u MiB: 256 KiB %.1f ms, 1 MiB %.1f ms, 4 MiB %.1f ms)",
              ch->piece_bytes >> 10, CALIBRATION_BYTES >> 20, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3);
 }
@@ -138,10 +138,17 @@ static void calibrate(channel_t *ch)
 static void mpi_set_piece(size_t bytes)
 {
     main_ch.piece_bytes = bg_ch.piece_bytes = bytes;
-    snprintf(tuning_text, sizeof tuning_text, "all-reduce pieces of %zu KiB ([comm] piece_kb)", bytes >> 10);
+    snprintf(main_ch.tuning, sizeof main_ch.tuning, "all-reduce pieces of %zu KiB ([comm] piece_kb)", bytes >> 10);
 }
 
-static const char *mpi_tuning(void) { return tuning_text; }
+/* Both channels' choices; read when neither thread reduces any more (at shutdown). */
+static const char *mpi_tuning(void)
+{
+    static char text[2 * sizeof main_ch.tuning + 32];
+    snprintf(text, sizeof text, "%s%s%s%s", main_ch.tuning, main_ch.tuning[0] && bg_ch.tuning[0] ? "; " : "",
+             bg_ch.tuning[0] ? "background: " : "", bg_ch.tuning);
+    return text;
+}
 
 static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op)
 {

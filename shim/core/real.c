@@ -1,0 +1,17 @@
+/* Resolution of the real symbols behind the interposers (see real.h). */
+#define _GNU_SOURCE
+#include "real.h"
+
+#include "dps.h"
+
+void *dps_real_find(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (DPS_UNLIKELY(!f)) {
+        const char *why = dlerror();
+        dps_fatal("%s: the program calls it, but no library loaded after libdpshim.so defines it (%s); "
+                  "link the program with the library that provides %s, or start it without LD_PRELOAD",
+                  name, why ? why : "dlsym found nothing", name);
+    }
+    return f;
+}

@@ -1,0 +1,84 @@
+/* The format of the diagnostics files, declared once for their writer (shim/diag/diag.c) and
+ * their reader (tools/diag_report.c), as Darshan shares its log format between runtime and parser:
+ * both expand the tables below, so a key or a column added here is written and read alike.
+ * Plain C and <stdint.h> only: the tools include this header without the rest of the shim. */
+#ifndef DPS_DIAG_FORMAT_H
+#define DPS_DIAG_FORMAT_H
+
+#include <stdint.h>
+
+/* Each file opens with its magic word and this number; the reader refuses other versions.
+ * Version 2: the hook is the rest of a trace line (names may hold spaces); dropped_events. */
+#define DPS_DIAG_FORMAT_VERSION 2
+#define DPS_DIAG_STATS_MAGIC "dpshim-stats"
+#define DPS_DIAG_TRACE_MAGIC "dpshim-trace"
+
+/* The files of rank N in [diag] dir: printf formats of the rank. */
+#define DPS_DIAG_STATS_FILE "stats.rank%d.txt"
+#define DPS_DIAG_TRACE_FILE "trace.rank%d.txt"
+
+/* The stats file after its first line: one "key value" line per key, in this order. NUM values
+ * are unsigned decimal numbers; TEXT values are the rest of the line, and a key whose text is
+ * empty is left out. A key is also the name of its field in dps_diag_stats_t. */
+#define DPS_DIAG_STATS(NUM, TEXT)                                                                            \
+    /* who: the rank, the job's size, the rank on its node, its host, what started the job */                \
+    NUM(rank)                                                                                                \
+    NUM(size)                                                                                                \
+    NUM(local_rank)                                                                                          \
+    TEXT(host, 256)                                                                                          \
+    TEXT(launcher, 32)                                                                                       \
+    /* wall clock at start-up and when the files were written; dp_step_end calls */                          \
+    NUM(start_ns)                                                                                            \
+    NUM(end_ns)                                                                                              \
+    NUM(steps)                                                                                               \
+    /* the main thread's collectives (count, bytes moved, time inside), then the progress */                 \
+    /* thread's ([comm] overlap), counted apart */                                                           \
+    NUM(collectives)                                                                                         \
+    NUM(bytes)                                                                                               \
+    NUM(comm_ns)                                                                                             \
+    NUM(bg_collectives)                                                                                      \
+    NUM(bg_bytes)                                                                                            \
+    NUM(bg_comm_ns)                                                                                          \
+    /* the file policy's effects: writes sent to a sink on ranks other than 0, calls without */              \
+    /* effect there, files rank 0 published whole, per-rank paths */                                         \
+    NUM(gated_sinks)                                                                                         \
+    NUM(gated_noops)                                                                                         \
+    NUM(published)                                                                                           \
+    NUM(rank_paths)                                                                                          \
+    /* events past [diag] trace_mb: counted above, missing from the trace */                                 \
+    NUM(dropped_events)                                                                                      \
+    /* why the guard ended the job */                                                                        \
+    TEXT(failure, 256)
+
+typedef struct dps_diag_stats {
+#define DPS_DIAG_NUM_FIELD_(key) uint64_t key;
+#define DPS_DIAG_TEXT_FIELD_(key, len) char key[len];
+    DPS_DIAG_STATS(DPS_DIAG_NUM_FIELD_, DPS_DIAG_TEXT_FIELD_)
+#undef DPS_DIAG_NUM_FIELD_
+#undef DPS_DIAG_TEXT_FIELD_
+} dps_diag_stats_t;
+
+/* The trace file after its first line: a line naming the columns, then one line per event: the
+ * kind (one character), the numbers below, and the hook's name, which is the rest of the line
+ * (a declarative hook is named "[hook NAME] symbol", spaces and all). */
+typedef enum dps_diag_kind {
+    DPS_DIAG_COLLECTIVE = 'c', /* of the main thread, numbered by the guard */
+    DPS_DIAG_BACKGROUND = 'b', /* of the progress thread ([comm] overlap), numbered apart */
+    DPS_DIAG_STEP = 's',       /* a step's end (dp_step_end): begin_ns = end_ns */
+} dps_diag_kind_t;
+
+#define DPS_DIAG_TRACE_FIELDS(X) X(begin_ns) X(end_ns) X(seq) X(step) X(bytes)
+#define DPS_DIAG_COLUMN_(field) " " #field
+#define DPS_DIAG_TRACE_COLUMNS "# kind" DPS_DIAG_TRACE_FIELDS(DPS_DIAG_COLUMN_) " hook"
+
+/* One event. The hook is an index into a table of names that each side keeps for itself: names
+ * repeat on every step, and a declarative hook's lives in its caller's stack buffer. */
+typedef struct dps_diag_event {
+#define DPS_DIAG_EVENT_FIELD_(field) uint64_t field;
+    DPS_DIAG_TRACE_FIELDS(DPS_DIAG_EVENT_FIELD_)
+#undef DPS_DIAG_EVENT_FIELD_
+    uint32_t hook;
+    char kind; /* a dps_diag_kind_t */
+} dps_diag_event_t;
+
+#endif

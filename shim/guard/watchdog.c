@@ -1,0 +1,374 @@
+/* The guard's watchdog thread: every 200 ms it reads this rank's position and the other ranks'
+ * messages, ends a stuck job with a table of where every rank is (this rank alone without a side
+ * channel), and holds a leaving rank at the exit barrier until the others have left too. */
+#define _GNU_SOURCE
+#include "guard_internal.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "diag/diag.h"
+
+/* --- messages between the ranks' watchdogs --- */
+
+enum { MSG_STATUS = 1, MSG_LEAVING = 2 };
+enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3 };
+
+typedef struct guard_msg {
+    int32_t kind, why, rank, in_coll, leaving, coll, dtype, left_rank;
+    uint64_t seq, step, count, left_step, left_seq;
+    double seconds; /* waiting in the collective, or since the last one */
+    char hook[DPS_GUARD_HOOK_NAME];
+} guard_msg_t;
+
+/* What the watchdog knows of one other rank. */
+typedef struct peer {
+    guard_msg_t status; /* its answer, valid when have */
+    uint64_t left_seq, left_step;
+    unsigned char have, left;
+} peer_t;
+
+/* The watchdog's own state: the thread, and what it knows of the job, one entry per rank
+ * (allocated for the job's size when the watchdog starts). */
+static struct {
+    pthread_t thread;
+    atomic_int running, stop;
+    int alone; /* no side channel: this rank's position is all there is */
+    peer_t *peers;
+    atomic_int nleft; /* ranks that announced they left the program */
+    int reporting;
+    uint64_t deadline;
+    guard_msg_t first; /* what started the report */
+} watch;
+
+static guard_msg_t snapshot(int why)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    guard_msg_t m = {.kind = MSG_STATUS, .why = why, .rank = dps_guard_conf.rank, .left_rank = -1};
+    m.in_coll = atomic_load(&pos->in_coll);
+    m.leaving = atomic_load(&pos->leaving);
+    m.seq = atomic_load(&pos->seq);
+    m.step = atomic_load(&pos->step);
+    m.coll = atomic_load(&pos->coll);
+    m.dtype = atomic_load(&pos->dtype);
+    m.count = atomic_load(&pos->count);
+    m.seconds = (double)(dps_guard_now_ns() - atomic_load(&pos->since_ns)) * 1e-9;
+    snprintf(m.hook, sizeof m.hook, "%s", atomic_load(&pos->hook));
+    return m;
+}
+
+static void send_all(const guard_msg_t *m)
+{
+    for (int r = 0; r < dps_guard_conf.size; r++)
+        if (r != dps_guard_conf.rank) dps_guard_conf.be->guard_send(m, sizeof *m, r);
+}
+
+static int known(int r)
+{
+    return r >= 0 && r < dps_guard_conf.size;
+}
+
+static void describe(const guard_msg_t *m, char *buf, size_t len)
+{
+    if (m->leaving)
+        snprintf(buf, len, "left the program (exit) after step %llu and collective #%llu",
+                 (unsigned long long)m->step, (unsigned long long)m->seq);
+    else if (m->in_coll && m->coll < 0)
+        snprintf(buf, len, "in the guard's %s after collective #%llu and step %llu, waiting %.1f s", m->hook,
+                 (unsigned long long)m->seq, (unsigned long long)m->step, m->seconds);
+    else if (m->in_coll)
+        snprintf(buf, len, "in %s (%s %s x %llu), collective #%llu after step %llu, waiting %.1f s", m->hook,
+                 dps_coll_name(m->coll), dps_dtype_name(m->dtype), (unsigned long long)m->count,
+                 (unsigned long long)m->seq, (unsigned long long)m->step, m->seconds);
+    else
+        snprintf(buf, len, "in the program's own code for %.1f s, since %s collective #%llu after step %llu",
+                 m->seconds, m->hook, (unsigned long long)m->seq, (unsigned long long)m->step);
+}
+
+/* The place the job is stuck in, as one number: the collective and whether a rank is inside it. */
+static uint64_t place(const guard_msg_t *m)
+{
+    return m->seq << 1 | (m->in_coll != 0);
+}
+
+/* The most common place among the answers (the lowest such rank's on a tie); -1 when memory
+ * is short. */
+static int majority(uint64_t *place_p)
+{
+    int n = dps_guard_conf.size, answered = 0;
+    uint64_t *places = malloc((size_t)n * sizeof *places);
+    int *votes = malloc((size_t)n * sizeof *votes);
+    int rc = places && votes ? 0 : -1;
+    for (int r = 0; rc == 0 && r < n; r++)
+        if (watch.peers[r].have) places[answered++] = place(&watch.peers[r].status);
+    if (rc == 0) rc = dps_guard_votes(places, answered, votes);
+    for (int i = 0, best = 0; rc == 0 && i < answered; i++)
+        if (votes[i] > best) best = votes[i], *place_p = places[i];
+    free(places), free(votes);
+    return rc;
+}
+
+_Noreturn void dps_guard_end_job(int printed)
+{
+    if (!printed) {
+        struct timespec pause_ = {2, 0};
+        nanosleep(&pause_, NULL);
+    }
+    fflush(NULL);
+    _exit(DPS_EXIT_GUARD);
+}
+
+void dps_guard_diag_fail(const char *why)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    int in = atomic_load(&pos->in_coll) && atomic_load(&pos->coll) >= 0;
+    dps_diag_fail(why, atomic_load(&pos->hook), in ? atomic_load(&pos->seq) : 0,
+                  dps_guard_now_ns() - atomic_load(&pos->since_ns), atomic_load(&pos->step));
+}
+
+/* What went wrong, for the diagnostics files. */
+static void reason(const guard_msg_t *f, char *buf, size_t len)
+{
+    if (f->why == WHY_PEER_LEFT)
+        snprintf(buf, len, "guard: rank %d left the program after step %llu; the job was ended", f->left_rank,
+                 (unsigned long long)f->left_step);
+    else
+        snprintf(buf, len,
+                 "guard: %s collective #%llu after step %llu waited longer than the timeout on rank %d",
+                 f->hook, (unsigned long long)f->seq, (unsigned long long)f->step, f->rank);
+}
+
+/* The report's first line. */
+static void headline(const guard_msg_t *f)
+{
+    if (f->why == WHY_PEER_LEFT)
+        DPS_ERROR(
+            "guard: rank %d left the program after step %llu (its last collective #%llu), while rank %d "
+            "waits in %s collective #%llu (after step %llu): that collective can never complete",
+            f->left_rank, (unsigned long long)f->left_step, (unsigned long long)f->left_seq, f->rank, f->hook,
+            (unsigned long long)f->seq, (unsigned long long)f->step);
+    else
+        DPS_ERROR(
+            "guard: %s collective #%llu (after step %llu) has waited %.1f s on rank %d, more than [guard] "
+            "timeout = %.0f s: the job is stuck",
+            f->hook, (unsigned long long)f->seq, (unsigned long long)f->step, f->seconds, f->rank,
+            dps_guard_conf.timeout);
+}
+
+static _Noreturn void finish_report(void)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    peer_t *peers = watch.peers;
+    for (int r = 0; !watch.first.kind && known(r); r++) /* the report that started it all */
+        if (peers[r].have && peers[r].status.why != WHY_ANSWER) watch.first = peers[r].status;
+    char why[DPS_GUARD_HOOK_NAME + 256];
+    reason(&watch.first, why, sizeof why);
+    dps_guard_diag_fail(why);
+    int printer = conf->rank; /* the lowest rank that saw something wrong */
+    for (int r = 0; known(r); r++)
+        if (peers[r].have && peers[r].status.why != WHY_ANSWER) {
+            printer = r;
+            break;
+        }
+    if (printer != conf->rank) {
+        DPS_ERROR("guard: ending the job (exit status %d); rank %d prints where every rank is",
+                  DPS_EXIT_GUARD, printer);
+        dps_guard_end_job(0);
+    }
+    headline(&watch.first);
+    uint64_t stuck = 0;
+    int marks = majority(&stuck) == 0;
+    DPS_ERROR("guard: where every rank is:");
+    for (int r = 0; known(r); r++) {
+        char d[DPS_GUARD_HOOK_NAME + 256];
+        if (!peers[r].have) {
+            snprintf(d, sizeof d, "no answer (crashed, killed, or left with _exit)  <-- culprit");
+        } else {
+            describe(&peers[r].status, d, sizeof d);
+            if (marks && place(&peers[r].status) != stuck)
+                strncat(d, "  <-- culprit", sizeof d - strlen(d) - 1);
+        }
+        DPS_ERROR("guard:   rank %d: %s", r, d);
+    }
+    DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    dps_guard_end_job(1);
+}
+
+static void start_report(int why, int left_rank)
+{
+    if (watch.reporting) return;
+    watch.reporting = 1;
+    guard_msg_t m = snapshot(why);
+    if (left_rank >= 0) {
+        m.left_rank = left_rank;
+        m.left_step = watch.peers[left_rank].left_step;
+        m.left_seq = watch.peers[left_rank].left_seq;
+    }
+    if (why != WHY_ANSWER && !watch.first.kind) watch.first = m; /* answers do not say what went wrong */
+    watch.peers[dps_guard_conf.rank].status = m, watch.peers[dps_guard_conf.rank].have = 1;
+    send_all(&m);
+    watch.deadline = dps_guard_now_ns() + 3000000000u; /* time for every reachable rank to answer */
+}
+
+static void receive(void)
+{
+    guard_msg_t m;
+    int src;
+    while (dps_guard_conf.be->guard_poll(&m, sizeof m, &src) == 1 && known(src)) {
+        peer_t *p = &watch.peers[src];
+        if (m.kind == MSG_LEAVING) {
+            if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
+            p->left_seq = m.seq, p->left_step = m.step;
+        } else if (m.kind == MSG_STATUS) {
+            p->status = m, p->have = 1;
+            if (m.why != WHY_ANSWER && !watch.first.kind) watch.first = m;
+            start_report(WHY_ANSWER, -1);
+        }
+    }
+}
+
+/* One look: messages, a collective that cannot complete, a collective that waits too long. */
+static void tick(void)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    receive();
+    if (!watch.reporting && atomic_load_explicit(&pos->in_coll, memory_order_acquire)) {
+        uint64_t seq = atomic_load(&pos->seq);
+        for (int r = 0; known(r); r++)
+            if (watch.peers[r].left && watch.peers[r].left_seq < seq) {
+                start_report(WHY_PEER_LEFT, r);
+                break;
+            }
+        double waited = (double)(dps_guard_now_ns() - atomic_load(&pos->since_ns)) * 1e-9;
+        if (!watch.reporting && dps_guard_conf.timeout > 0 && waited > dps_guard_conf.timeout)
+            start_report(WHY_TIMEOUT, -1);
+    }
+    if (watch.reporting) {
+        int all = 1;
+        for (int r = 0; all && known(r); r++)
+            all = watch.peers[r].have;
+        if (all || dps_guard_now_ns() > watch.deadline) finish_report();
+    }
+}
+
+/* One look without a side channel: only this rank's own position, and no way to ask the others
+ * where they are, so a rank stuck too long reports itself and ends the job. */
+static void tick_alone(void)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    if (!atomic_load_explicit(&pos->in_coll, memory_order_acquire)) return;
+    guard_msg_t m = snapshot(WHY_TIMEOUT);
+    if (!m.in_coll || m.seconds <= dps_guard_conf.timeout) return;
+    char why[DPS_GUARD_HOOK_NAME + 256], d[DPS_GUARD_HOOK_NAME + 256];
+    reason(&m, why, sizeof why);
+    dps_guard_diag_fail(why);
+    headline(&m);
+    describe(&m, d, sizeof d);
+    DPS_ERROR("guard:   rank %d: %s", m.rank, d);
+    DPS_ERROR(
+        "guard: where the other ranks are is unknown: MPI runs without MPI_THREAD_MULTIPLE (the program "
+        "initialized it), so this rank cannot ask them; MPI_Init_thread with MPI_THREAD_MULTIPLE gives "
+        "the table of every rank");
+    DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    dps_guard_end_job(1);
+}
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's, not ours */
+    struct timespec tick_len = {0, 200 * 1000000};
+    while (!atomic_load(&watch.stop)) {
+        if (watch.alone)
+            tick_alone();
+        else
+            tick();
+        nanosleep(&tick_len, NULL);
+    }
+    return NULL;
+}
+
+/* Said once, on rank 0: what a program that initialized MPI itself below MPI_THREAD_MULTIPLE
+ * loses, and how to get it back. */
+static void warn_no_side_channel(const dps_backend_t *be)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    int asked = conf->on || conf->desync != DPS_V_guard_desync_off || conf->drift_every;
+    if (conf->rank != 0 || !asked) return;
+    char watchdog_does[192];
+    if (conf->timeout > 0)
+        snprintf(
+            watchdog_does, sizeof watchdog_does,
+            "a collective waiting longer than [guard] timeout = %.0f s still ends the job, but each rank can "
+            "report only its own position",
+            conf->timeout);
+    else
+        snprintf(watchdog_does, sizeof watchdog_does, "no watchdog either ([guard] timeout = 0)");
+    DPS_WARN("guard: the %s backend has no side channel (MPI was initialized without MPI_THREAD_MULTIPLE, by "
+             "the program): %s; the exit barrier and the desync and drift checks are off. Calling "
+             "MPI_Init_thread with MPI_THREAD_MULTIPLE (instead of MPI_Init) restores the full guard",
+             be->name, watchdog_does);
+}
+
+void dps_guard_start(const dps_backend_t *be)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    if (atomic_load(&watch.running)) return;
+    dps_guard_conf.be = be; /* the checks use the side channel whether a watchdog runs or not */
+    watch.alone = !be->guard_send;
+    if (watch.alone) warn_no_side_channel(be);
+    if (!conf->on || (watch.alone && conf->timeout <= 0)) return;
+    if (!watch.alone) {
+        watch.peers = calloc((size_t)conf->size, sizeof *watch.peers);
+        if (!watch.peers) {
+            DPS_WARN("guard: no memory for the watchdog's table of %d ranks: hangs are not diagnosed",
+                     conf->size);
+            return;
+        }
+    }
+    atomic_store(&watch.stop, 0);
+    if (pthread_create(&watch.thread, NULL, watchdog, NULL) != 0) {
+        DPS_WARN("guard: cannot start the watchdog thread: hangs are not diagnosed");
+        free(watch.peers), watch.peers = NULL;
+        return;
+    }
+    atomic_store(&watch.running, 1);
+}
+
+void dps_guard_exit(void)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    atomic_store(&dps_guard_pos.leaving, 1);
+    if (!atomic_load(&watch.running)) return;
+    if (conf->exit_barrier && !watch.alone) {
+        /* announce, then wait (bounded) until every rank has left too: our last collective is
+         * then complete everywhere, and a rank that is still stuck gets diagnosed meanwhile */
+        guard_msg_t m = snapshot(WHY_ANSWER);
+        m.kind = MSG_LEAVING;
+        send_all(&m);
+        uint64_t deadline =
+            conf->timeout > 0 ? dps_guard_now_ns() + (uint64_t)(conf->timeout * 1e9) : UINT64_MAX;
+        struct timespec nap = {0, 2 * 1000000};
+        while (atomic_load(&watch.nleft) < conf->size - 1 && dps_guard_now_ns() < deadline)
+            nanosleep(&nap, NULL);
+        /* Others still busy (rank 0 saving or evaluating alone, say) is no error: leave anyway.
+         * A rank that later needs us in a collective learns that we left and ends the job. */
+        int nleft = atomic_load(&watch.nleft);
+        if (nleft < conf->size - 1)
+            DPS_WARN(
+                "guard: rank %d finished; %d rank(s) still running after [guard] timeout = %.0f s, leaving "
+                "without them",
+                conf->rank, conf->size - 1 - nleft, conf->timeout);
+    }
+    atomic_store(&watch.stop, 1);
+    pthread_join(watch.thread, NULL);
+    atomic_store(&watch.running, 0);
+    free(watch.peers), watch.peers = NULL;
+}
