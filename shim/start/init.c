@@ -82,8 +82,11 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_g.role == DPS_ROLE_RANK && dps_output_setup(&dps_g) != 0)
         DPS_WARN("[output] stdout = %s could not be set up (%s); output is not filtered",
                  dps_policy_text(&dps_g.policy, DPS_P_output_stdout), strerror(errno));
-    pthread_atfork(NULL, NULL, on_fork_child);
-    atexit(at_exit);
+    /* a child without [files] globs has nothing to do at fork or exit (a shell command, a compiler) */
+    if (dps_g.role == DPS_ROLE_RANK || atomic_load(&dps_files_on)) {
+        pthread_atfork(NULL, NULL, on_fork_child);
+        atexit(at_exit);
+    }
     DPS_INFO("rank %d of %d (local %d of %d, launcher %s, %s process, policy %s)", dps_g.rank,
              dps_g.size, dps_g.local_rank, dps_g.local_size, dps_g.launcher,
              dps_g.role == DPS_ROLE_RANK ? "rank" : "child",
