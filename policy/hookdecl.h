@@ -75,8 +75,12 @@ typedef struct dps_action {
 
 typedef enum { DPS_MISSING_WARN, DPS_MISSING_ERROR, DPS_MISSING_IGNORE } dps_missing_t;
 
+/* Room for the name a declarative hook goes by in messages, reports and traces,
+ * "[hook NAME] SYMBOL" with its NUL (NAME and SYMBOL as long as dps_hookdecl_t holds them). */
+#define DPS_HOOK_WHERE_MAX (sizeof "[hook ] " + 64 + 128)
+
 typedef struct dps_hookdecl {
-    char name[64]; /* the section's NAME */
+    char name[64]; /* the section's NAME (DPS_HOOK_WHERE_MAX counts on these sizes) */
     char symbol[128];
     char library[256]; /* "" : wherever the symbol is defined */
     dps_carg_t ret;

@@ -98,7 +98,8 @@ static const char *hint(char *buf, size_t len, const char *s)
 }
 
 /* Every process that preloads the shim starts here: the defaults come from the table as they
- * are, without parsing or allocating (they are valid by construction; the unit tests check it). */
+ * are, without allocating (ENUM indexes from the table, UINT numbers read with strtoull; they
+ * are valid by construction, and the unit tests check it). */
 DPS_STARTUP void dps_policy_init(dps_policy_t *p)
 {
     memset(p, 0, sizeof *p);

@@ -362,6 +362,7 @@ static void svg_collectives(FILE *f, const svg_frame_t *s, const rank_data_t *rd
     size_t *at = calloc((size_t)size, sizeof *at);
     uint64_t latest, second;
     int last;
+    if (!at) return; /* the picture lacks the collectives; the report says what it can */
     while (next_matched(rd, size, at, &latest, &second, &last)) {
         for (int r = 0; r < size; r++) {
             const ev_t *e = &rd[r].ev[at[r]++];

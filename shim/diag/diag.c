@@ -17,10 +17,10 @@
 dps_diag_counters_t dps_diag_count;
 int dps_diag_on;
 
-/* Hook names are copied, not pointed to: a declarative hook's name lives in its caller's stack
- * buffer. Few names exist (the hook ABI's and one per [hook] section); the last slot stands for
- * any beyond the table. */
-#define NAME_MAX_LEN 208 /* "[hook NAME] SYMBOL": 63 + 127 characters and the brackets */
+/* Hook names are copied, not pointed to, so that no caller's buffer has to outlive the job. Few
+ * names exist (the hook ABI's and one per [hook] section); the last slot stands for any beyond
+ * the table. */
+#define NAME_MAX_LEN DPS_HOOK_WHERE_MAX
 #define NAMES 256
 
 /* Everything below is guarded by `lock`: the main and the progress thread record, and the

@@ -48,7 +48,7 @@
     /* events past [diag] trace_mb: counted above, missing from the trace */                                 \
     NUM(dropped_events)                                                                                      \
     /* why the guard ended the job */                                                                        \
-    TEXT(failure, 256)
+    TEXT(failure, 512)
 
 typedef struct dps_diag_stats {
 #define DPS_DIAG_NUM_FIELD_(key) uint64_t key;
@@ -72,7 +72,7 @@ typedef enum dps_diag_kind {
 #define DPS_DIAG_TRACE_COLUMNS "# kind" DPS_DIAG_TRACE_FIELDS(DPS_DIAG_COLUMN_) " hook"
 
 /* One event. The hook is an index into a table of names that each side keeps for itself: names
- * repeat on every step, and a declarative hook's lives in its caller's stack buffer. */
+ * repeat on every step. */
 typedef struct dps_diag_event {
 #define DPS_DIAG_EVENT_FIELD_(field) uint64_t field;
     DPS_DIAG_TRACE_FIELDS(DPS_DIAG_EVENT_FIELD_)

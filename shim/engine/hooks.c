@@ -259,7 +259,7 @@ DPS_EXPORT int dp_scope_end(void)
 DPS_EXPORT int dp_step_end(uint64_t step)
 {
     dps_e.step = step;
-    dps_guard_step(step);
+    dps_guard_step(step, dps_e.scope_depth > 0);
     dps_diag_step(step);
     if (ready.npending)
         DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "

@@ -72,7 +72,7 @@ typedef struct bound {
     const dps_hookdecl_t *d;
     /* "[hook NAME] SYMBOL", built once: the engine's guard and diagnostics keep the pointer
      * they are given for the whole job (traces are written at exit) */
-    char where[sizeof "[hook ] " + sizeof((dps_hookdecl_t *)0)->name + sizeof((dps_hookdecl_t *)0)->symbol];
+    char where[DPS_HOOK_WHERE_MAX];
     ffi_cif cif;
     ffi_type *atypes[DPS_HOOK_MAX_ARGS];
     variant_t **v; /* stable addresses: closures point at them */

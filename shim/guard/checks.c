@@ -35,11 +35,13 @@ static uint64_t describe_call(const char *hook, int collective, int32_t dtype, u
 }
 
 /* Without a side channel (MPI below MPI_THREAD_MULTIPLE) there is nothing to compare on; after
- * the exit barrier began, the other ranks may be gone. */
+ * the exit barrier began, the other ranks may be gone; a child of the rank process (a forked
+ * DataLoader worker calling the hooks) is no member of the job. */
 static int checks_possible(void)
 {
     const dps_backend_t *be = dps_guard_conf.be;
-    return be && be->guard_min_u64 && !atomic_load(&dps_guard_pos.leaving);
+    return be && be->guard_min_u64 && !atomic_load(&dps_guard_pos.leaving) && dps_g.role == DPS_ROLE_RANK &&
+           !atomic_load_explicit(&dps_g.forked, memory_order_relaxed);
 }
 
 /* Marks the main thread as inside a check, so the watchdog covers it, without counting it as

@@ -47,9 +47,10 @@ void dps_guard_leave(void)
     atomic_store_explicit(&dps_guard_pos.since_ns, dps_guard_now_ns(), memory_order_release);
 }
 
-void dps_guard_step(uint64_t step)
+void dps_guard_step(uint64_t step, int alone)
 {
     atomic_store_explicit(&dps_guard_pos.step, step, memory_order_relaxed);
+    if (alone) return;
     if (dps_guard_conf.desync == DPS_V_guard_desync_step) dps_guard_check_step(step);
     if (dps_guard_conf.drift_every && step % dps_guard_conf.drift_every == 0) dps_guard_check_drift(step);
 }

@@ -27,8 +27,9 @@ void dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t co
 /* Around every collective of the main thread (and its waits for the progress thread). */
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count);
 void dps_guard_leave(void);
-/* After each optimizer step: the desync and drift checks the policy asks for. */
-void dps_guard_step(uint64_t step);
+/* After each optimizer step: the desync and drift checks the policy asks for, unless `alone`
+ * (a rank-0 scope, where the other ranks skip the body and would never join a check). */
+void dps_guard_step(uint64_t step, int alone);
 /* The parameters the drift check compares (what dp_params last saw). */
 void dps_guard_params(const dp_tensor *t, size_t n);
 /* Collectives the main thread has entered so far: the number of the current or last one. */

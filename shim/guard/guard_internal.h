@@ -9,9 +9,9 @@
 
 #include "guard.h"
 
-/* Room for a collective's hook name in messages between ranks: a declarative hook's is
- * "[hook NAME] SYMBOL" (policy/hookdecl.h: a name of 63 characters, a symbol of 127). */
-#define DPS_GUARD_HOOK_NAME 200
+/* Room for a collective's hook name in messages between ranks: a declarative hook's is the
+ * longest (policy/hookdecl.h). */
+#define DPS_GUARD_HOOK_NAME DPS_HOOK_WHERE_MAX
 
 /* Where the main thread is: written by it (relaxed stores, no lock: this is the collective path),
  * read by the watchdog, the checks and the crash handler. */

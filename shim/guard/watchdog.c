@@ -271,8 +271,8 @@ static void tick_alone(void)
     describe(&m, d, sizeof d);
     DPS_ERROR("guard:   rank %d: %s", m.rank, d);
     DPS_ERROR(
-        "guard: where the other ranks are is unknown: MPI runs without MPI_THREAD_MULTIPLE (the program "
-        "initialized it), so this rank cannot ask them; MPI_Init_thread with MPI_THREAD_MULTIPLE gives "
+        "guard: where the other ranks are is unknown: MPI runs without MPI_THREAD_MULTIPLE (as the program "
+        "initialized it, or as this MPI provides it), so this rank cannot ask them; MPI_Init_thread with MPI_THREAD_MULTIPLE gives "
         "the table of every rank");
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);

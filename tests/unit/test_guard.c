@@ -223,7 +223,7 @@ static int crash_inside_collective(void)
     signal(crash_sig, SIG_DFL); /* a program that leaves it alone (ASan's runtime handles some) */
     configure(4, "0");
     dps_guard_install_crash_handlers();
-    dps_guard_step(7);
+    dps_guard_step(7, 0);
     dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, DP_F32, 1000);
     raise(crash_sig);
     return NO_REPORT;

@@ -1,4 +1,4 @@
-"""dpshim's entry into a Python rank process (see shim/core/python.c).
+"""dpshim's entry into a Python rank process (see shim/start/python.c).
 
 The shim put this directory first on PYTHONPATH. Here we put the user's PYTHONPATH back, take
 this directory off sys.path, run the sitecustomize that would have run without us, and arrange
