@@ -30,16 +30,23 @@ static const launcher_env_t launcher_envs[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
 };
 
+/* The number in [0, INT32_MAX] at s, which must end at `stop`; -2 when it is anything else.
+ * *next_p: just past the stop character. */
+DPS_STARTUP static long read_count(const char *s, char stop, const char **next_p)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (errno || end == s || *end != stop || x < 0 || x > INT32_MAX) return -2;
+    *next_p = end + 1;
+    return x;
+}
+
 /* -1 when unset; -2 when set but not a number in [0, INT32_MAX]. */
 DPS_STARTUP static long env_int(const char *name)
 {
-    const char *v = name ? getenv(name) : NULL;
-    if (!v) return -1;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < 0 || x > INT32_MAX) return -2;
-    return x;
+    const char *v = name ? getenv(name) : NULL, *next;
+    return v ? read_count(v, '\0', &next) : -1;
 }
 
 static struct {
@@ -142,14 +149,8 @@ enum { MARKER_FIELDS = 5 };
 /* "1:2:3:4:5" into v[5]; 1 when it is exactly five non-negative integers. */
 DPS_STARTUP static int parse_marker(const char *m, long v[MARKER_FIELDS])
 {
-    for (int i = 0; i < MARKER_FIELDS; i++) {
-        char *end;
-        errno = 0;
-        v[i] = strtol(m, &end, 10);
-        if (errno || end == m || v[i] < 0 || v[i] > INT32_MAX || *end != (i + 1 < MARKER_FIELDS ? ':' : '\0'))
-            return 0;
-        m = end + 1;
-    }
+    for (int i = 0; i < MARKER_FIELDS; i++)
+        if ((v[i] = read_count(m, i + 1 < MARKER_FIELDS ? ':' : '\0', &m)) < 0) return 0;
     return 1;
 }
 

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "check.h"
 #include "core/dtype.h"
 #include "engine/engine.h"
@@ -196,29 +197,6 @@ static void in_child(const char *name, size_t bucket, void (*fn)(void))
     int status = 0;
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork/wait for %s", name);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: child status %#x", name, status);
-}
-
-/* Standard error of what runs between capture_begin and capture_end. */
-static int saved_stderr = -1;
-static FILE *captured;
-static void capture_begin(void)
-{
-    fflush(stderr);
-    captured = tmpfile();
-    saved_stderr = dup(2);
-    if (!captured || saved_stderr < 0 || dup2(fileno(captured), 2) < 0) abort();
-}
-static const char *capture_end(void)
-{
-    static char text[4096];
-    fflush(stderr);
-    dup2(saved_stderr, 2);
-    close(saved_stderr);
-    rewind(captured);
-    size_t n = fread(text, 1, sizeof text - 1, captured);
-    text[n] = '\0';
-    fclose(captured);
-    return text;
 }
 
 /* --- bucket planning ----------------------------------------------------------------------- */
@@ -700,9 +678,9 @@ static void test_background(void)
     reset();
     err[0] = '\0';
     dp_tensor bad = tensor(a, 3, 42, "bad");
-    capture_begin();
+    dps_test_capture_begin();
     int rc = dps_fused_background("dp_grad_ready", &stub, &bad, 1, 1.0, err, sizeof err);
-    capture_end();
+    dps_test_capture_end();
     CHECK(rc == -1 && strstr(err, "dp_grad_ready") && ncalls == 0, "background bad tensor: %d '%s'", rc, err);
 }
 
@@ -714,9 +692,9 @@ static void expect_bad(dp_tensor bad, const char *frag)
     dp_tensor t[] = {tensor(a, 3, DP_F32, "a"), tensor(b, 9, DP_F32, "b"), bad};
     reset();
     uint64_t seq = dps_guard_seq();
-    capture_begin();
+    dps_test_capture_begin();
     int rc = dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, 0.5, DPS_RED_SUM);
-    const char *msg = capture_end();
+    const char *msg = dps_test_capture_end();
     CHECK(rc == -1, "%s: returned %d", frag, rc);
     CHECK(ncalls == 0 && guard_calls(seq) == 0, "%s: %zu collectives before the error", frag, ncalls);
     CHECK(a[0] == 1 && a[2] == 3 && b[0] == 0, "%s: tensors touched", frag);

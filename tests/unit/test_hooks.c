@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "check.h"
 #include "core/dps.h"
 #include "dpshim/hooks.h"
@@ -32,24 +33,6 @@ static const char *stub_error(void) { return ""; }
 static const dps_backend_t stub = {.name = "stub", .allreduce = stub_allreduce, .bcast = stub_bcast,
                                    .last_error = stub_error};
 
-/* Runs call() with stderr captured; returns its value and leaves the text in out. */
-static int captured(int (*call)(void), char *out, size_t len)
-{
-    fflush(stderr);
-    int saved = dup(2);
-    FILE *tmp = tmpfile();
-    dup2(fileno(tmp), 2);
-    int rc = call();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(tmp);
-    size_t n = fread(out, 1, len - 1, tmp);
-    out[n] = '\0';
-    fclose(tmp);
-    return rc;
-}
-
 static dp_tensor one = {NULL, 0, DP_F32, DP_HOST, "empty"};
 static int grads_null(void) { return dp_grads(NULL, 3); }
 static int params_null(void) { return dp_params(NULL, 2); }
@@ -67,9 +50,10 @@ typedef struct row {
 
 static void expect_refused(const row_t *r)
 {
-    char text[2048];
     int calls = stub_calls;
-    int rc = captured(r->call, text, sizeof text);
+    dps_test_capture_begin();
+    int rc = r->call();
+    const char *text = dps_test_capture_end();
     CHECK(rc == -1, "%s returned %d, expected -1", r->name, rc);
     CHECK(strstr(text, r->message) != NULL, "%s: message '%s' not in: %s", r->name, r->message, text);
     CHECK(stub_calls == calls, "%s reached the backend", r->name);
