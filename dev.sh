@@ -3,6 +3,7 @@
 #   ./dev.sh demo [NP]   install what is missing, build, train Fashion-MNIST on NP ranks (default 4)
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
+#   ./dev.sh gpu-check   on a machine with a GPU: build there, run every GPU check, write docs/gpu-check.md
 #   ./dev.sh setup | build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -185,9 +186,10 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
+gpu-check) exec bash tests/gpu/gpu_check.sh ;;
 bench) setup && build && mpirun_env && bench_exec && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/dps.h"
+#include "device.h"
 
 static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
 {
@@ -84,5 +85,30 @@ const dps_backend_t *dps_backend_open(const char *name, int rank, int size, char
         return &b->loaded;
     }
     snprintf(err, errlen, "no backend named '%s' in this build", name);
+    return NULL;
+}
+
+/* The GPU plugin: opened once; a failure is remembered and repeated. */
+const dps_device_t *dps_device_open(char *err, size_t errlen)
+{
+    static dps_device_t dev;
+    static int state; /* 0: not tried, 1: open, -1: failed */
+    static char why[1536];
+    if (state == 0) {
+        char path[1200];
+        void *h = NULL;
+        dps_device_open_fn open_fn = NULL;
+        if (plugin_path("nccl", path, sizeof path) != 0)
+            snprintf(why, sizeof why, "cannot locate the GPU plugin (libdpshim-nccl.so) beside libdpshim.so");
+        else if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+            snprintf(why, sizeof why, "cannot load the GPU plugin: %s", dlerror());
+        else if (!(*(void **)&open_fn = dlsym(h, DPS_DEVICE_OPEN_SYMBOL)))
+            snprintf(why, sizeof why, "%s is not dpshim's GPU plugin (no %s)", path, DPS_DEVICE_OPEN_SYMBOL);
+        else if (open_fn(&dev, why, sizeof why) == 0)
+            state = 1;
+        if (state == 0) state = -1;
+    }
+    if (state > 0) return &dev;
+    snprintf(err, errlen, "%s", why);
     return NULL;
 }

@@ -60,6 +60,10 @@ extern atomic_int dps_log_level;
 void dps_log(dps_log_level_t lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs and exits the whole process now; used when going on would give wrong results silently. */
 _Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* What must happen before a rank ends the job with _exit (dps_fatal, the guard): the GPU
+ * plugin aborts its communicators there, within a time limit. Set once; NULL: nothing. */
+extern void (*volatile dps_before_fatal_exit)(void);
+void dps_run_before_fatal_exit(void);
 
 #define DPS_LOG(lvl, ...)                                                                     \
     do {                                                                                      \

@@ -37,6 +37,15 @@ void dps_log(dps_log_level_t lvl, const char *fmt, ...)
     va_end(ap);
 }
 
+void (*volatile dps_before_fatal_exit)(void);
+
+void dps_run_before_fatal_exit(void)
+{
+    void (*fn)(void) = dps_before_fatal_exit;
+    dps_before_fatal_exit = NULL; /* once, even when it fails on the way */
+    if (fn) fn();
+}
+
 _Noreturn void dps_fatal(const char *fmt, ...)
 {
     va_list ap;
@@ -45,6 +54,7 @@ _Noreturn void dps_fatal(const char *fmt, ...)
     va_end(ap);
     /* _exit: finalizing MPI or PMIx now could wait on ranks that will never come; the
      * launcher sees the non-zero status and ends the job. The program's output is kept. */
+    dps_run_before_fatal_exit();
     fflush(NULL);
     _exit(DPS_EXIT_FATAL);
 }

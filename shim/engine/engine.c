@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "engine.h"
 #include "guard/guard.h"
+#include "device.h"
 #include "progress.h"
 
 #include <pthread.h>
@@ -32,11 +33,6 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 {
     const dps_policy_t *p = &s->policy;
     char src[1100];
-    if (DPS_POLICY_ENUM(p, comm, backend) == DPS_V_comm_backend_nccl) {
-        snprintf(err, errlen, "%s: [comm] backend = nccl: this build has no nccl backend; use auto or mpi",
-                 dps_policy_source(p, DPS_P_comm_backend, src, sizeof src));
-        return -1;
-    }
     if (DPS_POLICY_ENUM(p, data, uneven) == DPS_V_data_uneven_join) {
         snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
                  dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
@@ -60,7 +56,8 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
                         : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
                                                                         : -1;
     dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
-    dps_e.be_name = "mpi"; /* host buffers; the only multi-rank backend of this build */
+    /* host buffers, and the agreement on GPU tensors' mode (engine/device.c) */
+    dps_e.be_name = "mpi";
     return 0;
 }
 
@@ -108,6 +105,7 @@ const dps_backend_t *dps_comm(const char *hook)
 void dps_engine_shutdown(void)
 {
     dps_progress_stop();
+    dps_device_shutdown();
     if (dps_e.be && dps_e.be != &dps_backend_self && dps_e.be->tuning()[0] && dps_g.rank == 0)
         DPS_INFO("%s backend: %s", dps_e.be->name, dps_e.be->tuning());
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->finalize();

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "device.h"
 #include "engine.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
@@ -100,7 +101,7 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
     }
 }
 
-static int check_tensor(const char *hook, const dp_tensor *t, size_t i)
+static int check_tensor(const char *hook, const dp_tensor *t, size_t i, int device_ok)
 {
     if (t->count && !t->data) {
         DPS_ERROR("%s: tensor %zu (%s) has %llu elements but no data", hook, i, t->name ? t->name : "unnamed",
@@ -111,9 +112,9 @@ static int check_tensor(const char *hook, const dp_tensor *t, size_t i)
         DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, t->name ? t->name : "unnamed", t->dtype);
         return -1;
     }
-    if (t->device != DP_HOST) {
-        DPS_ERROR("%s: tensor %zu (%s) is on CUDA device %d; this build reduces host tensors only", hook,
-                  i, t->name ? t->name : "unnamed", t->device);
+    if (t->device != DP_HOST && !device_ok) { /* dps_fused and the hooks sort GPU tensors out before this */
+        DPS_ERROR("%s: tensor %zu (%s) is on CUDA device %d where only host tensors can go", hook, i,
+                  t->name ? t->name : "unnamed", t->device);
         return -1;
     }
     return 0;
@@ -165,7 +166,7 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
 {
     size_t cap = dps_g.bucket_bytes;
     for (size_t i = 0; i < n; i++)
-        if (check_tensor(hook, &t[i], i)) return -1;
+        if (check_tensor(hook, &t[i], i, 0)) return -1;
     if (!L->bucket && !(L->bucket = malloc(cap))) {
         DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
         return -1;
@@ -220,7 +221,17 @@ int dps_barrier(const char *hook, const dps_backend_t *be)
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
               dps_fuse_t kind, double scale, dps_redop_t op)
 {
-    return fuse(&main_lane, hook, be, t, n, kind, scale, op);
+    dp_tensor *host, *device;
+    size_t nhost, ndevice;
+    int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
+    if (DPS_LIKELY(split == 0)) return fuse(&main_lane, hook, be, t, n, kind, scale, op);
+    if (split < 0) return -1;
+    /* every tensor is checked before the first collective, GPU ones too */
+    for (size_t i = 0; i < n; i++)
+        if (check_tensor(hook, &t[i], i, 1)) return -1;
+    /* host tensors first, then the GPU's: the same order on every rank */
+    if (nhost && fuse(&main_lane, hook, be, host, nhost, kind, scale, op)) return -1;
+    return dps_device_fused(hook, be, device, ndevice, kind, scale, op);
 }
 
 int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,

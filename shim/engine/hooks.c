@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "engine.h"
+#include "device.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
 #include "progress.h"
@@ -133,6 +134,10 @@ DPS_EXPORT int dp_grad_ready(const dp_tensor *t)
     if (null_list("dp_grad_ready", t, 1)) return -1;
     const dps_backend_t *be = dps_comm("dp_grad_ready");
     if (!be) return 0;
+    dp_tensor *host, *device;
+    size_t nhost, ndevice;
+    int split = dps_device_split(t, 1, &host, &nhost, &device, &ndevice);
+    if (split) return split < 0 ? -1 : dps_device_grad_ready(be, device, grad_scale());
     if (dps_grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending))
         return no_memory("dp_grad_ready", ready.npending + 1);
     ready.pending[ready.npending++] = *t;
@@ -162,6 +167,15 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
     if (!be) return 0;
     if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest))
         return no_memory("dp_grads", ready.npending + n);
+    /* GPU gradients first (queued on the GPU), then the host's */
+    dp_tensor *host, *device;
+    size_t nhost, ndevice;
+    int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
+    if (split < 0) return -1;
+    if (split || dps_device_outstanding()) {
+        if (dps_device_grads(be, split ? device : NULL, split ? ndevice : 0, grad_scale())) return -1;
+        if (split) t = host, n = nhost;
+    }
     size_t m = 0;
     for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
     for (size_t i = 0; i < n; i++)
@@ -261,7 +275,7 @@ DPS_EXPORT int dp_step_end(uint64_t step)
     dps_e.step = step;
     dps_guard_step(step, dps_e.scope_depth > 0);
     dps_diag_step(step);
-    if (ready.npending)
+    if (ready.npending || dps_device_outstanding())
         DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "
                       "by dp_grads", (unsigned long long)step);
     return 0;

@@ -192,6 +192,21 @@ static uint64_t hash_bytes(const void *p, size_t n)
 }
 
 /* [guard] drift_every: the parameters dp_params last saw are bitwise the same on every rank. */
+static dps_guard_reader_fn reader;
+
+void dps_guard_set_reader(dps_guard_reader_fn fn) { reader = fn; }
+
+/* A parameter tensor's checksum; in GPU memory it is copied to the host first. */
+static uint64_t hash_tensor(const dp_tensor *t)
+{
+    size_t bytes = t->count * dps_dtype_size(t->dtype);
+    void *copy = reader && bytes ? malloc(bytes) : NULL;
+    int r = copy ? reader(t, copy) : 0;
+    uint64_t h = r == 0 ? hash_bytes(t->data, bytes) : r > 0 ? hash_bytes(copy, bytes) : 0;
+    free(copy);
+    return h;
+}
+
 void dps_guard_check_drift(uint64_t step)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
@@ -201,7 +216,7 @@ void dps_guard_check_drift(uint64_t step)
     if (!v || !mine) return free(v), free(mine);
     for (size_t i = 0; i < n; i++) {
         const dp_tensor *t = &drift_params[i];
-        mine[i] = hash_bytes(t->data, t->count * dps_dtype_size(t->dtype));
+        mine[i] = hash_tensor(t);
         v[i] = mine[i], v[n + i] = ~mine[i];
     }
     check_mark_t mark = check_begin("drift check");

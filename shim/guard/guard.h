@@ -6,6 +6,7 @@
 #ifndef DPS_GUARD_H
 #define DPS_GUARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backends/backend.h"
@@ -36,6 +37,17 @@ void dps_guard_params(const dp_tensor *t, size_t n);
 uint64_t dps_guard_seq(void);
 /* "collective #57 after step 6", for messages. */
 void dps_guard_where(char *buf, size_t len);
+/* Work the main thread queued without waiting for it (GPU collectives ordered before a stream
+ * the framework named): at each look the watchdog asks `probe`, which returns 1 and describes
+ * the oldest unfinished collective (hook and number) with its age, -1 and a description when
+ * one failed, 0 when nothing is outstanding. Past [guard] timeout, or on a failure, the job
+ * ends as for a collective of the main thread. */
+typedef int (*dps_guard_probe_fn)(char *what, size_t len, double *age_s);
+void dps_guard_set_probe(dps_guard_probe_fn probe);
+/* How the drift check reads a tensor in GPU memory: copies t's bytes to `out` and returns 1, or
+ * returns 0 for host memory (read in place), -1 on failure. Set by the GPU path. */
+typedef int (*dps_guard_reader_fn)(const dp_tensor *t, void *out);
+void dps_guard_set_reader(dps_guard_reader_fn reader);
 /* At exit of the rank process, before the backend finalizes: the exit barrier. */
 void dps_guard_exit(void);
 

@@ -115,6 +115,7 @@ static int majority(uint64_t *place_p)
 
 _Noreturn void dps_guard_end_job(int printed)
 {
+    dps_run_before_fatal_exit();
     if (!printed) {
         struct timespec pause_ = {2, 0};
         nanosleep(&pause_, NULL);
@@ -256,6 +257,31 @@ static void tick(void)
     }
 }
 
+static _Atomic(dps_guard_probe_fn) probe;
+
+void dps_guard_set_probe(dps_guard_probe_fn fn) { atomic_store(&probe, fn); }
+
+/* Queued work that nobody waits for (see dps_guard_set_probe): this rank alone can tell, so it
+ * reports and ends the job; the others then see a peer that left. */
+static void look_at_queued_work(void)
+{
+    dps_guard_probe_fn fn = atomic_load(&probe);
+    char what[DPS_GUARD_HOOK_NAME + 512];
+    double age = 0;
+    int r = fn ? fn(what, sizeof what, &age) : 0;
+    if (r == 0 || (r > 0 && (dps_guard_conf.timeout <= 0 || age <= dps_guard_conf.timeout))) return;
+    char why[sizeof what + 256];
+    if (r > 0)
+        snprintf(why, sizeof why, "GPU %s queued %.0f s ago has not finished ([guard] timeout = %.0f s): a peer "
+                 "never joined it, or the GPU is stuck", what, age, dps_guard_conf.timeout);
+    else
+        snprintf(why, sizeof why, "GPU %s failed", what);
+    dps_guard_diag_fail(why);
+    DPS_ERROR("guard: rank %d: %s", dps_guard_conf.rank, why);
+    DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    dps_guard_end_job(1);
+}
+
 /* One look without a side channel: only this rank's own position, and no way to ask the others
  * where they are, so a rank stuck too long reports itself and ends the job. */
 static void tick_alone(void)
@@ -290,6 +316,7 @@ static void *watchdog(void *arg)
             tick_alone();
         else
             tick();
+        look_at_queued_work();
         nanosleep(&tick_len, NULL);
     }
     return NULL;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/device.h"
 #include "core/dps.h"
 #include "gpu/bind.h"
 
@@ -42,12 +43,22 @@ static const char *pmix_version(void)
     return get ? get() : NULL;
 }
 
-static int nccl_version(void)
+/* The GPU plugin's view: versions, and which path GPU tensors would take. */
+static void gpu_lines(char *buf, size_t len, size_t *o)
 {
-    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    int (*get)(int *) = h ? (int (*)(int *))dlsym(h, "ncclGetVersion") : NULL;
-    int v = 0;
-    return get && get(&v) == 0 ? v : 0;
+    char err[1536];
+    const dps_device_t *gpu = dps_device_open(err, sizeof err);
+    if (!gpu) {
+        add(buf, len, o, "cuda       %s\ngpu path   none: GPU tensors cannot be reduced here\n", err);
+        return;
+    }
+    add(buf, len, o, "cuda       %s\n", gpu->versions());
+    const char *path =
+        !gpu->count()                                                               ? "none: no usable GPU"
+        : DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi ? "staged through host memory and MPI ([comm] backend = mpi)"
+        : !gpu->has_nccl() ? "staged through host memory and MPI (no NCCL)"
+        : "nccl; staged through host memory where ranks share a GPU (all ranks agree at the first GPU collective)";
+    add(buf, len, o, "gpu path   %s\n", path);
 }
 
 DPS_EXPORT int dpshim_describe(char *buf, size_t len)
@@ -66,9 +77,7 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
     add(buf, len, &o, "mpi        %s\n", mpi_version(v, sizeof v) ? v : "not found (libmpi.so.40)");
     const char *pv = pmix_version();
     add(buf, len, &o, "pmix       %s\n", pv ? pv : "not found (libpmix.so.2)");
-    int nv = nccl_version();
-    if (nv) add(buf, len, &o, "nccl       %d.%d.%d found; no nccl backend in this build\n", nv / 10000, nv / 100 % 100, nv % 100);
-    else add(buf, len, &o, "nccl       not found (libnccl.so.2)\n");
     add(buf, len, &o, "gpus       %d device(s) in /dev, CUDA_VISIBLE_DEVICES %s\n", dps_gpu_count(), cvd ? cvd : "unset");
+    gpu_lines(buf, len, &o);
     return (int)o;
 }

@@ -709,11 +709,12 @@ static void test_bad_tensors(void)
     expect_bad(tensor(x, 4, -1, NULL), "(unnamed) has invalid dtype -1");
     expect_bad(tensor(x, 0, 99, "empty"), "invalid dtype 99");
     expect_bad(tensor(NULL, 5, DP_F32, "nodata"), "(nodata) has 5 elements but no data");
-    dp_tensor dev = tensor(x, 4, DP_F32, "gpu");
+    /* a GPU tensor beside host ones: the bad one is still found before any collective */
+    dp_tensor dev = tensor(x, 4, 42, "gpu");
     dev.device = 0;
-    expect_bad(dev, "(gpu) is on CUDA device 0");
-    dev.device = 3;
-    expect_bad(dev, "CUDA device 3");
+    expect_bad(dev, "(gpu) has invalid dtype 42");
+    dev.device = 3, dev.dtype = DP_F32, dev.data = NULL;
+    expect_bad(dev, "(gpu) has 4 elements but no data");
 }
 
 /* A failed collective ends the process (exit 70): going on would leave ranks different. */

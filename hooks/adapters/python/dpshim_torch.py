@@ -64,7 +64,8 @@ class _Shim:
                 ("dp_bn_stats", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.POINTER(_Tensor),
                                                ctypes.POINTER(ctypes.c_uint64)]),
                 ("dp_metric", ctypes.c_int, [ctypes.POINTER(ctypes.c_double), ctypes.c_size_t, ctypes.c_int]),
-                ("dp_step_end", ctypes.c_int, [ctypes.c_uint64])):
+                ("dp_step_end", ctypes.c_int, [ctypes.c_uint64]),
+                ("dp_set_stream", ctypes.c_int, [ctypes.c_int32, ctypes.c_void_p])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
             setattr(self, name, f)
@@ -85,13 +86,25 @@ def _check(rc, what):
 
 def _tensors(ts):
     arr = (_Tensor * max(len(ts), 1))()
+    stream_of = None
     for i, t in enumerate(ts):
-        if t.device.type != "cpu":
-            raise RuntimeError("dpshim: tensor on %s: this version of dpshim reduces CPU tensors only" % t.device)
+        if t.device.type == "cuda":
+            device = t.device.index if t.device.index is not None else 0
+            if stream_of is None:
+                # the hook orders its collective after the work queued on torch's current
+                # stream and makes that stream wait for the result (hook ABI version 2)
+                import torch
+                stream_of = device
+                _check(_shim.dp_set_stream(device, torch.cuda.current_stream(t.device).cuda_stream),
+                       "dp_set_stream")
+        elif t.device.type == "cpu":
+            device = DP_HOST
+        else:
+            raise RuntimeError("dpshim: tensor on %s: dpshim reduces CPU and CUDA tensors" % t.device)
         code = _DTYPES.get(t.dtype)
         if code is None:
             raise RuntimeError("dpshim: cannot reduce a tensor of dtype %s" % t.dtype)
-        arr[i] = _Tensor(t.data_ptr(), t.numel(), code, DP_HOST, None)
+        arr[i] = _Tensor(t.data_ptr(), t.numel(), code, device, None)
     return arr
 
 

@@ -1,4 +1,4 @@
-/* dpshim hook ABI, version 1: the points where a framework lets dpshim make it data-parallel.
+/* dpshim hook ABI, version 2: the points where a framework lets dpshim make it data-parallel.
  * A framework declares these weak (define DPSHIM_HOOKS_WEAK before including) and calls them
  * when non-NULL; without libdpshim.so preloaded every pointer is NULL and it runs alone.
  * Later versions add functions; the meaning of these never changes. */
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPSHIM_HOOK_ABI_VERSION 1
+#define DPSHIM_HOOK_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +65,14 @@ DPSHIM_HOOK_DECL int dp_scope_begin(const char *name);
 DPSHIM_HOOK_DECL int dp_scope_end(void);
 /* After each optimizer step. */
 DPSHIM_HOOK_DECL int dp_step_end(uint64_t step);
+
+/* Version 2. The CUDA stream (a cudaStream_t) on `device` that the calling thread's framework
+ * runs its work on, or NULL to go back to the default. Default: a hook with device tensors
+ * starts after all work queued on the legacy default stream and returns when the result is in
+ * place, like every hook. With a stream named, the collective starts after the work queued on
+ * that stream so far, and the hook returns once it is queued: the stream's later work waits for
+ * the result. Returns 0, or -1 (device < 0). */
+DPSHIM_HOOK_DECL int dp_set_stream(int32_t device, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,76 @@
+/* The GPU plugin (libdpshim-nccl.so, backends/nccl/): the CUDA runtime and NCCL, opened with
+ * dlopen, behind a few calls on plain pointers. The plugin holds this process's CUDA and NCCL
+ * state (one device, one communication stream, one communicator); the engine
+ * (engine/device.c) decides what to call, so the logic is the same whether the calls reach a
+ * GPU or the test double (tests/gpu_double/). */
+#ifndef DPS_DEVICE_H
+#define DPS_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+typedef enum { DPS_COPY_D2D, DPS_COPY_D2H, DPS_COPY_H2D } dps_copy_t;
+
+typedef struct dps_device {
+    /* "CUDA runtime 13.0, driver 13.0, NCCL 2.28.9" (parts it could not load say so). */
+    const char *(*versions)(void);
+    /* The failure of the last call that returned -1 (per thread). */
+    const char *(*last_error)(void);
+    /* 1 when NCCL was loaded, so the NCCL calls below can work. */
+    int (*has_nccl)(void);
+    /* The GPUs this process sees (0 without a driver or a device). */
+    int (*count)(void);
+    /* Make `dev` the calling thread's current device for the plugin's work (streams and the
+     * bucket are made on first use); returns the device that was current before, for restore(),
+     * or -1. The plugin serves one device per process: another one is an error. */
+    int (*use)(int dev);
+    void (*restore)(int prev);
+    /* The duplicate-GPU key of the device in use, as NCCL compares: host hash and PCI bus id. */
+    int (*key)(char *out, size_t len);
+    /* Device memory of the bucket (made once, [comm] bucket_mb) and pinned host memory. */
+    void *(*bucket)(size_t bytes);
+    void *(*pinned)(size_t bytes);
+
+    /* Ordering. The communication stream waits for the work queued so far on `stream` (NULL:
+     * the legacy default stream, which waits for every blocking stream). 1 from capturing():
+     * `stream` (or the legacy stream) is being captured into a CUDA graph. */
+    int (*after)(void *stream);
+    int (*capturing)(void *stream);
+    /* `stream` waits for the communication stream's work so far. */
+    int (*before)(void *stream);
+
+    /* Work queued on the communication stream, in order. */
+    int (*copy)(void *dst, const void *src, size_t bytes, dps_copy_t kind);
+    int (*zero)(void *dst, size_t bytes);
+    /* NCCL, in place: each rank's values times its own `scale` (floats only; 1: none), then op. */
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double scale);
+    int (*bcast)(void *buf, size_t bytes, int root);
+    /* A marker after the work queued so far; wait() polls it (and NCCL's asynchronous errors)
+     * and frees it: 0, or -1 on a CUDA or NCCL error or after abort(). query(): 1 done, 0 not
+     * yet, -1 error, without freeing. */
+    void *(*mark)(void);
+    int (*query)(void *marker);
+    int (*wait)(void *marker);
+
+    /* The communicator: rank 0's id (128 bytes) to every rank, then init on all; blocks up to
+     * timeout_s (0: no limit), polling NCCL's non-blocking init so it can be abandoned. */
+    int (*nccl_id)(void *id128);
+    int (*nccl_init)(const void *id128, int rank, int size, double timeout_s);
+    /* Abort the communicator from any thread; returns within limit_s even when NCCL does not,
+     * and every later or pending wait() returns -1. */
+    void (*abort)(double limit_s);
+    /* At exit: the queued work gets limit_s to finish, then the communicator is aborted, never
+     * destroyed (ncclCommDestroy can block on a peer that is gone). */
+    void (*finish)(double limit_s);
+} dps_device_t;
+
+#define DPS_DEVICE_OPEN_SYMBOL "dps_device_open_v1"
+typedef int (*dps_device_open_fn)(dps_device_t *out, char *err, size_t errlen);
+
+/* Opens libdpshim-nccl.so beside libdpshim.so: NULL with err set when it or the CUDA runtime
+ * cannot be loaded. Once per process; later calls return the same table or the same error. */
+const dps_device_t *dps_device_open(char *err, size_t errlen);
+
+#endif

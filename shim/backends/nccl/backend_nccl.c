@@ -1,0 +1,573 @@
+/* libdpshim-nccl.so: the CUDA runtime and NCCL behind dps_device_t (backends/device.h). Both
+ * are opened with dlopen, the program's own copies first (RTLD_NOLOAD), so the plugin builds
+ * without the CUDA toolkit and a framework's libraries are shared, not loaded twice. One device
+ * per process: a communication stream (non-blocking: it never waits for the legacy stream by
+ * itself), the fusion bucket, a pool of events, and one NCCL communicator. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/device.h"
+#include "cuda_api.h"
+#include "dpshim/hooks.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* One row per function: its name and where the pointer goes. The runtime's are required;
+ * NCCL's are all-or-nothing (has_nccl). */
+static struct {
+    dps_cudaError_t (*RuntimeGetVersion)(int *);
+    dps_cudaError_t (*DriverGetVersion)(int *);
+    const char *(*GetErrorString)(dps_cudaError_t);
+    dps_cudaError_t (*GetDeviceCount)(int *);
+    dps_cudaError_t (*GetDevice)(int *);
+    dps_cudaError_t (*SetDevice)(int);
+    dps_cudaError_t (*DeviceGetPCIBusId)(char *, int, int);
+    dps_cudaError_t (*Malloc)(void **, size_t);
+    dps_cudaError_t (*HostAlloc)(void **, size_t, unsigned);
+    dps_cudaError_t (*StreamCreateWithFlags)(dps_cudaStream_t *, unsigned);
+    dps_cudaError_t (*StreamWaitEvent)(dps_cudaStream_t, dps_cudaEvent_t, unsigned);
+    dps_cudaError_t (*StreamIsCapturing)(dps_cudaStream_t, int *);
+    dps_cudaError_t (*EventCreateWithFlags)(dps_cudaEvent_t *, unsigned);
+    dps_cudaError_t (*EventRecord)(dps_cudaEvent_t, dps_cudaStream_t);
+    dps_cudaError_t (*EventQuery)(dps_cudaEvent_t);
+    dps_cudaError_t (*MemcpyAsync)(void *, const void *, size_t, int, dps_cudaStream_t);
+    dps_cudaError_t (*MemsetAsync)(void *, int, size_t, dps_cudaStream_t);
+} cu;
+
+static struct {
+    dps_ncclResult_t (*GetVersion)(int *);
+    const char *(*GetErrorString)(dps_ncclResult_t);
+    const char *(*GetLastError)(dps_ncclComm_t);
+    dps_ncclResult_t (*GetUniqueId)(dps_ncclUniqueId *);
+    dps_ncclResult_t (*CommInitRankConfig)(dps_ncclComm_t *, int, dps_ncclUniqueId, int, dps_ncclConfig_t *);
+    dps_ncclResult_t (*CommGetAsyncError)(dps_ncclComm_t, dps_ncclResult_t *);
+    dps_ncclResult_t (*CommAbort)(dps_ncclComm_t);
+    dps_ncclResult_t (*AllReduce)(const void *, void *, size_t, dps_ncclDataType_t, dps_ncclRedOp_t, dps_ncclComm_t, dps_cudaStream_t);
+    dps_ncclResult_t (*Broadcast)(const void *, void *, size_t, dps_ncclDataType_t, int, dps_ncclComm_t, dps_cudaStream_t);
+    dps_ncclResult_t (*RedOpCreatePreMulSum)(dps_ncclRedOp_t *, void *, dps_ncclDataType_t, int, dps_ncclComm_t);
+    dps_ncclResult_t (*RedOpDestroy)(dps_ncclRedOp_t, dps_ncclComm_t);
+} nc;
+
+typedef struct sym_row {
+    const char *name;
+    void **slot;
+} sym_row_t;
+
+static const sym_row_t cuda_syms[] = {
+    {"cudaRuntimeGetVersion", (void **)&cu.RuntimeGetVersion},
+    {"cudaDriverGetVersion", (void **)&cu.DriverGetVersion},
+    {"cudaGetErrorString", (void **)&cu.GetErrorString},
+    {"cudaGetDeviceCount", (void **)&cu.GetDeviceCount},
+    {"cudaGetDevice", (void **)&cu.GetDevice},
+    {"cudaSetDevice", (void **)&cu.SetDevice},
+    {"cudaDeviceGetPCIBusId", (void **)&cu.DeviceGetPCIBusId},
+    {"cudaMalloc", (void **)&cu.Malloc},
+    {"cudaHostAlloc", (void **)&cu.HostAlloc},
+    {"cudaStreamCreateWithFlags", (void **)&cu.StreamCreateWithFlags},
+    {"cudaStreamWaitEvent", (void **)&cu.StreamWaitEvent},
+    {"cudaStreamIsCapturing", (void **)&cu.StreamIsCapturing},
+    {"cudaEventCreateWithFlags", (void **)&cu.EventCreateWithFlags},
+    {"cudaEventRecord", (void **)&cu.EventRecord},
+    {"cudaEventQuery", (void **)&cu.EventQuery},
+    {"cudaMemcpyAsync", (void **)&cu.MemcpyAsync},
+    {"cudaMemsetAsync", (void **)&cu.MemsetAsync},
+};
+
+static const sym_row_t nccl_syms[] = {
+    {"ncclGetVersion", (void **)&nc.GetVersion},
+    {"ncclGetErrorString", (void **)&nc.GetErrorString},
+    {"ncclGetLastError", (void **)&nc.GetLastError},
+    {"ncclGetUniqueId", (void **)&nc.GetUniqueId},
+    {"ncclCommInitRankConfig", (void **)&nc.CommInitRankConfig},
+    {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
+    {"ncclCommAbort", (void **)&nc.CommAbort},
+    {"ncclAllReduce", (void **)&nc.AllReduce},
+    {"ncclBroadcast", (void **)&nc.Broadcast},
+    {"ncclRedOpCreatePreMulSum", (void **)&nc.RedOpCreatePreMulSum},
+    {"ncclRedOpDestroy", (void **)&nc.RedOpDestroy},
+};
+
+/* The process's device state. `dev` and the stream are set once, under `lock`; work is queued
+ * by the main thread only (the hooks' contract), while abort() may come from the guard. */
+static struct {
+    pthread_mutex_t lock;
+    int dev; /* -1 until use() */
+    dps_cudaStream_t stream;
+    void *bucket;
+    size_t bucket_bytes;
+    dps_ncclComm_t comm;
+    atomic_int aborted;
+    char nccl_path[512];
+} st = {.lock = PTHREAD_MUTEX_INITIALIZER, .dev = -1};
+
+static __thread char err_text[512];
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_text, sizeof err_text, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int cuda_ok(dps_cudaError_t e, const char *what)
+{
+    if (e == DPS_cudaSuccess) return 0;
+    return fail("%s: CUDA error %d (%s)", what, e, cu.GetErrorString ? cu.GetErrorString(e) : "?");
+}
+
+static int nccl_ok(dps_ncclResult_t r, const char *what)
+{
+    if (r == DPS_ncclSuccess) return 0;
+    const char *detail = st.comm && nc.GetLastError ? nc.GetLastError(st.comm) : "";
+    return fail("%s: NCCL error %d (%s)%s%s", what, r, nc.GetErrorString ? nc.GetErrorString(r) : "?",
+                detail && detail[0] ? ": " : "", detail ? detail : "");
+}
+
+/* The program's copy first, then ours: `names` in order, or the user's path alone. */
+static void *open_lib(const char *env, const char *const *names, char *which, size_t len)
+{
+    const char *user = getenv(env);
+    if (user && user[0]) {
+        snprintf(which, len, "%s", user);
+        return dlopen(user, RTLD_NOW | RTLD_GLOBAL);
+    }
+    for (int pass = 0; pass < 2; pass++)
+        for (const char *const *n = names; *n; n++) {
+            void *h = dlopen(*n, RTLD_NOW | RTLD_GLOBAL | (pass == 0 ? RTLD_NOLOAD : 0));
+            if (h) {
+                snprintf(which, len, "%s%s", *n, pass == 0 ? " (the program's)" : "");
+                return h;
+            }
+        }
+    snprintf(which, len, "%s", names[0]);
+    return NULL;
+}
+
+static int bind_syms(void *h, const sym_row_t *rows, size_t n, char *missing, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(*rows[i].slot = dlsym(h, rows[i].name))) {
+            snprintf(missing, len, "%s", rows[i].name);
+            return -1;
+        }
+    return 0;
+}
+
+static char versions_text[1536];
+
+static void append(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void append(const char *fmt, ...)
+{
+    size_t len = strlen(versions_text);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(versions_text + len, sizeof versions_text - len, fmt, ap);
+    va_end(ap);
+}
+
+static const char *versions(void) { return versions_text; }
+static const char *last_error(void) { return err_text; }
+static int has_nccl(void) { return nc.AllReduce != NULL; }
+static int ngpus;
+static int count(void) { return ngpus; }
+
+static int use(int dev)
+{
+    int prev = -1;
+    if (cuda_ok(cu.GetDevice(&prev), "cudaGetDevice")) return -1;
+    pthread_mutex_lock(&st.lock);
+    int rc = 0;
+    if (st.dev >= 0 && st.dev != dev)
+        rc = fail("a tensor on CUDA device %d, while this process reduces on device %d: dpshim serves one "
+                  "device per rank (start one rank per GPU)", dev, st.dev);
+    if (!rc && prev != dev) rc = cuda_ok(cu.SetDevice(dev), "cudaSetDevice");
+    if (!rc && !st.stream) {
+        /* non-blocking: the stream never waits for the legacy stream by itself, only where
+         * after() says so, and the legacy stream's users never wait for it */
+        rc = cuda_ok(cu.StreamCreateWithFlags(&st.stream, DPS_cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        if (!rc) st.dev = dev;
+    }
+    pthread_mutex_unlock(&st.lock);
+    return rc ? -1 : prev;
+}
+
+static void restore(int prev)
+{
+    int cur = -1;
+    if (prev >= 0 && cu.GetDevice(&cur) == DPS_cudaSuccess && cur != prev) cu.SetDevice(prev);
+}
+
+/* NCCL's host hash: NCCL_HOSTID when set, else the host name and the boot id. */
+static unsigned long long host_hash(void)
+{
+    char text[512] = "";
+    const char *id = getenv("NCCL_HOSTID");
+    if (id && id[0])
+        snprintf(text, sizeof text, "%s", id);
+    else {
+        gethostname(text, 256);
+        text[255] = 0;
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        size_t n = strlen(text);
+        if (f) {
+            if (fgets(text + n, (int)(sizeof text - n), f)) text[strcspn(text, "\n")] = 0;
+            fclose(f);
+        }
+    }
+    unsigned long long h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h;
+}
+
+static int key(char *out, size_t len)
+{
+    char bus[64];
+    if (cuda_ok(cu.DeviceGetPCIBusId(bus, sizeof bus, st.dev), "cudaDeviceGetPCIBusId")) return -1;
+    snprintf(out, len, "%016llx %s", host_hash(), bus);
+    return 0;
+}
+
+static void *bucket(size_t bytes)
+{
+    if (st.bucket && st.bucket_bytes >= bytes) return st.bucket;
+    void *p = NULL;
+    if (cuda_ok(cu.Malloc(&p, bytes), "cudaMalloc of the fusion bucket")) return NULL;
+    st.bucket = p, st.bucket_bytes = bytes; /* made once per job: bucket_mb does not change */
+    return p;
+}
+
+static void *pinned(size_t bytes)
+{
+    void *p = NULL;
+    return cuda_ok(cu.HostAlloc(&p, bytes, DPS_cudaHostAllocDefault), "cudaHostAlloc") ? NULL : p;
+}
+
+/* Events, reused: markers are freed by wait(). */
+typedef struct ev_node {
+    dps_cudaEvent_t ev;
+    struct ev_node *next;
+} ev_node_t;
+static ev_node_t *free_events;
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static ev_node_t *event_get(void)
+{
+    pthread_mutex_lock(&ev_lock);
+    ev_node_t *n = free_events;
+    if (n) free_events = n->next;
+    pthread_mutex_unlock(&ev_lock);
+    if (n) return n;
+    if (!(n = calloc(1, sizeof *n))) return fail("out of memory for a CUDA event"), NULL;
+    if (cuda_ok(cu.EventCreateWithFlags(&n->ev, DPS_cudaEventDisableTiming), "cudaEventCreateWithFlags")) {
+        free(n);
+        return NULL;
+    }
+    return n;
+}
+
+static void event_put(ev_node_t *n)
+{
+    pthread_mutex_lock(&ev_lock);
+    n->next = free_events, free_events = n;
+    pthread_mutex_unlock(&ev_lock);
+}
+
+/* `waiter` waits for the work queued on `producer` so far. */
+static int order(dps_cudaStream_t producer, dps_cudaStream_t waiter, const char *what)
+{
+    ev_node_t *n = event_get();
+    if (!n) return -1;
+    int rc = cuda_ok(cu.EventRecord(n->ev, producer), what) || cuda_ok(cu.StreamWaitEvent(waiter, n->ev, 0), what);
+    event_put(n); /* a recorded event may be recorded again: a wait already queued keeps its marker */
+    return rc ? -1 : 0;
+}
+
+static dps_cudaStream_t user_stream(void *s) { return s ? (dps_cudaStream_t)s : DPS_cudaStreamLegacy; }
+
+static int after(void *stream)
+{
+    return order(user_stream(stream), st.stream, "ordering after the program's GPU work");
+}
+
+static int before(void *stream)
+{
+    return order(st.stream, user_stream(stream), "ordering the program's GPU work after the collective");
+}
+
+static int capturing(void *stream)
+{
+    int status = DPS_cudaStreamCaptureStatusNone;
+    if (cu.StreamIsCapturing(user_stream(stream), &status) != DPS_cudaSuccess) return 1; /* illegal now: as capturing */
+    return status != DPS_cudaStreamCaptureStatusNone;
+}
+
+static int copy(void *dst, const void *src, size_t bytes, dps_copy_t kind)
+{
+    static const int kinds[] = {[DPS_COPY_D2D] = DPS_cudaMemcpyDeviceToDevice,
+                                [DPS_COPY_D2H] = DPS_cudaMemcpyDeviceToHost,
+                                [DPS_COPY_H2D] = DPS_cudaMemcpyHostToDevice};
+    return cuda_ok(cu.MemcpyAsync(dst, src, bytes, kinds[kind], st.stream), "cudaMemcpyAsync");
+}
+
+static int zero(void *dst, size_t bytes) { return cuda_ok(cu.MemsetAsync(dst, 0, bytes, st.stream), "cudaMemsetAsync"); }
+
+static dps_ncclDataType_t nccl_type(int dtype)
+{
+    static const dps_ncclDataType_t map[] = {[DP_F32] = DPS_ncclFloat32, [DP_F64] = DPS_ncclFloat64,
+                                         [DP_F16] = DPS_ncclFloat16, [DP_BF16] = DPS_ncclBfloat16,
+                                         [DP_I32] = DPS_ncclInt32,   [DP_I64] = DPS_ncclInt64,
+                                         [DP_U8] = DPS_ncclUint8};
+    return map[dtype];
+}
+
+/* A float's scale in the tensor's own type, as ncclRedOpCreatePreMulSum reads it. */
+static void scalar_of(int dtype, double scale, unsigned char *out)
+{
+    float f = (float)scale;
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    uint16_t h;
+    switch (dtype) {
+    case DP_F64: memcpy(out, &scale, 8); break;
+    case DP_F32: memcpy(out, &f, 4); break;
+    case DP_BF16:
+        h = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16); /* round to nearest even */
+        memcpy(out, &h, 2);
+        break;
+    default: { /* F16: weights are in (0, 1], normal halves */
+        uint32_t e = (b >> 23) & 0xff, m = b & 0x7fffff;
+        int he = (int)e - 127 + 15;
+        uint32_t hm = m >> 13, rest = m & 0x1fff;
+        if (rest > 0x1000 || (rest == 0x1000 && (hm & 1))) hm++;
+        h = he <= 0 ? 0 : (uint16_t)(((uint32_t)he << 10) + hm);
+        memcpy(out, &h, 2);
+    }
+    }
+}
+
+static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double scale)
+{
+    if (!st.comm) return fail("NCCL all-reduce before the communicator exists");
+    dps_ncclRedOp_t nop = op == DPS_RED_MIN ? DPS_ncclMin : op == DPS_RED_MAX ? DPS_ncclMax : DPS_ncclSum;
+    int floating = dtype == DP_F32 || dtype == DP_F64 || dtype == DP_F16 || dtype == DP_BF16;
+    int weighted = op == DPS_RED_SUM && floating && scale != 1.0;
+    if (weighted && scale == 0.0) {
+        /* an empty share: exact zeros, never 0 x NaN */
+        if (zero(buf, count * (dtype == DP_F64 ? 8 : dtype == DP_F32 ? 4 : 2))) return -1;
+        weighted = 0;
+    }
+    if (weighted) {
+        unsigned char s[8];
+        scalar_of(dtype, scale, s);
+        if (nccl_ok(nc.RedOpCreatePreMulSum(&nop, s, nccl_type(dtype), DPS_ncclScalarHostImmediate, st.comm),
+                    "ncclRedOpCreatePreMulSum"))
+            return -1;
+    }
+    int rc = nccl_ok(nc.AllReduce(buf, buf, count, nccl_type(dtype), nop, st.comm, st.stream), "ncclAllReduce");
+    /* an operator may go as soon as the call that uses it has returned */
+    if (weighted) nc.RedOpDestroy(nop, st.comm);
+    return rc;
+}
+
+static int bcast(void *buf, size_t bytes, int root)
+{
+    if (!st.comm) return fail("NCCL broadcast before the communicator exists");
+    return nccl_ok(nc.Broadcast(buf, buf, bytes, DPS_ncclUint8, root, st.comm, st.stream), "ncclBroadcast");
+}
+
+static void *mark(void)
+{
+    ev_node_t *n = event_get();
+    if (!n) return NULL;
+    if (cuda_ok(cu.EventRecord(n->ev, st.stream), "cudaEventRecord")) {
+        event_put(n);
+        return NULL;
+    }
+    return n;
+}
+
+/* NCCL's asynchronous error, or the abort: -1 with the message. */
+static int comm_failed(void)
+{
+    if (atomic_load(&st.aborted)) return fail("the NCCL communicator was aborted");
+    if (!st.comm) return 0;
+    dps_ncclResult_t async = DPS_ncclSuccess;
+    if (nc.CommGetAsyncError(st.comm, &async) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
+    if (async == DPS_ncclSuccess || async == DPS_ncclInProgress) return 0;
+    return nccl_ok(async, "NCCL reported an asynchronous error");
+}
+
+static int query(void *m)
+{
+    dps_cudaError_t e = cu.EventQuery(((ev_node_t *)m)->ev);
+    if (e == DPS_cudaSuccess) return 1;
+    if (e != DPS_cudaErrorNotReady) return cuda_ok(e, "cudaEventQuery");
+    return comm_failed() ? -1 : 0;
+}
+
+static void pause_us(long us)
+{
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static int wait(void *m)
+{
+    if (!m) return -1;
+    /* poll rather than block in cudaEventSynchronize: an NCCL error or an abort must end the
+     * wait, and a short sleep keeps a core free for the framework */
+    int rc;
+    for (long us = 2; !(rc = query(m)); us = us < 500 ? us * 2 : 500) pause_us(us);
+    event_put(m);
+    return rc < 0 ? -1 : 0;
+}
+
+static int nccl_id(void *id128)
+{
+    if (!has_nccl()) return fail("NCCL is not loaded");
+    return nccl_ok(nc.GetUniqueId((dps_ncclUniqueId *)id128), "ncclGetUniqueId");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int nccl_init(const void *id128, int rank, int size, double timeout_s)
+{
+    if (!has_nccl()) return fail("NCCL is not loaded");
+    dps_ncclUniqueId id;
+    memcpy(&id, id128, sizeof id);
+    /* non-blocking: polled, so a peer that never arrives cannot hold this rank forever */
+    dps_ncclConfig_t cfg = {sizeof cfg, DPS_NCCL_CONFIG_MAGIC, DPS_NCCL_CONFIG_VERSION, 0,
+                            DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT,
+                            (const char *)(uintptr_t)0};
+    dps_ncclComm_t comm = NULL;
+    dps_ncclResult_t r = nc.CommInitRankConfig(&comm, size, id, rank, &cfg);
+    if (r != DPS_ncclSuccess && r != DPS_ncclInProgress) {
+        if (comm) nc.CommAbort(comm);
+        return nccl_ok(r, "ncclCommInitRankConfig");
+    }
+    double t0 = now_s();
+    for (long us = 50;; us = us < 2000 ? us * 2 : 2000) {
+        dps_ncclResult_t state = DPS_ncclInProgress;
+        nc.CommGetAsyncError(comm, &state);
+        if (state == DPS_ncclSuccess) break;
+        if (state != DPS_ncclInProgress) {
+            const char *why = nc.GetLastError ? nc.GetLastError(comm) : "";
+            fail("ncclCommInitRankConfig: NCCL error %d (%s)%s%s", state, nc.GetErrorString(state),
+                 why && why[0] ? ": " : "", why ? why : "");
+            nc.CommAbort(comm);
+            return -1;
+        }
+        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
+            nc.CommAbort(comm);
+            return fail("ncclCommInitRankConfig did not complete within %.0f s ([guard] timeout)", timeout_s);
+        }
+        pause_us(us);
+    }
+    st.comm = comm;
+    return 0;
+}
+
+/* ncclCommAbort can itself wait for a stuck peer: it runs on a thread of its own, and the
+ * caller waits at most limit_s for it. */
+static pthread_mutex_t abort_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t abort_done = PTHREAD_COND_INITIALIZER;
+static int abort_finished;
+
+static void *abort_main(void *comm)
+{
+    nc.CommAbort((dps_ncclComm_t)comm);
+    pthread_mutex_lock(&abort_lock);
+    abort_finished = 1;
+    pthread_cond_broadcast(&abort_done);
+    pthread_mutex_unlock(&abort_lock);
+    return NULL;
+}
+
+static void abort_comm(double limit_s)
+{
+    if (atomic_exchange(&st.aborted, 1) || !st.comm) return;
+    pthread_t t;
+    if (pthread_create(&t, NULL, abort_main, st.comm) != 0) return;
+    pthread_detach(t);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)limit_s;
+    until.tv_nsec += (long)((limit_s - (double)(time_t)limit_s) * 1e9);
+    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
+    pthread_mutex_lock(&abort_lock);
+    while (!abort_finished && pthread_cond_timedwait(&abort_done, &abort_lock, &until) == 0) {}
+    pthread_mutex_unlock(&abort_lock);
+}
+
+static void finish(double limit_s)
+{
+    if (!st.stream) return;
+    void *m = mark();
+    double t0 = now_s();
+    int done = 0;
+    while (m && !(done = query(m)) && now_s() - t0 < limit_s) pause_us(1000);
+    if (st.comm) abort_comm(done == 1 ? limit_s : 1.0);
+}
+
+EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
+{
+    static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12", NULL};
+    static const char *const nccl_names[] = {"libnccl.so.2", NULL};
+    char which[512], missing[64];
+    void *h = open_lib("DPSHIM_CUDART_LIB", cudart_names, which, sizeof which);
+    if (!h) {
+        snprintf(err, errlen, "cannot load the CUDA runtime (%s): %s; set DPSHIM_CUDART_LIB to its path", which,
+                 dlerror());
+        return -1;
+    }
+    if (bind_syms(h, cuda_syms, sizeof cuda_syms / sizeof *cuda_syms, missing, sizeof missing)) {
+        snprintf(err, errlen, "%s lacks %s: a CUDA runtime of version 12 or 13 is needed", which, missing);
+        return -1;
+    }
+    int rt = 0, drv = 0, n = 0;
+    cu.RuntimeGetVersion(&rt);
+    cu.DriverGetVersion(&drv);
+    dps_cudaError_t e = cu.GetDeviceCount(&n);
+    append("CUDA runtime %d.%d (%s)", rt / 1000, rt % 1000 / 10, which);
+    if (drv) append(", driver %d.%d", drv / 1000, drv % 1000 / 10);
+    else append(", no driver");
+    /* no GPU is not an error here: dpshim-diag env reports it, and use() refuses */
+    if (e != DPS_cudaSuccess || n == 0)
+        append(", no usable GPU (%s)",
+                        e != DPS_cudaSuccess ? cu.GetErrorString(e) : "0 devices");
+    else
+        append(", %d GPU(s)", ngpus = n);
+    void *hn = open_lib("DPSHIM_NCCL_LIB", nccl_names, st.nccl_path, sizeof st.nccl_path);
+    int v = 0;
+    if (hn && bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
+        nc.GetVersion(&v) == DPS_ncclSuccess)
+        append(", NCCL %d.%d.%d (%s)", v / 10000,
+                 v / 100 % 100, v % 100, st.nccl_path);
+    else {
+        memset(&nc, 0, sizeof nc);
+        append(", no NCCL (%s: %s)", st.nccl_path,
+                 hn ? "too old" : "not found");
+    }
+    *out = (dps_device_t){.versions = versions, .last_error = last_error, .has_nccl = has_nccl, .count = count, .use = use,
+                          .restore = restore, .key = key, .bucket = bucket, .pinned = pinned, .after = after,
+                          .capturing = capturing, .before = before, .copy = copy, .zero = zero,
+                          .allreduce = allreduce, .bcast = bcast, .mark = mark, .query = query, .wait = wait,
+                          .nccl_id = nccl_id, .nccl_init = nccl_init, .abort = abort_comm, .finish = finish};
+    return 0;
+}

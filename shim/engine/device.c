@@ -1,0 +1,598 @@
+/* Tensors in GPU memory. At the first collective with one, every rank opens the GPU plugin
+ * (backends/device.h) and the ranks agree, over the host backend, on one mode for the job:
+ * NCCL (one GPU per rank), or staged through pinned host memory and the host path (ranks that
+ * share a GPU, NCCL missing somewhere, or [comm] backend = mpi). Never decided by one rank.
+ *
+ * NCCL: buckets in device memory packed with device-to-device copies (no kernels), weights
+ * through NCCL's pre-multiplied sum, all on the plugin's communication stream, which first waits
+ * for the program's work (the legacy default stream, or the stream dp_set_stream named).
+ * Staged: chunks of [gpu] staging_mb go device -> pinned buffer -> host path (fusion, pieces,
+ * compression, the same arithmetic as host tensors) -> device, the next chunk's copy running
+ * while the current one is reduced. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/device.h"
+#include "core/dtype.h"
+#include "device.h"
+#include "diag/diag.h"
+#include "engine.h"
+#include "gpu/where.h"
+#include "guard/guard.h"
+
+enum { MODE_UNSET, MODE_NCCL, MODE_STAGED };
+
+static struct {
+    const dps_device_t *gpu;
+    int mode;
+    int dev;
+    unsigned char *pinned[2];
+    size_t pinned_bytes;
+    /* gradients announced by dp_grad_ready: pending (not yet queued) and queued this step */
+    dp_tensor *pending;
+    size_t npending, cap_pending, pending_bytes;
+    const void **queued;
+    size_t nqueued, cap_queued;
+    /* the lists a hook call's tensors are split into (dps_device_split) */
+    dp_tensor *host, *device;
+    size_t cap_host, cap_device;
+} dv = {.dev = -1};
+
+/* dp_set_stream: per thread, as a framework's current stream is. */
+static __thread void *user_stream;
+static __thread int user_stream_set;
+
+DPS_EXPORT int dp_set_stream(int32_t device, void *stream)
+{
+    if (device < 0) {
+        DPS_ERROR("dp_set_stream: device %d is no CUDA ordinal; pass the stream's device (0, 1, ...)", (int)device);
+        return -1;
+    }
+    user_stream = stream, user_stream_set = stream != NULL;
+    return 0;
+}
+
+static const char *tname(const dp_tensor *t) { return t->name ? t->name : "unnamed"; }
+
+int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nhost, dp_tensor **device,
+                     size_t *ndevice)
+{
+    int driver = -1; /* asked once per call, and only when a DP_HOST tensor needs the answer */
+    size_t first = n;
+    for (size_t i = 0; i < n && first == n; i++) {
+        if (t[i].device >= 0) first = i;
+        else if (t[i].count && (driver < 0 ? (driver = dps_gpu_driver_loaded()) : driver) && dps_gpu_where(t[i].data) >= 0)
+            first = i;
+    }
+    if (first == n) return 0; /* the common case: all on the host, nothing copied */
+    if (dps_grow((void **)&dv.host, &dv.cap_host, n, sizeof *dv.host) ||
+        dps_grow((void **)&dv.device, &dv.cap_device, n, sizeof *dv.device)) {
+        DPS_ERROR("out of memory sorting %zu tensors into host and GPU ones", n);
+        return -1;
+    }
+    size_t h = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        dp_tensor x = t[i];
+        if (x.device < 0 && i >= first && x.count) x.device = dps_gpu_where(x.data);
+        if (x.device >= 0) dv.device[d++] = x;
+        else dv.host[h++] = x;
+    }
+    *host = dv.host, *nhost = h, *device = dv.device, *ndevice = d;
+    return 1;
+}
+
+/* --- agreement ------------------------------------------------------------------------------ */
+
+/* What each rank tells the others at set-up: all fixed-size text, gathered with one sum. */
+typedef struct rank_info {
+    char usable, nccl;
+    char key[94];   /* host hash and PCI bus id: equal keys are one GPU */
+    char why[160];  /* why this rank cannot use its GPU */
+} rank_info_t;
+
+/* Every rank's `mine`, in rank order: a sum of zeros and each rank's own slot. */
+static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
+{
+    size_t n = (size_t)dps_g.eff_size;
+    rank_info_t *all = calloc(n, sizeof *all);
+    if (!all) dps_fatal("GPU set-up: out of memory for %zu ranks' device information", n);
+    all[dps_g.eff_rank] = *mine;
+    dp_tensor t = {all, n * sizeof *all, DP_U8, DP_HOST, "device info"};
+    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
+    return all;
+}
+
+static void first_unusable(const rank_info_t *all, const char *what)
+{
+    for (int r = 0; r < dps_g.eff_size; r++)
+        if (!all[r].usable)
+            dps_fatal("%s: rank %d cannot use its GPU: %s", what, r, all[r].why);
+}
+
+static int nccl_demanded(void) { return DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_nccl; }
+
+static void go_staged(const char *why)
+{
+    dv.mode = MODE_STAGED;
+    if (dps_g.eff_rank == 0) DPS_WARN("GPU tensors go through host memory and MPI (staged): %s", why);
+}
+
+/* NCCL's communicator on every rank, or staging when it cannot come up everywhere. */
+static void bring_up_nccl(const char *hook, const dps_backend_t *be)
+{
+    /* the id, and a last byte saying whether rank 0 could make one: no rank waits for an id
+     * that does not exist */
+    unsigned char id[129] = {0};
+    rank_info_t mine = {.usable = 1, .nccl = 1};
+    if (dps_g.eff_rank == 0) {
+        id[128] = dv.gpu->nccl_id(id) == 0;
+        if (!id[128]) snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
+    }
+    dp_tensor t = {id, sizeof id, DP_U8, DP_HOST, "NCCL id"};
+    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM);
+    double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
+    if (!id[128] && dps_g.eff_rank != 0)
+        snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
+    else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit) != 0)
+        snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
+    rank_info_t *all = gather(be, &mine);
+    int bad = -1;
+    for (int r = 0; r < dps_g.eff_size && bad < 0; r++)
+        if (!all[r].usable) bad = r;
+    if (bad < 0) {
+        dv.mode = MODE_NCCL;
+        if (dps_g.eff_rank == 0) DPS_INFO("%s: GPU tensors go through NCCL (%s)", hook, dv.gpu->versions());
+    } else if (nccl_demanded()) {
+        first_unusable(all, "[comm] backend = nccl: NCCL cannot start");
+    } else {
+        dv.gpu->abort(2.0);
+        char why[256];
+        snprintf(why, sizeof why, "NCCL could not start on rank %d (%s)", bad, all[bad].why);
+        go_staged(why);
+    }
+    free(all);
+}
+
+static int probe(char *what, size_t len, double *age_s);
+
+/* The drift check's reader (dps_guard_set_reader): a device tensor's bytes, after the work the
+ * program queued (its optimizer's update). */
+static int read_to_host(const dp_tensor *t, void *out)
+{
+    int dev = t->device >= 0 ? t->device : dps_gpu_where(t->data);
+    if (dev < 0) return 0;
+    int prev = dv.gpu->use(dev);
+    if (prev < 0) return -1;
+    void *m = NULL;
+    int rc = dv.gpu->after(user_stream) || dv.gpu->copy(out, t->data, t->count * dps_dtype_size(t->dtype), DPS_COPY_D2H) ||
+             !(m = dv.gpu->mark()) || dv.gpu->wait(m) ? -1 : 1;
+    dv.gpu->restore(prev);
+    if (rc < 0) DPS_ERROR("drift check: cannot read GPU tensor '%s': %s", tname(t), dv.gpu->last_error());
+    return rc;
+}
+
+static void abort_at_fatal_exit(void)
+{
+    if (dv.gpu) dv.gpu->abort(5.0);
+}
+
+/* The first collective with device tensors, on every rank at the same call. */
+static void setup(const char *hook, const dps_backend_t *be, int dev)
+{
+    char err[1024] = "";
+    rank_info_t mine = {0};
+    dv.gpu = dps_device_open(err, sizeof err);
+    int prev = dv.gpu ? dv.gpu->use(dev) : -1;
+    if (dv.gpu && prev < 0) snprintf(err, sizeof err, "%s", dv.gpu->last_error());
+    if (prev >= 0 && dv.gpu->key(mine.key, sizeof mine.key) != 0) snprintf(err, sizeof err, "%s", dv.gpu->last_error());
+    if (dv.gpu && prev >= 0) dv.gpu->restore(prev);
+    mine.usable = !err[0];
+    mine.nccl = mine.usable && dv.gpu->has_nccl();
+    snprintf(mine.why, sizeof mine.why, "%s", err);
+    rank_info_t *all = gather(be, &mine);
+    first_unusable(all, hook);
+    dv.dev = dev;
+    dps_before_fatal_exit = abort_at_fatal_exit;
+    dps_guard_set_probe(probe);
+    dps_guard_set_reader(read_to_host);
+    /* the decision, from the same table on every rank */
+    char why[256] = "";
+    int a = -1, b = -1;
+    for (int i = 0; i < dps_g.eff_size && a < 0; i++)
+        for (int j = i + 1; j < dps_g.eff_size && a < 0; j++)
+            if (!strcmp(all[i].key, all[j].key)) a = i, b = j;
+    if (a >= 0)
+        snprintf(why, sizeof why, "ranks %d and %d share the GPU %s on one host", a, b, strchr(all[a].key, ' ') + 1);
+    for (int r = 0; r < dps_g.eff_size && !why[0]; r++)
+        if (!all[r].nccl) snprintf(why, sizeof why, "rank %d has no NCCL", r);
+    if (DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi)
+        go_staged("[comm] backend = mpi");
+    else if (why[0] && nccl_demanded())
+        dps_fatal("%s: [comm] backend = nccl, but %s: NCCL cannot run two ranks on one GPU; start one rank per "
+                  "GPU (and keep [gpu] bind = auto), or set [comm] backend = auto to reduce through host memory",
+                  hook, why);
+    else if (why[0])
+        go_staged(why);
+    else
+        bring_up_nccl(hook, be);
+    free(all);
+    if (dv.mode == MODE_STAGED) {
+        dv.pinned_bytes = (size_t)dps_policy_num(&dps_g.policy, DPS_P_gpu_staging_mb) << 20;
+        prev = dv.gpu->use(dev);
+        for (int i = 0; i < 2; i++)
+            if (!(dv.pinned[i] = dv.gpu->pinned(dv.pinned_bytes)))
+                dps_fatal("%s: GPU staging: %s; lower [gpu] staging_mb", hook, dv.gpu->last_error());
+        dv.gpu->restore(prev);
+    }
+}
+
+/* --- the collectives ------------------------------------------------------------------------ */
+
+static _Noreturn void failed(const char *hook)
+{
+    char where[96];
+    dps_guard_where(where, sizeof where);
+    dps_fatal("%s (%s, GPU): %s", hook, where, dv.gpu->last_error());
+}
+
+/* One NCCL collective on buf (in the bucket or a tensor in place). */
+static void enqueue(const char *hook, void *buf, size_t count, int32_t dtype, dps_fuse_t kind, double scale,
+                    dps_redop_t op)
+{
+    int rc = kind == DPS_FUSE_BCAST ? dv.gpu->bcast(buf, count * dps_dtype_size(dtype), 0)
+                                    : dv.gpu->allreduce(buf, count, dtype, op, dtype == DP_F32 || dtype == DP_F64 ||
+                                                                                       dtype == DP_F16 || dtype == DP_BF16
+                                                                                   ? scale : 1.0);
+    if (rc) failed(hook);
+}
+
+static void copy(const char *hook, void *dst, const void *src, size_t bytes, dps_copy_t kind)
+{
+    if (bytes && dv.gpu->copy(dst, src, bytes, kind)) failed(hook);
+}
+
+/* t[0..n) through NCCL: large tensors in place, the others packed into the device bucket in
+ * runs of one dtype. Everything is queued on the communication stream. */
+static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_t kind, double scale, dps_redop_t op)
+{
+    if (kind == DPS_FUSE_GRADS && dps_g.compress_dtype >= 0 && dps_g.eff_rank == 0)
+        DPS_WARN_ONCE("[comm] compress is not applied to GPU tensors on NCCL: they travel in their own dtype");
+    size_t cap = dps_g.bucket_bytes;
+    unsigned char *bucket = dv.gpu->bucket(cap);
+    if (!bucket) failed(hook);
+    for (size_t i = 0; i < n;) {
+        size_t es = dps_dtype_size(t[i].dtype), room = cap / es;
+        if (!t[i].count) {
+            i++;
+            continue;
+        }
+        if (t[i].count >= room / 2 || t[i].count * es >= DPS_INPLACE_MIN_BYTES) {
+            enqueue(hook, t[i].data, t[i].count, t[i].dtype, kind, scale, op);
+            i++;
+            continue;
+        }
+        size_t first = i, used = 0;
+        while (i < n && (!t[i].count || (t[i].dtype == t[first].dtype && used + t[i].count <= room &&
+                                         t[i].count * es < DPS_INPLACE_MIN_BYTES && t[i].count < room / 2))) {
+            copy(hook, bucket + used * es, t[i].data, t[i].count * es, DPS_COPY_D2D);
+            used += t[i].count, i++;
+        }
+        enqueue(hook, bucket, used, t[first].dtype, kind, scale, op);
+        for (size_t j = first, off = 0; j < i; off += t[j].count, j++)
+            copy(hook, t[j].data, bucket + off * es, t[j].count * es, DPS_COPY_D2D);
+    }
+}
+
+/* One staged chunk: slices of device tensors, and the host tensors over the pinned buffer. */
+typedef struct chunk {
+    dp_tensor *host; /* host[k] covers device tensor src[k]'s elements [off[k], off[k]+count) */
+    size_t *src;
+    uint64_t *off;
+    size_t n, cap;
+} chunk_t;
+
+/* The next chunk from position (*i, *off): whole tensors or parts of one, up to the buffer. */
+static void next_chunk(chunk_t *c, const dp_tensor *t, size_t n, size_t *i, uint64_t *off, unsigned char *buf)
+{
+    c->n = 0;
+    size_t used = 0;
+    while (*i < n && used < dv.pinned_bytes) {
+        const dp_tensor *x = &t[*i];
+        size_t es = dps_dtype_size(x->dtype);
+        uint64_t left = x->count - *off, fit = (dv.pinned_bytes - used) / es, k = left < fit ? left : fit;
+        if (left && !k) break; /* not one more element of this dtype fits */
+        if (k) { /* room for it: chunk_room gave one slice per tensor */
+            c->host[c->n] = (dp_tensor){buf + used, k, x->dtype, DP_HOST, x->name};
+            c->src[c->n] = *i;
+            c->off[c->n] = *off;
+            c->n++;
+            used += k * es;
+        }
+        *off += k;
+        if (*off == x->count) (*i)++, *off = 0;
+    }
+}
+
+static int chunk_room(chunk_t *c, size_t n)
+{
+    if (c->cap >= n) return 0;
+    free(c->host), free(c->src), free(c->off);
+    c->host = malloc(n * sizeof *c->host), c->src = malloc(n * sizeof *c->src), c->off = malloc(n * sizeof *c->off);
+    c->cap = n;
+    return c->host && c->src && c->off ? 0 : -1;
+}
+
+static void chunk_copies(const char *hook, const chunk_t *c, const dp_tensor *t, dps_copy_t kind)
+{
+    for (size_t k = 0; k < c->n; k++) {
+        const dp_tensor *x = &t[c->src[k]];
+        size_t es = dps_dtype_size(x->dtype);
+        unsigned char *dev = (unsigned char *)x->data + c->off[k] * es;
+        if (kind == DPS_COPY_D2H) copy(hook, c->host[k].data, dev, c->host[k].count * es, kind);
+        else copy(hook, dev, c->host[k].data, c->host[k].count * es, kind);
+    }
+}
+
+/* Device -> pinned -> host path -> device, two chunks in flight. */
+static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                         double scale, dps_redop_t op)
+{
+    static chunk_t chunks[2];
+    size_t i = 0;
+    uint64_t off = 0;
+    /* a chunk holds at most one slice per tensor */
+    if (chunk_room(&chunks[0], n) || chunk_room(&chunks[1], n))
+        dps_fatal("%s: out of memory for the staging of %zu GPU tensors", hook, n);
+    for (int c = 0; c < 2; c++)
+        chunks[c].n = 0;
+    next_chunk(&chunks[0], t, n, &i, &off, dv.pinned[0]);
+    chunk_copies(hook, &chunks[0], t, DPS_COPY_D2H);
+    void *ready = dv.gpu->mark();
+    for (int cur = 0; chunks[cur].n; cur ^= 1) {
+        chunk_t *c = &chunks[cur], *next = &chunks[cur ^ 1];
+        /* the other buffer's copy back was queued before this: the stream keeps them in order */
+        next_chunk(next, t, n, &i, &off, dv.pinned[cur ^ 1]);
+        chunk_copies(hook, next, t, DPS_COPY_D2H);
+        void *next_ready = next->n ? dv.gpu->mark() : NULL;
+        if (!ready || dv.gpu->wait(ready)) failed(hook);
+        if (dps_fused(hook, be, c->host, c->n, kind, scale, op)) dps_fatal("%s: GPU staging failed (see above)", hook);
+        chunk_copies(hook, c, t, DPS_COPY_H2D);
+        ready = next_ready;
+        c->n = 0;
+    }
+}
+
+static uint64_t total_count(const dp_tensor *t, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++) c += t[i].count;
+    return c;
+}
+
+/* Before work on the communication stream: the plugin's device is current, and the stream waits
+ * for the program's work. Returns the device that was current. */
+static int begin(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        if (t[i].device != t[0].device)
+            dps_fatal("%s: tensor %zu (%s) is on CUDA device %d and tensor 0 (%s) on device %d: dpshim serves one "
+                      "GPU per rank", hook, i, tname(&t[i]), t[i].device, tname(&t[0]), t[0].device);
+    if (!dv.mode) setup(hook, be, t[0].device);
+    int prev = dv.gpu->use(t[0].device);
+    if (prev < 0) failed(hook);
+    if (dv.gpu->capturing(user_stream))
+        dps_fatal("%s: called while the CUDA stream is being captured into a CUDA graph; a collective cannot be "
+                  "captured: call the hook outside the captured region", hook);
+    if (dv.gpu->after(user_stream)) failed(hook);
+    return prev;
+}
+
+/* --- queued work nobody waits for: watched by the guard ------------------------------------ */
+
+#define QUEUED_MAX 256
+typedef struct queued_work {
+    void *marker;
+    const char *hook;
+    uint64_t seq, since_ns;
+} queued_work_t;
+static struct {
+    pthread_mutex_t lock;
+    queued_work_t q[QUEUED_MAX];
+    size_t head, n;
+} queued = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Drops finished entries from the front; the oldest's state: 1 unfinished, -1 failed, 0 none. */
+static int queued_front(void)
+{
+    while (queued.n) {
+        int q = dv.gpu->query(queued.q[queued.head].marker);
+        if (q <= 0) return q < 0 ? -1 : 1;
+        dv.gpu->wait(queued.q[queued.head].marker); /* done: frees it */
+        queued.head = (queued.head + 1) % QUEUED_MAX, queued.n--;
+    }
+    return 0;
+}
+
+/* The guard's look (dps_guard_set_probe), from the watchdog thread. */
+static int probe(char *what, size_t len, double *age_s)
+{
+    pthread_mutex_lock(&queued.lock);
+    int state = queued_front();
+    if (state) {
+        const queued_work_t *e = &queued.q[queued.head];
+        *age_s = (double)(now_ns() - e->since_ns) * 1e-9;
+        snprintf(what, len, "collective #%llu (%s)%s%s", (unsigned long long)e->seq, e->hook,
+                 state < 0 ? ": " : "", state < 0 ? dv.gpu->last_error() : "");
+    }
+    pthread_mutex_unlock(&queued.lock);
+    return state;
+}
+
+/* A marker after the work just queued, for the guard; at most QUEUED_MAX outstanding, as NCCL
+ * itself bounds how far a program may run ahead of its GPU. */
+static void track(const char *hook)
+{
+    void *m = dv.gpu->mark();
+    if (!m) failed(hook);
+    pthread_mutex_lock(&queued.lock);
+    queued_front();
+    if (queued.n == QUEUED_MAX) {
+        void *oldest = queued.q[queued.head].marker;
+        queued.head = (queued.head + 1) % QUEUED_MAX, queued.n--;
+        pthread_mutex_unlock(&queued.lock);
+        if (dv.gpu->wait(oldest)) failed(hook);
+        pthread_mutex_lock(&queued.lock);
+    }
+    size_t at = (queued.head + queued.n) % QUEUED_MAX;
+    queued.q[at].marker = m, queued.q[at].hook = hook;
+    queued.q[at].seq = dps_guard_seq(), queued.q[at].since_ns = now_ns();
+    queued.n++;
+    pthread_mutex_unlock(&queued.lock);
+}
+
+/* The hook's result is needed: by the caller (wait), or by the named stream's later work. */
+static void end(const char *hook, int prev, int wait)
+{
+    if (wait && user_stream_set) {
+        if (dv.gpu->before(user_stream)) failed(hook);
+        track(hook);
+    } else if (wait) {
+        void *m = dv.gpu->mark();
+        if (!m || dv.gpu->wait(m)) failed(hook);
+        pthread_mutex_lock(&queued.lock);
+        queued_front(); /* all done now */
+        pthread_mutex_unlock(&queued.lock);
+    } else {
+        track(hook);
+    }
+    dv.gpu->restore(prev);
+}
+
+/* A framework's bad tensor, named before anything is queued. */
+static int invalid(const char *hook, const dp_tensor *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!dps_dtype_size(t[i].dtype)) {
+            DPS_ERROR("%s: GPU tensor %zu (%s) has invalid dtype %d", hook, i, tname(&t[i]), t[i].dtype);
+            return -1;
+        }
+        if (t[i].count && !t[i].data) {
+            DPS_ERROR("%s: GPU tensor %zu (%s) has %llu elements but no data", hook, i, tname(&t[i]),
+                      (unsigned long long)t[i].count);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Queues t[0..n) and, with `wait`, returns when they are done (or queued for a named stream). */
+static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+               double scale, dps_redop_t op, int wait)
+{
+    int prev = begin(hook, be, t, n);
+    if (dv.mode == MODE_STAGED) {
+        staged_fused(hook, be, t, n, kind, scale, op);
+        end(hook, prev, wait);
+        return 0;
+    }
+    int coll = kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
+    uint64_t count = total_count(t, n);
+    if (!wait) {
+        /* queued now, waited for in dp_grads: compared across ranks like the main thread's own */
+        dps_guard_note(hook, coll, t[0].dtype, count);
+        nccl_fused(hook, t, n, kind, scale, op);
+        end(hook, prev, 0);
+        return 0;
+    }
+    dps_guard_enter(hook, coll, t[0].dtype, count);
+    uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+    nccl_fused(hook, t, n, kind, scale, op);
+    end(hook, prev, 1);
+    if (dps_diag_on) dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    dps_guard_leave();
+    return 0;
+}
+
+int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                     double scale, dps_redop_t op)
+{
+    return n ? run(hook, be, t, n, kind, scale, op, 1) : 0;
+}
+
+/* --- gradients announced during backward ------------------------------------------------------ */
+
+static void flush_pending(const dps_backend_t *be, double scale)
+{
+    if (!dv.npending) return;
+    if (dps_grow((void **)&dv.queued, &dv.cap_queued, dv.nqueued + dv.npending, sizeof *dv.queued))
+        dps_fatal("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.nqueued + dv.npending);
+    run("dp_grad_ready", be, dv.pending, dv.npending, DPS_FUSE_GRADS, scale, DPS_RED_SUM, dv.mode == MODE_STAGED);
+    for (size_t i = 0; i < dv.npending; i++) dv.queued[dv.nqueued++] = dv.pending[i].data;
+    dv.npending = dv.pending_bytes = 0;
+}
+
+int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, double scale)
+{
+    if (invalid("dp_grad_ready", t, 1)) return -1;
+    if (dps_grow((void **)&dv.pending, &dv.cap_pending, dv.npending + 1, sizeof *dv.pending)) {
+        DPS_ERROR("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.npending + 1);
+        return -1;
+    }
+    dv.pending[dv.npending++] = *t;
+    size_t bytes = t->count * dps_dtype_size(t->dtype);
+    dv.pending_bytes += bytes;
+    /* a full bucket, or a tensor that travels alone, is queued now: the GPU reduces it while the
+     * framework's backward goes on */
+    if (dv.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) flush_pending(be, scale);
+    return 0;
+}
+
+int dps_device_announced(const void *data)
+{
+    for (size_t i = 0; i < dv.nqueued; i++)
+        if (dv.queued[i] == data) return 1;
+    for (size_t i = 0; i < dv.npending; i++)
+        if (dv.pending[i].data == data) return 1;
+    return 0;
+}
+
+int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, double scale)
+{
+    if (invalid("dp_grads", t, n)) return -1;
+    dp_tensor *rest = NULL;
+    size_t m = 0, cap = 0;
+    if (dps_grow((void **)&rest, &cap, dv.npending + n + 1, sizeof *rest))
+        dps_fatal("dp_grads: out of memory for %zu GPU gradients", dv.npending + n);
+    for (size_t i = 0; i < dv.npending; i++) rest[m++] = dv.pending[i];
+    for (size_t i = 0; i < n; i++)
+        if (!dps_device_announced(t[i].data)) rest[m++] = t[i];
+    int any_queued = dv.nqueued > 0;
+    dv.npending = dv.pending_bytes = dv.nqueued = 0;
+    if (m) run("dp_grads", be, rest, m, DPS_FUSE_GRADS, scale, DPS_RED_SUM, 1);
+    else if (any_queued) {
+        /* everything went during backward: wait for it here, as the guard's collective */
+        int prev = dv.gpu->use(dv.dev);
+        dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, t && n ? t[0].dtype : DP_F32, 0);
+        end("dp_grads", prev, 1);
+        dps_guard_leave();
+    }
+    free(rest);
+    return 0;
+}
+
+int dps_device_outstanding(void) { return dv.npending + dv.nqueued > 0; }
+
+void dps_device_shutdown(void)
+{
+    if (dv.gpu && dv.mode) dv.gpu->finish(10.0);
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env bats
+# Tensors in GPU memory, against the CUDA/NCCL test double (tests/gpu_double/): device memory
+# the host cannot touch, streams that run late, NCCL collectives that meet across ranks, and
+# faults on demand. The same program compares every result with the host path's.
+load helpers
+
+DOUBLE=$BUILD/tests/gpu_double
+PROG=$BUILD/bin/gpu_hooks
+
+setup() {
+    [ -x "$PROG" ] || skip "gpu_hooks not built"
+}
+
+# gpu N ENV... -- ARGS...: gpu_hooks on N ranks, the double as CUDA and NCCL, N GPUs visible
+# (one per local rank through [gpu] bind) unless the environment says otherwise.
+gpu() {
+    local n=$1
+    shift
+    local envs=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    run mpi "$n" env LD_LIBRARY_PATH="$DOUBLE" DPSHIM_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1,2,3 \
+        DPSHIM_GUARD_TIMEOUT=60 "${envs[@]}" LD_PRELOAD="$SHIM" "$PROG" "$@"
+    echo "$output"
+}
+
+# same_checksums: every rank printed the same checksum for each hook and dtype, and no mismatch.
+same_checksums() {
+    refute_output --partial MISMATCH
+    local lines
+    lines=$(grep -o 'gpu_hooks rank [0-9]*: .* checksum [0-9a-f]* ok' <<<"$output" | sed 's/rank [0-9]*: //' | sort -u)
+    [ -n "$lines" ] || fail "no results"
+    local keys
+    keys=$(awk '{print $2, $3}' <<<"$lines" | sort | uniq -d)
+    [ -z "$keys" ] || fail "ranks differ for: $keys"
+}
+
+@test "every dtype through NCCL at np=2,3,4: equal to the host path, bitwise across ranks" {
+    for n in 2 3 4; do
+        gpu $n DPSHIM_DIAG_LOG=info -- --dtype all
+        assert_success
+        assert_output --partial "GPU tensors go through NCCL"
+        assert_equal "$(count ' ok')" $((n * 7))
+        same_checksums
+    done
+}
+
+@test "NCCL and the staged path give the same bits on exactly representable sums" {
+    gpu 3 DPSHIM_COMM_REDUCE=sum -- --dtype all
+    assert_success
+    local nccl=$output
+    gpu 3 DPSHIM_COMM_REDUCE=sum DPSHIM_COMM_BACKEND=mpi -- --dtype all
+    assert_success
+    assert_output --partial "staged"
+    for dt in f32 f64 f16 bf16 i32 i64 u8; do
+        a=$(grep -o "rank 0: grads $dt checksum [0-9a-f]*" <<<"$nccl" | awk '{print $NF}')
+        b=$(grep -o "rank 0: grads $dt checksum [0-9a-f]*" <<<"$output" | awk '{print $NF}')
+        [ -n "$a" ] && [ "$a" = "$b" ] || fail "$dt: nccl $a, staged $b"
+    done
+}
+
+@test "dp_params, dp_grad_ready and dp_bn_stats with GPU tensors" {
+    for hook in params ready bn; do
+        gpu 3 -- --hook $hook --dtype all --steps 2
+        assert_success
+        same_checksums
+    done
+}
+
+@test "uneven split-mode shares are weighted exactly, and an empty share never spreads NaN" {
+    gpu 3 DPSHIM_DATA_MODE=split -- --batch 7 --dtype all
+    assert_success
+    same_checksums
+    gpu 2 DPSHIM_DATA_MODE=split -- --batch 1 --nan-if-empty --dtype all
+    assert_success
+    same_checksums
+    refute_output --partial nan
+}
+
+@test "a collective waits for the program's queued GPU work (legacy stream, or the stream it names)" {
+    gpu 2 DPSHIM_DOUBLE_DELAY_MS=30 -- --late --dtype f32
+    assert_success
+    same_checksums
+    gpu 2 DPSHIM_DOUBLE_DELAY_MS=30 -- --late --stream --dtype f32 --steps 2
+    assert_success
+    same_checksums
+    gpu 2 DPSHIM_DOUBLE_DELAY_MS=30 DPSHIM_COMM_BACKEND=mpi -- --late --stream --dtype f32
+    assert_success
+    same_checksums
+}
+
+@test "device memory passed as DP_HOST is found and reduced on the GPU" {
+    gpu 2 -- --unflagged --dtype all
+    assert_success
+    same_checksums
+}
+
+@test "ranks sharing a GPU take the staging path; backend = nccl then names the ranks and the GPU" {
+    gpu 2 CUDA_VISIBLE_DEVICES=0,0 DPSHIM_GPU_BIND=off -- --dtype all
+    assert_success
+    assert_output --partial "ranks 0 and 1 share the GPU 00000000:10:00.0"
+    assert_output --partial "staged"
+    same_checksums
+    gpu 2 CUDA_VISIBLE_DEVICES=0,0 DPSHIM_GPU_BIND=off DPSHIM_COMM_BACKEND=nccl -- --dtype f32
+    assert_failure 70
+    assert_output --partial "[comm] backend = nccl, but ranks 0 and 1 share the GPU 00000000:10:00.0"
+}
+
+@test "NCCL that fails to start on one rank: staged with auto, an error naming the rank with nccl" {
+    gpu 3 DPSHIM_DOUBLE_INIT_FAIL_RANK=2 -- --dtype f32
+    assert_success
+    assert_output --partial "NCCL could not start on rank 2"
+    same_checksums
+    gpu 3 DPSHIM_DOUBLE_INIT_FAIL_RANK=2 DPSHIM_COMM_BACKEND=nccl -- --dtype f32
+    assert_failure 70
+    assert_output --partial "rank 2 cannot use its GPU"
+}
+
+@test "a stalled GPU collective ends the job within timeout + 15 s, naming the collective" {
+    local t0=$SECONDS
+    gpu 3 DPSHIM_DOUBLE_STALL_RANK=1 DPSHIM_GUARD_TIMEOUT=5 -- --dtype f32
+    assert_failure
+    [ $((SECONDS - t0)) -le 20 ] || fail "took $((SECONDS - t0)) s"
+    assert_output --partial "dp_grads"
+    assert_output --partial "collective #"
+    run pgrep -f "$PROG"
+    assert_failure
+}
+
+@test "an asynchronous NCCL error ends the job, naming the rank and the collective" {
+    gpu 3 DPSHIM_DOUBLE_ASYNC_ERROR_RANK=1 -- --dtype f32
+    assert_failure 70
+    assert_output --regexp "r1/3\] ERROR dp_grads \(collective #[0-9]+.*injected asynchronous failure"
+    run pgrep -f "$PROG"
+    assert_failure
+}
+
+@test "a hook inside CUDA graph capture is refused" {
+    gpu 2 -- --stream --capture --dtype f32
+    assert_failure 70
+    assert_output --partial "captured into a CUDA graph"
+}
+
+@test "dpshim-diag env names the CUDA runtime, NCCL and the GPU path" {
+    run env LD_LIBRARY_PATH="$DOUBLE" DPSHIM_DOUBLE_DEVICES=2 "$BUILD/bin/dpshim-diag" env
+    assert_success
+    assert_output --partial "NCCL 2.28.9"
+    assert_output --partial "2 GPU(s)"
+    assert_output --regexp "gpu path +nccl"
+    run env LD_LIBRARY_PATH="$DOUBLE" DPSHIM_DOUBLE_NO_DRIVER=1 "$BUILD/bin/dpshim-diag" env
+    assert_output --regexp "gpu path +none: no usable GPU"
+}
+
+@test "libdpshim.so itself links no CUDA, NCCL or MPI" {
+    run ldd "$SHIM"
+    refute_output --regexp "cuda|nccl|mpi"
+}

@@ -1,0 +1,181 @@
+/* The hooks with tensors in GPU memory, checked against the host path in the same process:
+ * every rank puts the same rank-dependent values into device tensors and into host copies,
+ * calls the hook on both, and compares. Built against the CUDA test double (CI) and, where the
+ * CUDA toolkit is found, against the real runtime (gpu-check on a GPU machine).
+ *
+ *   gpu_hooks [--hook grads|ready|params|bn] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
+ *             [--batch N] [--nan-if-empty] [--late] [--stream] [--capture] [--unflagged] [--steps K]
+ *
+ * --batch N: split mode's global batch (dp_batch), so shares and weights are uneven.
+ * --late: the values reach device memory by an asynchronous copy on the producing stream just
+ *         before the hook (with the double's delay, a collective that does not wait reads stale
+ *         data). --stream: the program's work runs on a stream of its own named by dp_set_stream.
+ * --unflagged: device tensors passed as DP_HOST (the shim must find out where they live).
+ * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
+ * Prints "gpu_hooks rank R: <hook> <dtype> checksum <hex> ok" per dtype; exits 1 on a mismatch. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DPSHIM_HOOKS_WEAK
+#include <dpshim/hooks.h>
+
+/* The CUDA runtime calls used here, declared as the runtime exports them. */
+typedef void *cudaStream_t;
+int cudaMalloc(void **p, size_t n);
+int cudaFree(void *p);
+int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
+int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, cudaStream_t s);
+int cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+int cudaStreamSynchronize(cudaStream_t s);
+int cudaStreamBeginCapture(cudaStream_t s, int mode);
+int cudaDeviceSynchronize(void);
+int cudaHostAlloc(void **p, size_t n, unsigned flags);
+enum { H2D = 1, D2H = 2 };
+
+static int rank, size, failures;
+
+/* Tensor sizes: tiny, bucketed, empty, and one that goes in place (256 KiB and more). */
+static const uint64_t counts[] = {3, 1000, 0, 17, 70000};
+#define NT (sizeof counts / sizeof *counts)
+
+static size_t dsize(int dt)
+{
+    return dt == DP_F64 || dt == DP_I64 ? 8 : dt == DP_F32 || dt == DP_I32 ? 4 : dt == DP_U8 ? 1 : 2;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16); /* exact for the small integers used here */
+}
+
+/* Small integers, exact in every dtype, and their sums over 4 ranks too. */
+static void fill(void *p, int dt, uint64_t n, int i, int nan)
+{
+    for (uint64_t j = 0; j < n; j++) {
+        double v = nan ? NAN : (double)((rank + 1) * 3 + i + (int)(j % 7));
+        switch (dt) {
+        case DP_F32: ((float *)p)[j] = (float)v; break;
+        case DP_F64: ((double *)p)[j] = v; break;
+        case DP_F16: { _Float16 h = (_Float16)v; memcpy((uint16_t *)p + j, &h, 2); break; }
+        case DP_BF16: ((uint16_t *)p)[j] = to_bf16((float)v); break;
+        case DP_I32: ((int32_t *)p)[j] = (int32_t)(nan ? -1 : v); break;
+        case DP_I64: ((int64_t *)p)[j] = (int64_t)(nan ? -1 : v); break;
+        default: ((uint8_t *)p)[j] = (uint8_t)(nan ? 255 : v);
+        }
+    }
+}
+
+static double value(const void *p, int dt, uint64_t j)
+{
+    switch (dt) {
+    case DP_F32: return ((const float *)p)[j];
+    case DP_F64: return ((const double *)p)[j];
+    case DP_F16: { _Float16 h; memcpy(&h, (const uint16_t *)p + j, 2); return h; }
+    case DP_BF16: { uint32_t u = (uint32_t)((const uint16_t *)p)[j] << 16; float f; memcpy(&f, &u, 4); return f; }
+    case DP_I32: return ((const int32_t *)p)[j];
+    case DP_I64: return (double)((const int64_t *)p)[j];
+    default: return ((const uint8_t *)p)[j];
+    }
+}
+
+static const char *dnames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+
+int main(int argc, char **argv)
+{
+    const char *hook = "grads", *dtype = "all";
+    int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--hook") && a + 1 < argc) hook = argv[++a];
+        else if (!strcmp(argv[a], "--dtype") && a + 1 < argc) dtype = argv[++a];
+        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--steps") && a + 1 < argc) steps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--nan-if-empty")) nan_if_empty = 1;
+        else if (!strcmp(argv[a], "--late")) late = 1;
+        else if (!strcmp(argv[a], "--stream")) use_stream = 1;
+        else if (!strcmp(argv[a], "--capture")) capture = 1;
+        else if (!strcmp(argv[a], "--unflagged")) unflagged = 1;
+        else {
+            fprintf(stderr, "gpu_hooks: unknown argument %s\n", argv[a]);
+            return 2;
+        }
+    }
+    rank = dp_rank ? dp_rank() : 0;
+    size = dp_world_size ? dp_world_size() : 1;
+    cudaStream_t stream = NULL; /* NULL: the legacy default stream */
+    if (use_stream && cudaStreamCreateWithFlags(&stream, 1) != 0) return fprintf(stderr, "no stream\n"), 1;
+    if (use_stream && dp_set_stream) dp_set_stream(0, stream);
+    int empty_share = 0;
+    if (batch) {
+        uint64_t idx[4096];
+        for (int j = 0; j < batch; j++) idx[j] = (uint64_t)j;
+        empty_share = dp_batch(idx, (size_t)batch) == 0;
+    }
+    for (int step = 0; step < steps; step++)
+        for (int dt = 0; dt < 7; dt++) {
+            if (strcmp(dtype, "all") && strcmp(dtype, dnames[dt])) continue;
+            if (!strcmp(hook, "bn") && dt != DP_F32 && dt != DP_F64) continue;
+            dp_tensor dev[NT], host[NT];
+            void *staging[NT];
+            for (size_t i = 0; i < NT; i++) {
+                size_t bytes = counts[i] * dsize(dt);
+                host[i] = (dp_tensor){malloc(bytes + 1), counts[i], dt, DP_HOST, "host"};
+                if (cudaHostAlloc(&staging[i], bytes + 1, 0) != 0) return fprintf(stderr, "no pinned memory\n"), 1;
+                fill(host[i].data, dt, counts[i], (int)i, nan_if_empty && empty_share);
+                memcpy(staging[i], host[i].data, bytes);
+                void *d = NULL;
+                if (cudaMalloc(&d, bytes + 1) != 0) return fprintf(stderr, "cudaMalloc failed\n"), 1;
+                dev[i] = (dp_tensor){d, counts[i], dt, unflagged ? DP_HOST : 0, "dev"};
+                if (!late) cudaMemcpy(d, staging[i], bytes, H2D);
+                else cudaMemcpyAsync(d, staging[i], bytes, H2D, stream);
+            }
+            if (!late) cudaDeviceSynchronize();
+            if (capture) cudaStreamBeginCapture(stream, 0);
+            int rc = 0;
+            if (!strcmp(hook, "grads")) rc = dp_grads(dev, NT) | dp_grads(host, NT);
+            else if (!strcmp(hook, "params")) rc = dp_params(dev, NT) | dp_params(host, NT);
+            else if (!strcmp(hook, "ready")) {
+                for (size_t i = NT; i-- > 0;) rc |= dp_grad_ready(&dev[i]);
+                rc |= dp_grads(dev, NT) | dp_grads(host, NT);
+            } else if (!strcmp(hook, "bn")) {
+                uint64_t c1 = (uint64_t)rank + 5, c2 = c1;
+                rc = dp_bn_stats(&dev[1], &dev[3], &c1) | dp_bn_stats(&host[1], &host[3], &c2);
+                if (c1 != c2) fprintf(stderr, "rank %d: bn count %llu vs %llu\n", rank, (unsigned long long)c1,
+                                      (unsigned long long)c2), failures++;
+            }
+            if (rc) fprintf(stderr, "rank %d: a hook returned %d\n", rank, rc), failures++;
+            if (use_stream) cudaStreamSynchronize(stream);
+            uint64_t h = 1469598103934665603ull;
+            int bad = 0;
+            for (size_t i = 0; i < NT; i++) {
+                size_t bytes = counts[i] * dsize(dt);
+                unsigned char *back = malloc(bytes + 1);
+                cudaMemcpy(back, dev[i].data, bytes, D2H);
+                for (size_t b = 0; b < bytes; b++) h = (h ^ back[b]) * 1099511628211ull;
+                for (uint64_t j = 0; j < counts[i] && bad < 5; j++) {
+                    double got = value(back, dt, j), want = value(host[i].data, dt, j);
+                    /* the host path scales in double; NCCL's pre-multiplied sum in the dtype */
+                    double tol = dt == DP_F32 ? 4e-7 * fabs(want) : dt == DP_F16 ? 2e-3 * fabs(want)
+                               : dt == DP_BF16 ? 1.6e-2 * fabs(want) : dt == DP_F64 ? 1e-15 * fabs(want) : 0;
+                    if (!(fabs(got - want) <= tol) || isnan(got)) {
+                        fprintf(stderr, "rank %d: %s %s tensor %zu element %llu: GPU %.9g, host %.9g\n", rank, hook,
+                                dnames[dt], i, (unsigned long long)j, got, want);
+                        bad++;
+                    }
+                }
+                free(back);
+                free(host[i].data);
+                cudaFree(dev[i].data);
+            }
+            failures += bad;
+            printf("gpu_hooks rank %d: %s %s checksum %016llx %s\n", rank, hook, dnames[dt], (unsigned long long)h,
+                   bad ? "MISMATCH" : "ok");
+            if (dp_step_end) dp_step_end((uint64_t)step);
+        }
+    return failures ? 1 : 0;
+}
