@@ -61,6 +61,9 @@ typedef struct dps_device {
     /* Abort the communicator from any thread; returns within limit_s even when NCCL does not,
      * and every later or pending wait() returns -1. */
     void (*abort)(double limit_s);
+    /* The communicator given up for good (abort, bounded) while the stream goes on: the
+     * staged fallback when NCCL could not start on every rank. */
+    void (*drop)(void);
     /* At exit: the queued work gets limit_s to finish, then the communicator is aborted, never
      * destroyed (ncclCommDestroy can block on a peer that is gone). */
     void (*finish)(double limit_s);

@@ -148,7 +148,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
     } else if (nccl_demanded()) {
         first_unusable(all, "[comm] backend = nccl: NCCL cannot start");
     } else {
-        dv.gpu->abort(2.0);
+        dv.gpu->drop();
         char why[256];
         snprintf(why, sizeof why, "NCCL could not start on rank %d (%s)", bad, all[bad].why);
         go_staged(why);

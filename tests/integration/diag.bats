@@ -168,11 +168,11 @@ load helpers
     assert_line --regexp "^profile of diag \(rank 0 of 2, 59 steps\): step [0-9.]+ ms = compute [0-9.]+ ms \+ collectives [0-9.]+ ms"
     assert_output --regexp "check on the profiled job \(2 ranks, one node\)"
     # one row per size; the ring and hierarchical times never beat their bound on one node,
-    # hierarchical beats the flat ring across nodes, efficiencies are percentages
+    # efficiencies are percentages. (Which of ring and hierarchical wins across nodes depends on
+    # the measured link against the assumed one, so it is not asserted.)
     for p in 8 16 32 64 128 256 512 1024; do assert_line --regexp "^ +$p +[0-9]+ "; done
     run awk '$1 ~ /^[0-9]+$/ && NF == 10 {
         if ($3 + 1e-9 < $5 || $4 + 1e-9 < ($2 == 1 ? $5 : 0)) bad = bad " bound@" $1
-        if ($2 > 1 && $4 > $3) bad = bad " hier>ring@" $1
         for (i = 8; i <= 10; i++) { v = $i; sub("%", "", v); v += 0; if (v <= 0 || v > 100) bad = bad " eff@" $1 }
         rows++ } END { print rows, bad }' <<<"$output"
     assert_output "8 "

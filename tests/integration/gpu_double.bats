@@ -19,7 +19,7 @@ gpu() {
     local envs=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
     shift
-    run mpi "$n" env LD_LIBRARY_PATH="$DOUBLE" DPSHIM_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1,2,3 \
+    run mpi "$n" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1,2,3 \
         DPSHIM_GUARD_TIMEOUT=60 "${envs[@]}" LD_PRELOAD="$SHIM" "$PROG" "$@"
     echo "$output"
 }
@@ -71,20 +71,22 @@ same_checksums() {
     gpu 3 DPSHIM_DATA_MODE=split -- --batch 7 --dtype all
     assert_success
     same_checksums
-    gpu 2 DPSHIM_DATA_MODE=split -- --batch 1 --nan-if-empty --dtype all
-    assert_success
-    same_checksums
-    refute_output --partial nan
+    for dt in f32 f64 f16 bf16; do
+        gpu 2 DPSHIM_DATA_MODE=split -- --batch 1 --nan-if-empty --dtype $dt
+        assert_success
+        same_checksums
+        refute_output --partial nan
+    done
 }
 
 @test "a collective waits for the program's queued GPU work (legacy stream, or the stream it names)" {
-    gpu 2 DPSHIM_DOUBLE_DELAY_MS=30 -- --late --dtype f32
+    gpu 2 GPU_DOUBLE_DELAY_MS=30 -- --late --dtype f32
     assert_success
     same_checksums
-    gpu 2 DPSHIM_DOUBLE_DELAY_MS=30 -- --late --stream --dtype f32 --steps 2
+    gpu 2 GPU_DOUBLE_DELAY_MS=30 -- --late --stream --dtype f32 --steps 2
     assert_success
     same_checksums
-    gpu 2 DPSHIM_DOUBLE_DELAY_MS=30 DPSHIM_COMM_BACKEND=mpi -- --late --stream --dtype f32
+    gpu 2 GPU_DOUBLE_DELAY_MS=30 DPSHIM_COMM_BACKEND=mpi -- --late --stream --dtype f32
     assert_success
     same_checksums
 }
@@ -107,18 +109,18 @@ same_checksums() {
 }
 
 @test "NCCL that fails to start on one rank: staged with auto, an error naming the rank with nccl" {
-    gpu 3 DPSHIM_DOUBLE_INIT_FAIL_RANK=2 -- --dtype f32
+    gpu 3 GPU_DOUBLE_INIT_FAIL_RANK=2 -- --dtype f32
     assert_success
     assert_output --partial "NCCL could not start on rank 2"
     same_checksums
-    gpu 3 DPSHIM_DOUBLE_INIT_FAIL_RANK=2 DPSHIM_COMM_BACKEND=nccl -- --dtype f32
+    gpu 3 GPU_DOUBLE_INIT_FAIL_RANK=2 DPSHIM_COMM_BACKEND=nccl -- --dtype f32
     assert_failure 70
     assert_output --partial "rank 2 cannot use its GPU"
 }
 
 @test "a stalled GPU collective ends the job within timeout + 15 s, naming the collective" {
     local t0=$SECONDS
-    gpu 3 DPSHIM_DOUBLE_STALL_RANK=1 DPSHIM_GUARD_TIMEOUT=5 -- --dtype f32
+    gpu 3 GPU_DOUBLE_STALL_RANK=1 DPSHIM_GUARD_TIMEOUT=5 -- --dtype f32
     assert_failure
     [ $((SECONDS - t0)) -le 20 ] || fail "took $((SECONDS - t0)) s"
     assert_output --partial "dp_grads"
@@ -128,7 +130,7 @@ same_checksums() {
 }
 
 @test "an asynchronous NCCL error ends the job, naming the rank and the collective" {
-    gpu 3 DPSHIM_DOUBLE_ASYNC_ERROR_RANK=1 -- --dtype f32
+    gpu 3 GPU_DOUBLE_ASYNC_ERROR_RANK=1 -- --dtype f32
     assert_failure 70
     assert_output --regexp "r1/3\] ERROR dp_grads \(collective #[0-9]+.*injected asynchronous failure"
     run pgrep -f "$PROG"
@@ -142,12 +144,12 @@ same_checksums() {
 }
 
 @test "dpshim-diag env names the CUDA runtime, NCCL and the GPU path" {
-    run env LD_LIBRARY_PATH="$DOUBLE" DPSHIM_DOUBLE_DEVICES=2 "$BUILD/bin/dpshim-diag" env
+    run env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=2 "$BUILD/bin/dpshim-diag" env
     assert_success
     assert_output --partial "NCCL 2.28.9"
     assert_output --partial "2 GPU(s)"
     assert_output --regexp "gpu path +nccl"
-    run env LD_LIBRARY_PATH="$DOUBLE" DPSHIM_DOUBLE_NO_DRIVER=1 "$BUILD/bin/dpshim-diag" env
+    run env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_NO_DRIVER=1 "$BUILD/bin/dpshim-diag" env
     assert_output --regexp "gpu path +none: no usable GPU"
 }
 

@@ -515,6 +515,13 @@ static void abort_comm(double limit_s)
     pthread_mutex_unlock(&abort_lock);
 }
 
+static void drop(void)
+{
+    abort_comm(2.0);
+    st.comm = NULL;
+    atomic_store(&st.aborted, 0); /* staged work on the stream has nothing to do with NCCL */
+}
+
 static void finish(double limit_s)
 {
     if (!st.stream) return;
@@ -568,6 +575,6 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
                           .restore = restore, .key = key, .bucket = bucket, .pinned = pinned, .after = after,
                           .capturing = capturing, .before = before, .copy = copy, .zero = zero,
                           .allreduce = allreduce, .bcast = bcast, .mark = mark, .query = query, .wait = wait,
-                          .nccl_id = nccl_id, .nccl_init = nccl_init, .abort = abort_comm, .finish = finish};
+                          .nccl_id = nccl_id, .nccl_init = nccl_init, .abort = abort_comm, .drop = drop, .finish = finish};
     return 0;
 }
