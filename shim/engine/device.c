@@ -36,6 +36,8 @@ static struct {
     size_t npending, cap_pending, pending_bytes;
     const void **queued;
     size_t nqueued, cap_queued;
+    dp_tensor *rest; /* dp_grads: what is left to queue */
+    size_t cap_rest;
     /* the lists a hook call's tensors are split into (dps_device_split) */
     dp_tensor *host, *device;
     size_t cap_host, cap_device;
@@ -54,8 +56,6 @@ DPS_EXPORT int dp_set_stream(int32_t device, void *stream)
     user_stream = stream, user_stream_set = stream != NULL;
     return 0;
 }
-
-static const char *tname(const dp_tensor *t) { return t->name ? t->name : "unnamed"; }
 
 int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nhost, dp_tensor **device,
                      size_t *ndevice)
@@ -170,7 +170,7 @@ static int read_to_host(const dp_tensor *t, void *out)
     int rc = dv.gpu->after(user_stream) || dv.gpu->copy(out, t->data, t->count * dps_dtype_size(t->dtype), DPS_COPY_D2H) ||
              !(m = dv.gpu->mark()) || dv.gpu->wait(m) ? -1 : 1;
     dv.gpu->restore(prev);
-    if (rc < 0) DPS_ERROR("drift check: cannot read GPU tensor '%s': %s", tname(t), dv.gpu->last_error());
+    if (rc < 0) DPS_ERROR("drift check: cannot read GPU tensor '%s': %s", dps_tensor_name(t), dv.gpu->last_error());
     return rc;
 }
 
@@ -242,10 +242,9 @@ static _Noreturn void failed(const char *hook)
 static void enqueue(const char *hook, void *buf, size_t count, int32_t dtype, dps_fuse_t kind, double scale,
                     dps_redop_t op)
 {
+    /* the plugin weighs floats only: integers are summed as they are, as on the host */
     int rc = kind == DPS_FUSE_BCAST ? dv.gpu->bcast(buf, count * dps_dtype_size(dtype), 0)
-                                    : dv.gpu->allreduce(buf, count, dtype, op, dtype == DP_F32 || dtype == DP_F64 ||
-                                                                                       dtype == DP_F16 || dtype == DP_BF16
-                                                                                   ? scale : 1.0);
+                                    : dv.gpu->allreduce(buf, count, dtype, op, scale);
     if (rc) failed(hook);
 }
 
@@ -346,8 +345,6 @@ static void staged_fused(const char *hook, const dps_backend_t *be, const dp_ten
     /* a chunk holds at most one slice per tensor */
     if (chunk_room(&chunks[0], n) || chunk_room(&chunks[1], n))
         dps_fatal("%s: out of memory for the staging of %zu GPU tensors", hook, n);
-    for (int c = 0; c < 2; c++)
-        chunks[c].n = 0;
     next_chunk(&chunks[0], t, n, &i, &off, dv.pinned[0]);
     chunk_copies(hook, &chunks[0], t, DPS_COPY_D2H);
     void *ready = dv.gpu->mark();
@@ -358,18 +355,10 @@ static void staged_fused(const char *hook, const dps_backend_t *be, const dp_ten
         chunk_copies(hook, next, t, DPS_COPY_D2H);
         void *next_ready = next->n ? dv.gpu->mark() : NULL;
         if (!ready || dv.gpu->wait(ready)) failed(hook);
-        if (dps_fused(hook, be, c->host, c->n, kind, scale, op)) dps_fatal("%s: GPU staging failed (see above)", hook);
+        if (dps_fused_host(hook, be, c->host, c->n, kind, scale, op)) dps_fatal("%s: GPU staging failed (see above)", hook);
         chunk_copies(hook, c, t, DPS_COPY_H2D);
         ready = next_ready;
-        c->n = 0;
     }
-}
-
-static uint64_t total_count(const dp_tensor *t, size_t n)
-{
-    uint64_t c = 0;
-    for (size_t i = 0; i < n; i++) c += t[i].count;
-    return c;
 }
 
 /* Before work on the communication stream: the plugin's device is current, and the stream waits
@@ -379,7 +368,7 @@ static int begin(const char *hook, const dps_backend_t *be, const dp_tensor *t, 
     for (size_t i = 1; i < n; i++)
         if (t[i].device != t[0].device)
             dps_fatal("%s: tensor %zu (%s) is on CUDA device %d and tensor 0 (%s) on device %d: dpshim serves one "
-                      "GPU per rank", hook, i, tname(&t[i]), t[i].device, tname(&t[0]), t[0].device);
+                      "GPU per rank", hook, i, dps_tensor_name(&t[i]), t[i].device, dps_tensor_name(&t[0]), t[0].device);
     if (!dv.mode) setup(hook, be, t[0].device);
     int prev = dv.gpu->use(t[0].device);
     if (prev < 0) failed(hook);
@@ -478,23 +467,6 @@ static void end(const char *hook, int prev, int wait)
     dv.gpu->restore(prev);
 }
 
-/* A framework's bad tensor, named before anything is queued. */
-static int invalid(const char *hook, const dp_tensor *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!dps_dtype_size(t[i].dtype)) {
-            DPS_ERROR("%s: GPU tensor %zu (%s) has invalid dtype %d", hook, i, tname(&t[i]), t[i].dtype);
-            return -1;
-        }
-        if (t[i].count && !t[i].data) {
-            DPS_ERROR("%s: GPU tensor %zu (%s) has %llu elements but no data", hook, i, tname(&t[i]),
-                      (unsigned long long)t[i].count);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 /* Queues t[0..n) and, with `wait`, returns when they are done (or queued for a named stream). */
 static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
                double scale, dps_redop_t op, int wait)
@@ -506,7 +478,7 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
         return 0;
     }
     int coll = kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
-    uint64_t count = total_count(t, n);
+    uint64_t count = dps_total_count(t, n);
     if (!wait) {
         /* queued now, waited for in dp_grads: compared across ranks like the main thread's own */
         dps_guard_note(hook, coll, t[0].dtype, count);
@@ -543,7 +515,7 @@ static void flush_pending(const dps_backend_t *be, double scale)
 
 int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, double scale)
 {
-    if (invalid("dp_grad_ready", t, 1)) return -1;
+    if (dps_check_tensors("dp_grad_ready", t, 1, 1)) return -1;
     if (dps_grow((void **)&dv.pending, &dv.cap_pending, dv.npending + 1, sizeof *dv.pending)) {
         DPS_ERROR("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.npending + 1);
         return -1;
@@ -568,17 +540,16 @@ int dps_device_announced(const void *data)
 
 int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, double scale)
 {
-    if (invalid("dp_grads", t, n)) return -1;
-    dp_tensor *rest = NULL;
-    size_t m = 0, cap = 0;
-    if (dps_grow((void **)&rest, &cap, dv.npending + n + 1, sizeof *rest))
+    if (dps_check_tensors("dp_grads", t, n, 1)) return -1;
+    size_t m = 0;
+    if (dps_grow((void **)&dv.rest, &dv.cap_rest, dv.npending + n, sizeof *dv.rest))
         dps_fatal("dp_grads: out of memory for %zu GPU gradients", dv.npending + n);
-    for (size_t i = 0; i < dv.npending; i++) rest[m++] = dv.pending[i];
+    for (size_t i = 0; i < dv.npending; i++) dv.rest[m++] = dv.pending[i];
     for (size_t i = 0; i < n; i++)
-        if (!dps_device_announced(t[i].data)) rest[m++] = t[i];
+        if (!dps_device_announced(t[i].data)) dv.rest[m++] = t[i];
     int any_queued = dv.nqueued > 0;
     dv.npending = dv.pending_bytes = dv.nqueued = 0;
-    if (m) run("dp_grads", be, rest, m, DPS_FUSE_GRADS, scale, DPS_RED_SUM, 1);
+    if (m) run("dp_grads", be, dv.rest, m, DPS_FUSE_GRADS, scale, DPS_RED_SUM, 1);
     else if (any_queued) {
         /* everything went during backward: wait for it here, as the guard's collective */
         int prev = dv.gpu->use(dv.dev);
@@ -586,7 +557,6 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, doub
         end("dp_grads", prev, 1);
         dps_guard_leave();
     }
-    free(rest);
     return 0;
 }
 

@@ -40,11 +40,29 @@ const dps_backend_t *dps_comm(const char *hook);
 
 /* GRADS: an all-reduce that [comm] compress may send in half precision. BARRIER: no data. */
 typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST, DPS_FUSE_BARRIER } dps_fuse_t;
+/* A tensor's name for messages. */
+static inline const char *dps_tensor_name(const dp_tensor *t) { return t->name ? t->name : "unnamed"; }
+
+/* The elements of t[0..n) (for the guard's fingerprints). */
+static inline uint64_t dps_total_count(const dp_tensor *t, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++) c += t[i].count;
+    return c;
+}
+
+/* A framework's bad tensor (no data, invalid dtype; on a GPU where device_ok is 0), named before
+ * any collective starts: 0, or -1 after logging. */
+int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok);
+
 /* Reduce (each float element first multiplied by scale; 0 gives exact zeros) or broadcast from
  * rank 0 the tensors t[0..n) in place, packed into buckets of [comm] bucket_mb; tensors of a
  * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
               dps_fuse_t kind, double scale, dps_redop_t op);
+/* dps_fused for a list already known to be in host memory (no look for GPU tensors). */
+int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                   dps_fuse_t kind, double scale, dps_redop_t op);
 
 /* The same for gradients on the backend's background channel, from the progress thread only:
  * no guard position (the main thread waiting in dp_grads is the guarded one), and a failure is

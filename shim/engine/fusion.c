@@ -101,21 +101,23 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
     }
 }
 
-static int check_tensor(const char *hook, const dp_tensor *t, size_t i, int device_ok)
+int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok)
 {
-    if (t->count && !t->data) {
-        DPS_ERROR("%s: tensor %zu (%s) has %llu elements but no data", hook, i, t->name ? t->name : "unnamed",
-                  (unsigned long long)t->count);
-        return -1;
-    }
-    if (!dps_dtype_size(t->dtype)) {
-        DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, t->name ? t->name : "unnamed", t->dtype);
-        return -1;
-    }
-    if (t->device != DP_HOST && !device_ok) { /* dps_fused and the hooks sort GPU tensors out before this */
-        DPS_ERROR("%s: tensor %zu (%s) is on CUDA device %d where only host tensors can go", hook, i,
-                  t->name ? t->name : "unnamed", t->device);
-        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].count && !t[i].data) {
+            DPS_ERROR("%s: tensor %zu (%s) has %llu elements but no data", hook, i, dps_tensor_name(&t[i]),
+                      (unsigned long long)t[i].count);
+            return -1;
+        }
+        if (!dps_dtype_size(t[i].dtype)) {
+            DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, dps_tensor_name(&t[i]), t[i].dtype);
+            return -1;
+        }
+        if (t[i].device != DP_HOST && !device_ok) { /* dps_fused and the hooks sort GPU tensors out before this */
+            DPS_ERROR("%s: tensor %zu (%s) is on CUDA device %d where only host tensors can go", hook, i,
+                      dps_tensor_name(&t[i]), t[i].device);
+            return -1;
+        }
     }
     return 0;
 }
@@ -165,8 +167,7 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
                 dps_fuse_t kind, double scale, dps_redop_t op)
 {
     size_t cap = dps_g.bucket_bytes;
-    for (size_t i = 0; i < n; i++)
-        if (check_tensor(hook, &t[i], i, 0)) return -1;
+    if (dps_check_tensors(hook, t, n, 0)) return -1;
     if (!L->bucket && !(L->bucket = malloc(cap))) {
         DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
         return -1;
@@ -227,11 +228,16 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
     if (DPS_LIKELY(split == 0)) return fuse(&main_lane, hook, be, t, n, kind, scale, op);
     if (split < 0) return -1;
     /* every tensor is checked before the first collective, GPU ones too */
-    for (size_t i = 0; i < n; i++)
-        if (check_tensor(hook, &t[i], i, 1)) return -1;
+    if (dps_check_tensors(hook, t, n, 1)) return -1;
     /* host tensors first, then the GPU's: the same order on every rank */
     if (nhost && fuse(&main_lane, hook, be, host, nhost, kind, scale, op)) return -1;
     return dps_device_fused(hook, be, device, ndevice, kind, scale, op);
+}
+
+int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                   dps_fuse_t kind, double scale, dps_redop_t op)
+{
+    return fuse(&main_lane, hook, be, t, n, kind, scale, op);
 }
 
 int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,

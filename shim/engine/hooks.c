@@ -98,18 +98,10 @@ static struct {
     uint64_t submitted_count; /* and their elements */
 } ready;
 
-/* The elements of the tensors t[0..n), for the desync checks. */
-static uint64_t total_count(const dp_tensor *t, size_t n)
-{
-    uint64_t c = 0;
-    for (size_t i = 0; i < n; i++) c += t[i].count;
-    return c;
-}
-
 /* Hands t[0..n) to the progress thread as one group. */
 static int submit(const dp_tensor *t, size_t n)
 {
-    uint64_t count = total_count(t, n);
+    uint64_t count = dps_total_count(t, n);
     dps_guard_note("dp_grad_ready", DPS_COLL_ALLREDUCE, t[0].dtype, count);
     ready.submitted++, ready.submitted_count += count;
     return dps_progress_submit(t, n, grad_scale());
@@ -121,8 +113,8 @@ static int flush_pending(const dps_backend_t *be, int background)
     if (dps_grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done))
         return no_memory("dp_grad_ready", ready.ndone + ready.npending);
     int rc = background ? submit(ready.pending, ready.npending)
-                        : dps_fused("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
-                                    grad_scale(), DPS_RED_SUM);
+                        : dps_fused_host("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
+                                         grad_scale(), DPS_RED_SUM);
     if (rc) return rc; /* a bucket that failed stays pending: dp_grads reduces (or reports) it */
     for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
     ready.npending = ready.pending_bytes = 0;
@@ -181,7 +173,7 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
     for (size_t i = 0; i < n; i++)
         if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
     ready.npending = ready.pending_bytes = ready.ndone = 0;
-    if (!ready.submitted) return dps_fused("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_scale(), DPS_RED_SUM);
+    if (!ready.submitted) return dps_fused_host("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_scale(), DPS_RED_SUM);
     /* [comm] overlap: the rest joins the queue, and the wait is what the guard watches */
     if (m && submit(ready.rest, m)) return -1;
     dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);

@@ -191,7 +191,6 @@ static uint64_t hash_bytes(const void *p, size_t n)
     return h;
 }
 
-/* [guard] drift_every: the parameters dp_params last saw are bitwise the same on every rank. */
 static dps_guard_reader_fn reader;
 
 void dps_guard_set_reader(dps_guard_reader_fn fn) { reader = fn; }
@@ -207,6 +206,7 @@ static uint64_t hash_tensor(const dp_tensor *t)
     return h;
 }
 
+/* [guard] drift_every: the parameters dp_params last saw are bitwise the same on every rank. */
 void dps_guard_check_drift(uint64_t step)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backends/device.h"
+#include "core/dtype.h"
 #include "cuda_api.h"
 #include "dpshim/hooks.h"
 
@@ -335,25 +336,10 @@ static dps_ncclDataType_t nccl_type(int dtype)
 static void scalar_of(int dtype, double scale, unsigned char *out)
 {
     float f = (float)scale;
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    uint16_t h;
-    switch (dtype) {
-    case DP_F64: memcpy(out, &scale, 8); break;
-    case DP_F32: memcpy(out, &f, 4); break;
-    case DP_BF16:
-        h = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16); /* round to nearest even */
-        memcpy(out, &h, 2);
-        break;
-    default: { /* F16: weights are in (0, 1], normal halves */
-        uint32_t e = (b >> 23) & 0xff, m = b & 0x7fffff;
-        int he = (int)e - 127 + 15;
-        uint32_t hm = m >> 13, rest = m & 0x1fff;
-        if (rest > 0x1000 || (rest == 0x1000 && (hm & 1))) hm++;
-        h = he <= 0 ? 0 : (uint16_t)(((uint32_t)he << 10) + hm);
-        memcpy(out, &h, 2);
-    }
-    }
+    uint16_t h = dtype == DP_F16 ? dps_f32_to_f16(f) : dps_f32_to_bf16(f);
+    if (dtype == DP_F64) memcpy(out, &scale, 8);
+    else if (dtype == DP_F32) memcpy(out, &f, 4);
+    else memcpy(out, &h, 2);
 }
 
 static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double scale)
@@ -364,7 +350,7 @@ static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double 
     int weighted = op == DPS_RED_SUM && floating && scale != 1.0;
     if (weighted && scale == 0.0) {
         /* an empty share: exact zeros, never 0 x NaN */
-        if (zero(buf, count * (dtype == DP_F64 ? 8 : dtype == DP_F32 ? 4 : 2))) return -1;
+        if (zero(buf, count * dps_dtype_size(dtype))) return -1;
         weighted = 0;
     }
     if (weighted) {
@@ -416,19 +402,35 @@ static int query(void *m)
     return comm_failed() ? -1 : 0;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void pause_us(long us)
 {
     struct timespec ts = {0, us * 1000};
     nanosleep(&ts, NULL);
 }
 
+/* Polls a marker (and NCCL's asynchronous errors) until it is done, failed, or limit_s passed
+ * (0: no limit): 1, -1, or 0. Polling rather than cudaEventSynchronize: an NCCL error or an
+ * abort must end the wait, and a short sleep keeps a core free for the framework. */
+static int settle(void *m, double limit_s)
+{
+    double t0 = limit_s > 0 ? now_s() : 0;
+    int rc;
+    for (long us = 2; !(rc = query(m)) && !(limit_s > 0 && now_s() - t0 >= limit_s); us = us < 500 ? us * 2 : 500)
+        pause_us(us);
+    return rc;
+}
+
 static int wait(void *m)
 {
     if (!m) return -1;
-    /* poll rather than block in cudaEventSynchronize: an NCCL error or an abort must end the
-     * wait, and a short sleep keeps a core free for the framework */
-    int rc;
-    for (long us = 2; !(rc = query(m)); us = us < 500 ? us * 2 : 500) pause_us(us);
+    int rc = settle(m, 0);
     event_put(m);
     return rc < 0 ? -1 : 0;
 }
@@ -437,13 +439,6 @@ static int nccl_id(void *id128)
 {
     if (!has_nccl()) return fail("NCCL is not loaded");
     return nccl_ok(nc.GetUniqueId((dps_ncclUniqueId *)id128), "ncclGetUniqueId");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int nccl_init(const void *id128, int rank, int size, double timeout_s)
@@ -526,9 +521,7 @@ static void finish(double limit_s)
 {
     if (!st.stream) return;
     void *m = mark();
-    double t0 = now_s();
-    int done = 0;
-    while (m && !(done = query(m)) && now_s() - t0 < limit_s) pause_us(1000);
+    int done = m ? settle(m, limit_s) : 0;
     if (st.comm) abort_comm(done == 1 ? limit_s : 1.0);
 }
 
