@@ -18,6 +18,9 @@ typedef struct dps_device {
     const char *(*versions)(void);
     /* The failure of the last call that returned -1 (per thread). */
     const char *(*last_error)(void);
+    /* 1 when that failure was NCCL's report that another rank failed (ncclRemoteError): the
+     * cause is elsewhere, and that rank reports it. */
+    int (*peer_failed)(void);
     /* 1 when NCCL was loaded, so the NCCL calls below can work. */
     int (*has_nccl)(void);
     /* The GPUs this process sees (0 without a driver or a device). */

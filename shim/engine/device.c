@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backends/device.h"
 #include "core/dtype.h"
@@ -88,8 +89,8 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
 
 /* What each rank tells the others at set-up: all fixed-size text, gathered with one sum. */
 typedef struct rank_info {
-    char usable, nccl;
-    char key[94];   /* host hash and PCI bus id: equal keys are one GPU */
+    char usable, nccl, from_peer; /* from_peer: unusable only because another rank failed */
+    char key[93];   /* host hash and PCI bus id: equal keys are one GPU */
     char why[160];  /* why this rank cannot use its GPU */
 } rank_info_t;
 
@@ -137,16 +138,19 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
     if (!id[128] && dps_g.eff_rank != 0)
         snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
     else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit) != 0)
-        snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
+        snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0,
+                 mine.from_peer = (char)dv.gpu->peer_failed();
     rank_info_t *all = gather(be, &mine);
+    /* name the rank where it failed, not the ranks NCCL told that a peer failed */
     int bad = -1;
-    for (int r = 0; r < dps_g.eff_size && bad < 0; r++)
-        if (!all[r].usable) bad = r;
+    for (int pass = 0; pass < 2 && bad < 0; pass++)
+        for (int r = 0; r < dps_g.eff_size && bad < 0; r++)
+            if (!all[r].usable && (pass || !all[r].from_peer)) bad = r;
     if (bad < 0) {
         dv.mode = MODE_NCCL;
         if (dps_g.eff_rank == 0) DPS_INFO("%s: GPU tensors go through NCCL (%s)", hook, dv.gpu->versions());
     } else if (nccl_demanded()) {
-        first_unusable(all, "[comm] backend = nccl: NCCL cannot start");
+        dps_fatal("[comm] backend = nccl: NCCL cannot start: rank %d cannot use its GPU: %s", bad, all[bad].why);
     } else {
         dv.gpu->drop();
         char why[256];
@@ -231,10 +235,15 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
 
 /* --- the collectives ------------------------------------------------------------------------ */
 
+/* How long a rank that NCCL told of a peer's failure waits before ending the job, so the rank
+ * where it happened reports first (the launcher stops the others at the first exit). */
+#define PEER_REPORT_GRACE_S 2
+
 static _Noreturn void failed(const char *hook)
 {
     char where[96];
     dps_guard_where(where, sizeof where);
+    if (dv.gpu->peer_failed()) sleep(PEER_REPORT_GRACE_S);
     dps_fatal("%s (%s, GPU): %s", hook, where, dv.gpu->last_error());
 }
 

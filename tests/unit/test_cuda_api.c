@@ -25,6 +25,7 @@ int main(void)
 
     CHECK((int)DPS_ncclSuccess == (int)ncclSuccess, "differs from the real header");
     CHECK((int)DPS_ncclInProgress == (int)ncclInProgress, "differs from the real header");
+    CHECK((int)DPS_ncclRemoteError == (int)ncclRemoteError, "differs from the real header");
     CHECK(sizeof(dps_ncclUniqueId) == sizeof(ncclUniqueId), "differs from the real header");
     CHECK((int)DPS_ncclInt8 == (int)ncclInt8 && (int)DPS_ncclUint8 == (int)ncclUint8 && (int)DPS_ncclInt32 == (int)ncclInt32, "differs from the real header");
     CHECK((int)DPS_ncclInt64 == (int)ncclInt64 && (int)DPS_ncclFloat16 == (int)ncclFloat16 && (int)DPS_ncclFloat32 == (int)ncclFloat32, "differs from the real header");

@@ -41,6 +41,10 @@ static int check(channel_t *ch, int rc, const char *what)
  * reduction of our own that adds in f32 and rounds back. */
 static MPI_Datatype half_type = MPI_DATATYPE_NULL;
 static MPI_Op f16_sum = MPI_OP_NULL, bf16_sum = MPI_OP_NULL;
+/* Bytes are summed modulo 256 as C, NCCL and the frameworks do: Open MPI 4.1's AVX reduction
+ * saturates 8-bit sums (3 + 255 gives 255 from 16 elements on; open-mpi/ompi#8045, closed
+ * "wontfix"), so the GPU and host paths would disagree. */
+static MPI_Op u8_sum = MPI_OP_NULL;
 
 /* a += b over n halves of the given type, in f32 */
 static void half_sum(const void *in, void *inout, int n, int dtype)
@@ -62,6 +66,14 @@ static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *t)
 {
     (void)t;
     half_sum(in, inout, *len, DP_BF16);
+}
+
+static void u8_sum_fn(void *in, void *inout, int *len, MPI_Datatype *t)
+{
+    (void)t;
+    const uint8_t *a = in;
+    uint8_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = (uint8_t)(a[i] + b[i]);
 }
 
 static MPI_Datatype mpi_dtype(int dtype)
@@ -155,7 +167,7 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
     MPI_Datatype t = mpi_dtype(dtype);
     int half = dtype == DP_F16 || dtype == DP_BF16;
     MPI_Op o = half ? (dtype == DP_F16 ? f16_sum : bf16_sum)
-                    : op == DPS_RED_MIN ? MPI_MIN : op == DPS_RED_MAX ? MPI_MAX : MPI_SUM;
+             : op == DPS_RED_MIN ? MPI_MIN : op == DPS_RED_MAX ? MPI_MAX : dtype == DP_U8 ? u8_sum : MPI_SUM;
     size_t es = (size_t)(dtype == DP_F64 || dtype == DP_I64 ? 8 : dtype == DP_U8 ? 1 : half ? 2 : 4);
     if (half && op != DPS_RED_SUM) {
         snprintf(ch->err, sizeof ch->err, "mpi backend: half precision is only summed");
@@ -262,8 +274,9 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     }
     if (check(&main_ch, PMPI_Comm_dup(MPI_COMM_WORLD, &main_ch.comm), "MPI_Comm_dup")) goto fail;
     if (PMPI_Type_contiguous(2, MPI_BYTE, &half_type) != MPI_SUCCESS || PMPI_Type_commit(&half_type) != MPI_SUCCESS ||
-        PMPI_Op_create(f16_sum_fn, 1, &f16_sum) != MPI_SUCCESS || PMPI_Op_create(bf16_sum_fn, 1, &bf16_sum) != MPI_SUCCESS) {
-        snprintf(main_ch.err, sizeof main_ch.err, "cannot create the half-precision type and sums");
+        PMPI_Op_create(f16_sum_fn, 1, &f16_sum) != MPI_SUCCESS || PMPI_Op_create(bf16_sum_fn, 1, &bf16_sum) != MPI_SUCCESS ||
+        PMPI_Op_create(u8_sum_fn, 1, &u8_sum) != MPI_SUCCESS) {
+        snprintf(main_ch.err, sizeof main_ch.err, "cannot create the half-precision type and the sums of our own");
         goto fail;
     }
     PMPI_Comm_set_errhandler(main_ch.comm, MPI_ERRORS_RETURN);

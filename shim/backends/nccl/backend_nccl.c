@@ -110,6 +110,7 @@ static struct {
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER, .dev = -1};
 
 static __thread char err_text[512];
+static __thread int err_from_peer; /* the last failure was NCCL saying a peer failed */
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
@@ -118,6 +119,7 @@ static int fail(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err_text, sizeof err_text, fmt, ap);
     va_end(ap);
+    err_from_peer = 0;
     return -1;
 }
 
@@ -131,8 +133,10 @@ static int nccl_ok(dps_ncclResult_t r, const char *what)
 {
     if (r == DPS_ncclSuccess) return 0;
     const char *detail = st.comm && nc.GetLastError ? nc.GetLastError(st.comm) : "";
-    return fail("%s: NCCL error %d (%s)%s%s", what, r, nc.GetErrorString ? nc.GetErrorString(r) : "?",
-                detail && detail[0] ? ": " : "", detail ? detail : "");
+    fail("%s: NCCL error %d (%s)%s%s", what, r, nc.GetErrorString ? nc.GetErrorString(r) : "?",
+         detail && detail[0] ? ": " : "", detail ? detail : "");
+    err_from_peer = r == DPS_ncclRemoteError;
+    return -1;
 }
 
 /* The program's copy first, then ours: `names` in order, or the user's path alone. */
@@ -179,6 +183,7 @@ static void append(const char *fmt, ...)
 
 static const char *versions(void) { return versions_text; }
 static const char *last_error(void) { return err_text; }
+static int peer_failed(void) { return err_from_peer; }
 static int has_nccl(void) { return nc.AllReduce != NULL; }
 static int ngpus;
 static int count(void) { return ngpus; }
@@ -394,12 +399,14 @@ static int comm_failed(void)
     return nccl_ok(async, "NCCL reported an asynchronous error");
 }
 
+/* The communicator's error first, as ProcessGroupNCCL does: a collective that failed still
+ * lets the stream go on, so a finished marker alone does not mean the results are there. */
 static int query(void *m)
 {
+    if (comm_failed()) return -1;
     dps_cudaError_t e = cu.EventQuery(((ev_node_t *)m)->ev);
     if (e == DPS_cudaSuccess) return 1;
-    if (e != DPS_cudaErrorNotReady) return cuda_ok(e, "cudaEventQuery");
-    return comm_failed() ? -1 : 0;
+    return e == DPS_cudaErrorNotReady ? 0 : cuda_ok(e, "cudaEventQuery");
 }
 
 static double now_s(void)
@@ -465,6 +472,7 @@ static int nccl_init(const void *id128, int rank, int size, double timeout_s)
             const char *why = nc.GetLastError ? nc.GetLastError(comm) : "";
             fail("ncclCommInitRankConfig: NCCL error %d (%s)%s%s", state, nc.GetErrorString(state),
                  why && why[0] ? ": " : "", why ? why : "");
+            err_from_peer = state == DPS_ncclRemoteError;
             nc.CommAbort(comm);
             return -1;
         }
@@ -564,7 +572,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
         append(", no NCCL (%s: %s)", st.nccl_path,
                  hn ? "too old" : "not found");
     }
-    *out = (dps_device_t){.versions = versions, .last_error = last_error, .has_nccl = has_nccl, .count = count, .use = use,
+    *out = (dps_device_t){.versions = versions, .last_error = last_error, .peer_failed = peer_failed, .has_nccl = has_nccl, .count = count, .use = use,
                           .restore = restore, .key = key, .bucket = bucket, .pinned = pinned, .after = after,
                           .capturing = capturing, .before = before, .copy = copy, .zero = zero,
                           .allreduce = allreduce, .bcast = bcast, .mark = mark, .query = query, .wait = wait,

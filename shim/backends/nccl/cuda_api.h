@@ -25,6 +25,7 @@ typedef int dps_ncclDataType_t;
 typedef int dps_ncclRedOp_t;
 #define DPS_ncclSuccess 0
 #define DPS_ncclInProgress 7
+#define DPS_ncclRemoteError 6
 #define DPS_NCCL_UNIQUE_ID_BYTES 128
 typedef struct { char internal[DPS_NCCL_UNIQUE_ID_BYTES]; } dps_ncclUniqueId;
 enum { DPS_ncclInt8 = 0, DPS_ncclUint8 = 1, DPS_ncclInt32 = 2, DPS_ncclInt64 = 4, DPS_ncclFloat16 = 6,

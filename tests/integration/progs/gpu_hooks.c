@@ -8,8 +8,8 @@
  *
  * --batch N: split mode's global batch (dp_batch), so shares and weights are uneven.
  * --late: the values reach device memory by an asynchronous copy on the producing stream just
- *         before the hook (with the double's delay, a collective that does not wait reads stale
- *         data). --stream: the program's work runs on a stream of its own named by dp_set_stream.
+ *         before the hook, behind other queued work (with the double's delay, a collective that
+ *         does not wait reads stale data). --stream: the program's work runs on a stream of its own named by dp_set_stream.
  * --unflagged: device tensors passed as DP_HOST (the shim must find out where they live).
  * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
  * Prints "gpu_hooks rank R: <hook> <dtype> checksum <hex> ok" per dtype; exits 1 on a mismatch. */
@@ -29,6 +29,7 @@ int cudaMalloc(void **p, size_t n);
 int cudaFree(void *p);
 int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
 int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, cudaStream_t s);
+int cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s);
 int cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 int cudaStreamSynchronize(cudaStream_t s);
 int cudaStreamBeginCapture(cudaStream_t s, int mode);
@@ -110,6 +111,8 @@ int main(int argc, char **argv)
     cudaStream_t stream = NULL; /* NULL: the legacy default stream */
     if (use_stream && cudaStreamCreateWithFlags(&stream, 1) != 0) return fprintf(stderr, "no stream\n"), 1;
     if (use_stream && dp_set_stream) dp_set_stream(0, stream);
+    void *scratch = NULL;
+    if (late && cudaMalloc(&scratch, 1) != 0) return fprintf(stderr, "cudaMalloc failed\n"), 1;
     int empty_share = 0;
     if (batch) {
         uint64_t idx[4096];
@@ -122,6 +125,8 @@ int main(int argc, char **argv)
             if (!strcmp(hook, "bn") && dt != DP_F32 && dt != DP_F64) continue;
             dp_tensor dev[NT], host[NT];
             void *staging[NT];
+            /* work queued ahead of the producing copies, so they finish well after the hook */
+            for (int k = 0; late && k < 4; k++) cudaMemsetAsync(scratch, 0, 1, stream);
             for (size_t i = 0; i < NT; i++) {
                 size_t bytes = counts[i] * dsize(dt);
                 host[i] = (dp_tensor){malloc(bytes + 1), counts[i], dt, DP_HOST, "host"};

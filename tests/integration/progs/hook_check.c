@@ -158,6 +158,16 @@ int main(void)
     set_expect(&s, expect, 1e-5, 1, size * (size + 1) / 2.0, "dp_grad_ready + dp_grads");
     dp_step_end(1);
 
+    /* integers are summed as they are: bytes wrap modulo 256 as on a GPU (enough of them that
+     * a vectorized reduction is used) */
+    uint8_t bytes[64];
+    memset(bytes, 200 + rank, sizeof bytes);
+    dp_tensor tb = {bytes, sizeof bytes, DP_U8, DP_HOST, "bytes"};
+    unsigned wrapped = 0;
+    for (int r = 0; r < size; r++) wrapped += 200u + (unsigned)r;
+    EXPECT(dp_grads(&tb, 1) == 0 && bytes[0] == (uint8_t)wrapped && bytes[63] == (uint8_t)wrapped,
+           "a byte sum gave %u, expected %u (modulo 256)", bytes[0], wrapped & 255);
+
     double sum[3] = {rank + 1, rank + 1, rank + 1}, sq[3] = {2.0 * (rank + 1), 0, 0};
     uint64_t count = (uint64_t)rank + 1;
     dp_tensor ts = {sum, 3, DP_F64, DP_HOST, "sum"}, tq = {sq, 3, DP_F64, DP_HOST, "sumsq"};

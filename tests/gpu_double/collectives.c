@@ -1,0 +1,340 @@
+/* The double's collectives: all-reduce and broadcast as operations on the caller's stream. When
+ * one runs, each rank copies its input into its own slot of the segment, waits for every rank's
+ * slot, and reduces all slots in rank order itself: every rank gets the same bits. The fault
+ * switches make a rank's collective stall or fail asynchronously. Also the PreMulSum operators. */
+#define _GNU_SOURCE
+#include "comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- reduction operators ---- */
+
+DPS_DBL_API int ncclRedOpCreatePreMulSum(int *op, void *scalar, int dtype, int residence, void *comm)
+{
+    dps_dbl_trace("ncclRedOpCreatePreMulSum scalar=%p dtype=%d residence=%d comm=%p", scalar, dtype,
+                  residence, comm);
+    comm_t *c = dps_dbl_comm_get(comm);
+    size_t esz = dps_dbl_dtype_size(dtype);
+    int err = !c || !op || !scalar || !esz ? NCCL_INVALID_ARGUMENT : NCCL_OK;
+    premul_t p = {1, dtype, residence, {0}, NULL};
+    if (!err && residence == SCALAR_HOST_IMMEDIATE)
+        memcpy(p.imm, scalar, esz);
+    else if (!err && residence == SCALAR_DEVICE &&
+             dps_dbl_lookup(scalar, esz, NULL, NULL) == DPS_DBL_MEM_DEVICE)
+        p.ptr = scalar;
+    else if (!err)
+        err = NCCL_INVALID_ARGUMENT;
+    if (err) {
+        dps_dbl_nccl_error("test double: ncclRedOpCreatePreMulSum: invalid argument (comm %p, scalar %p, "
+                           "dtype %d, residence %d)",
+                           comm, scalar, dtype, residence);
+        if (c) dps_dbl_comm_put(c);
+        return err;
+    }
+    pthread_mutex_lock(&c->mu);
+    int i = 0;
+    while (i < c->nops && c->ops[i].used)
+        i++;
+    if (i == c->nops) {
+        premul_t *grown = realloc(c->ops, (size_t)(c->nops + 1) * sizeof *grown);
+        if (grown) c->ops = grown, c->nops++;
+    }
+    if (i < c->nops) {
+        c->ops[i] = p;
+        *op = NCCL_NUM_OPS + i;
+    } else {
+        err = NCCL_SYSTEM_ERROR;
+    }
+    pthread_mutex_unlock(&c->mu);
+    dps_dbl_comm_put(c);
+    return err;
+}
+
+DPS_DBL_API int ncclRedOpDestroy(int op, void *comm)
+{
+    dps_dbl_trace("ncclRedOpDestroy op=%d comm=%p", op, comm);
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (!c) return NCCL_INVALID_ARGUMENT;
+    pthread_mutex_lock(&c->mu);
+    int i = op - NCCL_NUM_OPS, ok = i >= 0 && i < c->nops && c->ops[i].used;
+    if (ok) c->ops[i].used = 0;
+    pthread_mutex_unlock(&c->mu);
+    dps_dbl_comm_put(c);
+    if (!ok)
+        dps_dbl_nccl_error("test double: ncclRedOpDestroy: operator %d was not created on this communicator",
+                           op);
+    return ok ? NCCL_OK : NCCL_INVALID_ARGUMENT;
+}
+
+/* ---- collectives ---- */
+
+/* One collective as its stream operation carries it. */
+typedef struct coll {
+    comm_t *c;
+    uint64_t k;            /* its number on the comm, from 1, in enqueue order */
+    seg_desc_t desc;       /* as posted (chunk and coll filled in per step) */
+    char *send, *recv;     /* the double's views (send NULL where unused) */
+    const void *scale_ptr; /* a device scalar, read when it runs */
+} coll_t;
+
+static const char *op_name(int op)
+{
+    static const char *names[] = {"sum", "prod", "max", "min", "avg"};
+    return op >= 0 && op < NCCL_NUM_OPS ? names[op] : "?";
+}
+
+static void describe(const seg_desc_t *d, char *buf, size_t len)
+{
+    if (d->kind == COLL_ALLREDUCE)
+        snprintf(buf, len, "collective #%llu AllReduce(count=%llu, %s, %s)", (unsigned long long)d->coll,
+                 (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), op_name(d->op));
+    else
+        snprintf(buf, len, "collective #%llu Broadcast(count=%llu, %s, root=%d)", (unsigned long long)d->coll,
+                 (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), d->root);
+}
+
+static int same_shape(const seg_desc_t *a, const seg_desc_t *b)
+{
+    return a->coll == b->coll && a->chunk == b->chunk && a->count == b->count && a->kind == b->kind &&
+           a->dtype == b->dtype && a->root == b->root && a->op == b->op;
+}
+
+static void peer_gone(comm_t *c, int r, uint64_t k)
+{
+    dps_dbl_comm_fail(c, NCCL_REMOTE_ERROR,
+                      "test double: rank %d failed or aborted; collective #%llu on rank %d cannot complete",
+                      r, (unsigned long long)k, c->rank);
+}
+
+/* The collective through the segment, one slot-sized chunk per step. */
+static void coll_steps(coll_t *x)
+{
+    comm_t *c = x->c;
+    seg_hdr_t *h = c->seg;
+    seg_rank_t *m = dps_dbl_me(c);
+    size_t esz = dps_dbl_dtype_size(x->desc.dtype), per = SLOT_BYTES / esz;
+    uint64_t count = x->desc.count;
+    for (uint64_t off = 0, chunk = 0; off < count; off += per, chunk++) {
+        size_t n = count - off < per ? (size_t)(count - off) : per;
+        uint64_t step = ++c->step;
+        /* Everyone must be done reading my slot from the step before. */
+        int w = step > 1 ? dps_dbl_wait_ranks(c, WAIT_DONE, step - 1) : 0;
+        if (w) {
+            if (w > 0) peer_gone(c, w - 1, x->k);
+            return;
+        }
+        if (x->desc.kind == COLL_ALLREDUCE || c->rank == x->desc.root)
+            memcpy(dps_dbl_slot(c, c->rank), x->send + off * esz, n * esz);
+        m->desc = x->desc;
+        m->desc.chunk = chunk;
+        atomic_store(&m->posted, step);
+        dps_dbl_ring(h);
+        if ((w = dps_dbl_wait_ranks(c, WAIT_POSTED, step))) {
+            if (w > 0) peer_gone(c, w - 1, x->k);
+            return;
+        }
+        for (int r = 0; r < c->nranks; r++)
+            if (!same_shape(&h->rank[r].desc, &m->desc)) {
+                char mine[160], theirs[160];
+                describe(&m->desc, mine, sizeof mine);
+                describe(&h->rank[r].desc, theirs, sizeof theirs);
+                dps_dbl_comm_fail(c, NCCL_INVALID_USAGE,
+                                  "test double: ranks disagree: rank %d called %s, rank %d called %s",
+                                  c->rank, mine, r, theirs);
+                return;
+            }
+        if (x->desc.kind == COLL_ALLREDUCE) {
+            const void *in[c->nranks], *scale[c->nranks];
+            for (int r = 0; r < c->nranks; r++) {
+                in[r] = dps_dbl_slot(c, r);
+                scale[r] = h->rank[r].desc.scaled ? h->rank[r].desc.scale : NULL;
+            }
+            dps_dbl_reduce(x->desc.dtype, x->desc.op, c->nranks, in, scale, x->recv + off * esz, n);
+        } else {
+            memcpy(x->recv + off * esz, dps_dbl_slot(c, x->desc.root), n * esz);
+        }
+        atomic_store(&m->done, step);
+        dps_dbl_ring(h);
+    }
+}
+
+static void coll_run(dps_dbl_work_t *w)
+{
+    coll_t *x = w->ctx;
+    comm_t *c = x->c;
+    const dps_dbl_conf_t *conf = dps_dbl_conf();
+    /* A comm's collectives run one at a time in enqueue order, whatever streams carry them. */
+    pthread_mutex_lock(&c->mu);
+    while (c->next_run < x->k && !atomic_load(&c->aborted))
+        pthread_cond_wait(&c->cv, &c->mu);
+    c->busy++;
+    pthread_mutex_unlock(&c->mu);
+    dps_dbl_trace("collective #%llu runs on rank %d", (unsigned long long)x->k, c->rank);
+    if (atomic_load(&c->aborted) || atomic_load(&c->async) != NCCL_OK) {
+        /* nothing: an aborted or failed comm's collectives end without results */
+    } else if (conf->stall_rank == c->rank && (uint64_t)conf->stall_at == x->k) {
+        dps_dbl_trace("collective #%llu stalls (GPU_DOUBLE_STALL_RANK)", (unsigned long long)x->k);
+        while (!atomic_load(&c->aborted)) {
+            unsigned seen = atomic_load(&c->seg->bell);
+            if (!atomic_load(&c->aborted)) dps_dbl_doze(c->seg, seen);
+        }
+    } else if (conf->async_error_rank == c->rank && (uint64_t)conf->async_error_at == x->k) {
+        dps_dbl_comm_fail(c, NCCL_SYSTEM_ERROR,
+                          "test double: injected asynchronous failure in collective #%llu",
+                          (unsigned long long)x->k);
+    } else if (x->scale_ptr) {
+        void *rw;
+        size_t esz = dps_dbl_dtype_size(x->desc.dtype);
+        if (dps_dbl_lookup(x->scale_ptr, esz, &rw, NULL) == DPS_DBL_MEM_DEVICE) {
+            memcpy(x->desc.scale, rw, esz);
+            coll_steps(x);
+        } else {
+            dps_dbl_comm_fail(c, NCCL_INVALID_ARGUMENT,
+                              "test double: the device scalar %p of collective #%llu was freed", x->scale_ptr,
+                              (unsigned long long)x->k);
+        }
+    } else {
+        coll_steps(x);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->busy--;
+    c->finished++;
+    if (c->next_run < x->k + 1) c->next_run = x->k + 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Under the streams' lock, in enqueue order: the collective's number. */
+static void coll_accepted(dps_dbl_work_t *w, void *stream, uint64_t seq)
+{
+    (void)stream, (void)seq;
+    coll_t *x = w->ctx;
+    x->k = atomic_fetch_add(&x->c->colls, 1) + 1;
+    x->desc.coll = x->k;
+    pthread_mutex_lock(&x->c->mu);
+    x->c->queued++;
+    pthread_mutex_unlock(&x->c->mu);
+}
+
+static void coll_fini(dps_dbl_work_t *w)
+{
+    coll_t *x = w->ctx;
+    dps_dbl_comm_put(x->c);
+    free(x);
+}
+
+/* Checks a collective and enqueues it on the stream: NCCL's argument errors come back now,
+ * everything else asynchronously. */
+static int coll_enqueue(const char *name, const void *send, void *recv, size_t count, int dtype, int op,
+                        int root, int kind, void *comm, void *stream)
+{
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (!c) {
+        dps_dbl_nccl_error("test double: %s: invalid or destroyed communicator %p", name, comm);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    int err = atomic_load(&c->async);
+    if (err == NCCL_IN_PROGRESS) {
+        dps_dbl_nccl_error("Attempt to use communicator before the previous operation returned ncclSuccess");
+        err = NCCL_INVALID_ARGUMENT;
+    }
+    coll_t x = {c,
+                0,
+                {0,
+                 0,
+                 count,
+                 kind,
+                 dtype,
+                 kind == COLL_ALLREDUCE ? -1 : root,
+                 kind == COLL_ALLREDUCE ? op : -1,
+                 0,
+                 {0}},
+                NULL,
+                NULL,
+                NULL};
+    size_t esz = dps_dbl_dtype_size(dtype);
+    if (!err && !esz) {
+        dps_dbl_nccl_error("%s: invalid type %d", name, dtype);
+        err = NCCL_INVALID_ARGUMENT;
+    }
+    if (!err && kind == COLL_BROADCAST && (root < 0 || root >= c->nranks)) {
+        dps_dbl_nccl_error("%s: invalid root %d (root should be in the 0..%d range)", name, root, c->nranks);
+        err = NCCL_INVALID_ARGUMENT;
+    }
+    if (!err && kind == COLL_ALLREDUCE && op >= NCCL_NUM_OPS) {
+        pthread_mutex_lock(&c->mu);
+        int i = op - NCCL_NUM_OPS;
+        premul_t p = i < c->nops ? c->ops[i] : (premul_t){0};
+        pthread_mutex_unlock(&c->mu);
+        if (!p.used || p.dtype != dtype) {
+            dps_dbl_nccl_error("%s: invalid reduction operation %d for type %d", name, op, dtype);
+            err = NCCL_INVALID_ARGUMENT;
+        }
+        x.desc.op = DPS_DBL_SUM; /* a premultiplied sum sums like a plain one, across ranks */
+        x.desc.scaled = 1;
+        memcpy(x.desc.scale, p.imm, sizeof p.imm);
+        x.scale_ptr = p.residence == SCALAR_DEVICE ? p.ptr : NULL;
+    } else if (!err && kind == COLL_ALLREDUCE && op < 0) {
+        dps_dbl_nccl_error("%s: invalid reduction operation %d", name, op);
+        err = NCCL_INVALID_ARGUMENT;
+    }
+    size_t bytes = count * esz;
+    if (!err && esz && bytes / esz != count) err = NCCL_INVALID_ARGUMENT;
+    void *rw;
+    int need_send = kind == COLL_ALLREDUCE || c->rank == root;
+    if (!err && count && need_send) {
+        if (dps_dbl_lookup(send, bytes, &rw, NULL) == DPS_DBL_MEM_DEVICE) {
+            x.send = rw;
+        } else {
+            dps_dbl_nccl_error("%s: send buffer %p is not device memory of %zu bytes", name, send, bytes);
+            err = NCCL_INVALID_ARGUMENT;
+        }
+    }
+    if (!err && count) {
+        if (dps_dbl_lookup(recv, bytes, &rw, NULL) == DPS_DBL_MEM_DEVICE) {
+            x.recv = rw;
+        } else {
+            dps_dbl_nccl_error("%s: recv buffer %p is not device memory of %zu bytes", name, recv, bytes);
+            err = NCCL_INVALID_ARGUMENT;
+        }
+    }
+    coll_t *heap = !err && count ? malloc(sizeof *heap) : NULL;
+    if (err || !count || !heap) {
+        dps_dbl_comm_put(c);
+        return err ? err : count ? NCCL_SYSTEM_ERROR : NCCL_OK; /* nothing to move: nothing to do */
+    }
+    *heap = x; /* carries the reference comm_get took, until coll_fini */
+    dps_dbl_work_t w = {
+        .run = coll_run, .fini = coll_fini, .accepted = coll_accepted, .delayed = 1, .ctx = heap};
+    int cerr = dps_dbl_enqueue(stream, &w, 0, NULL);
+    if (cerr) {
+        dps_dbl_nccl_error("Cuda failure %d '%s'", cerr, dps_dbl_cuda_error_string(cerr));
+        return NCCL_CUDA_ERROR;
+    }
+    return NCCL_OK;
+}
+
+DPS_DBL_API int ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, void *comm,
+                              void *stream)
+{
+    dps_dbl_trace("ncclAllReduce send=%p recv=%p count=%zu dtype=%d op=%d comm=%p stream=%p", send, recv,
+                  count, dtype, op, comm, stream);
+    return coll_enqueue("AllReduce", send, recv, count, dtype, op, 0, COLL_ALLREDUCE, comm, stream);
+}
+
+DPS_DBL_API int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, int root, void *comm,
+                              void *stream)
+{
+    dps_dbl_trace("ncclBroadcast send=%p recv=%p count=%zu dtype=%d root=%d comm=%p stream=%p", send, recv,
+                  count, dtype, root, comm, stream);
+    return coll_enqueue("Broadcast", send, recv, count, dtype, -1, root, COLL_BROADCAST, comm, stream);
+}
+
+DPS_DBL_API int ncclBcast(void *buf, size_t count, int dtype, int root, void *comm, void *stream)
+{
+    dps_dbl_trace("ncclBcast buf=%p count=%zu dtype=%d root=%d comm=%p stream=%p", buf, count, dtype, root,
+                  comm, stream);
+    return coll_enqueue("Broadcast", buf, buf, count, dtype, -1, root, COLL_BROADCAST, comm, stream);
+}

@@ -1,0 +1,574 @@
+/* The double's NCCL communicators: ranks (processes) meet in a shared-memory segment named
+ * after the unique id; init (blocking or not), abort, destroy, queries and error texts. The fault
+ * switches make a rank's init fail. collectives.c runs the collectives through the segment. */
+#define _GNU_SOURCE
+#include "comm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char SEG_PREFIX[] = "dpshim-double-";
+
+static size_t seg_size(int nranks)
+{
+    return dps_dbl_slots_offset(nranks) + (size_t)nranks * SLOT_BYTES;
+}
+
+void dps_dbl_ring(seg_hdr_t *h)
+{
+    atomic_fetch_add(&h->bell, 1);
+    syscall(SYS_futex, (uint32_t *)&h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void dps_dbl_doze(seg_hdr_t *h, unsigned seen)
+{
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    syscall(SYS_futex, (uint32_t *)&h->bell, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+static pthread_mutex_t comms_lock = PTHREAD_MUTEX_INITIALIZER;
+static comm_t *comms;
+static pthread_mutex_t error_lock = PTHREAD_MUTEX_INITIALIZER;
+static char last_error[1024];
+
+/* NCCL keeps the last warning's text for ncclGetLastError. */
+void dps_dbl_nccl_error(const char *fmt, ...)
+{
+    char buf[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&error_lock);
+    memcpy(last_error, buf, sizeof buf);
+    pthread_mutex_unlock(&error_lock);
+    dps_dbl_trace("nccl error: %s", buf);
+}
+
+comm_t *dps_dbl_comm_get(void *h)
+{
+    pthread_mutex_lock(&comms_lock);
+    comm_t *c = comms;
+    while (c && c != h)
+        c = c->next;
+    if (c && c->pid != getpid()) c = NULL;
+    if (c) c->refs++;
+    pthread_mutex_unlock(&comms_lock);
+    return c;
+}
+
+/* Removes the handle from the registry; the caller gets the registry's reference. */
+static comm_t *comm_take(void *h)
+{
+    pthread_mutex_lock(&comms_lock);
+    comm_t **p = &comms;
+    while (*p && *p != h)
+        p = &(*p)->next;
+    comm_t *c = *p && (*p)->pid == getpid() ? *p : NULL;
+    if (c) *p = c->next;
+    pthread_mutex_unlock(&comms_lock);
+    return c;
+}
+
+void dps_dbl_comm_put(comm_t *c)
+{
+    pthread_mutex_lock(&comms_lock);
+    int last = --c->refs == 0;
+    pthread_mutex_unlock(&comms_lock);
+    if (!last) return;
+    if (c->seg) munmap(c->seg, c->seg_len);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->ops);
+    free(c);
+}
+
+void dps_dbl_comm_fail(comm_t *c, int code, const char *fmt, ...)
+{
+    char buf[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    dps_dbl_nccl_error("%s", buf);
+    int cur = atomic_load(&c->async);
+    while ((cur == NCCL_OK || cur == NCCL_IN_PROGRESS) &&
+           !atomic_compare_exchange_weak(&c->async, &cur, code)) {
+    }
+    if (c->joined) {
+        int ok = HEALTH_OK;
+        atomic_compare_exchange_strong(&dps_dbl_me(c)->health, &ok, HEALTH_FAILED);
+        dps_dbl_ring(c->seg);
+    }
+}
+
+static void seg_name(const dps_dbl_unique_id_t *id, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "/%s", SEG_PREFIX);
+    for (int i = 0; i < 16 && n + 2 < (int)len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%02x", (unsigned char)id->internal[i]);
+}
+
+/* Opens (or creates: whoever comes first) the segment. Every rank sizes it alike, and growing a
+ * file to the size it already has changes nothing, so the race needs no lock. */
+static int seg_attach(comm_t *c, const dps_dbl_unique_id_t *id)
+{
+    seg_name(id, c->name, sizeof c->name);
+    c->seg_len = seg_size(c->nranks);
+    int fd = shm_open(c->name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    struct stat st;
+    void *map = MAP_FAILED;
+    if (fd >= 0 && !fstat(fd, &st) && ((size_t)st.st_size >= c->seg_len || !ftruncate(fd, (off_t)c->seg_len)))
+        map = mmap(NULL, c->seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (map == MAP_FAILED) {
+        dps_dbl_nccl_error("test double: cannot open shared memory %s: %s", c->name, strerror(errno));
+        return NCCL_SYSTEM_ERROR;
+    }
+    seg_hdr_t *h = map;
+    unsigned none = 0;
+    atomic_compare_exchange_strong(&h->magic, &none, SEG_MAGIC);
+    int zero = 0;
+    atomic_compare_exchange_strong(&h->nranks, &zero, c->nranks);
+    if (atomic_load(&h->magic) != SEG_MAGIC || atomic_load(&h->nranks) != c->nranks) {
+        dps_dbl_nccl_error("test double: ranks of unique id %s disagree on nranks (%d here, %d there)",
+                           c->name, c->nranks, atomic_load(&h->nranks));
+        munmap(map, c->seg_len);
+        return NCCL_INVALID_USAGE;
+    }
+    atomic_fetch_add(&h->attached, 1);
+    atomic_fetch_add(&h->attached_ever, 1);
+    c->seg = h;
+    return NCCL_OK;
+}
+
+/* The last rank to leave removes the name, once every rank has come: a rank that fails early
+ * must not take the segment from under a late one (which would wait in a new one forever).
+ * Mappings stay valid until each rank unmaps; what a crash leaves, sweep_stale_segments takes. */
+static void seg_detach(comm_t *c)
+{
+    if (!c->seg || c->detached) return;
+    c->detached = 1;
+    if (atomic_fetch_sub(&c->seg->attached, 1) == 1 && atomic_load(&c->seg->attached_ever) >= c->nranks)
+        shm_unlink(c->name);
+}
+
+/* Segments whose ranks all died (a crashed test) would stay in /dev/shm forever: remove them. */
+static void sweep_stale_segments(void)
+{
+    DIR *d = opendir("/dev/shm");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, SEG_PREFIX, sizeof SEG_PREFIX - 1)) continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+        struct stat st;
+        if (fd < 0) continue;
+        int stale = 0;
+        if (!fstat(fd, &st)) {
+            int old = time(NULL) - st.st_mtime > 60;
+            seg_hdr_t *h = (size_t)st.st_size >= sizeof *h
+                               ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0)
+                               : MAP_FAILED;
+            if (h != MAP_FAILED) {
+                int n = atomic_load(&h->nranks), seen = 0, alive = 0;
+                if (n > 0 && dps_dbl_slots_offset(n) <= (size_t)st.st_size)
+                    for (int r = 0; r < n; r++)
+                        if (atomic_load(&h->rank[r].arrived)) {
+                            seen++;
+                            alive += !kill(h->rank[r].pid, 0) || errno == EPERM;
+                        }
+                stale = seen ? !alive : old;
+                munmap(h, (size_t)st.st_size);
+            } else {
+                stale = old;
+            }
+        }
+        close(fd);
+        if (stale) shm_unlink(name);
+    }
+    if (d) closedir(d);
+}
+
+int dps_dbl_wait_ranks(comm_t *c, int which, uint64_t v)
+{
+    seg_hdr_t *h = c->seg;
+    for (;;) {
+        unsigned seen = atomic_load(&h->bell);
+        if (atomic_load(&c->aborted)) return -1;
+        int all = 1;
+        for (int r = 0; r < c->nranks; r++) {
+            seg_rank_t *p = &h->rank[r];
+            if (r == c->rank || atomic_load(which == WAIT_DONE ? &p->done : &p->posted) >= v) continue;
+            if (atomic_load(&p->health) != HEALTH_OK) return r + 1;
+            all = 0;
+        }
+        if (all) return 0;
+        dps_dbl_doze(h, seen);
+    }
+}
+
+/* ---- init ---- */
+
+static uint64_t host_hash(void)
+{
+    char host[256] = "";
+    const char *id = getenv("NCCL_HOSTID");
+    if (!id || !*id) {
+        gethostname(host, sizeof host - 1);
+        id = host;
+    }
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 0x100000001b3ull;
+    return h;
+}
+
+/* NCCL's busIdToInt64: the hex digits of "00000000:11:00.0" as one number (its messages print it). */
+static long bus_number(const char *bus)
+{
+    char hex[17];
+    int n = 0;
+    for (; *bus && n < 16; bus++) {
+        if (*bus == ':' || *bus == '.') continue;
+        if (!strchr("0123456789abcdefABCDEF", *bus)) break;
+        hex[n++] = *bus;
+    }
+    hex[n] = '\0';
+    return strtol(hex, NULL, 16);
+}
+
+/* The rendezvous, on the caller's thread (blocking) or the init thread. Every rank decides the
+ * outcome from the same data: when a rank's init fails (injected, or a duplicate GPU), the ranks
+ * that did nothing wrong fail too, with ncclRemoteError, as NCCL's next bootstrap step would. */
+static void comm_init_run(comm_t *c, const char *bus)
+{
+    seg_hdr_t *h = c->seg;
+    seg_rank_t *m = dps_dbl_me(c);
+    const dps_dbl_conf_t *conf = dps_dbl_conf();
+    if (atomic_load(&m->arrived)) {
+        dps_dbl_comm_fail(c, NCCL_INVALID_USAGE,
+                          "test double: rank %d already joined unique id %s (an id serves one "
+                          "communicator)",
+                          c->rank, c->name);
+        return;
+    }
+    m->pid = (int32_t)getpid();
+    m->dev = c->dev;
+    m->host_hash = host_hash();
+    snprintf(m->bus, sizeof m->bus, "%s", bus);
+    m->init_fail = conf->init_fail_rank == c->rank;
+    atomic_store(&m->arrived, 1);
+    c->joined = 1;
+    dps_dbl_ring(h);
+    if (m->init_fail) {
+        dps_dbl_comm_fail(c, NCCL_SYSTEM_ERROR, "test double: injected init failure");
+        return;
+    }
+    for (;;) {
+        unsigned seen = atomic_load(&h->bell);
+        if (atomic_load(&c->aborted)) return;
+        int n = 0;
+        for (int r = 0; r < c->nranks; r++)
+            n += atomic_load(&h->rank[r].arrived);
+        if (n == c->nranks) break;
+        dps_dbl_doze(h, seen);
+    }
+    for (int r = 0; r < c->nranks; r++)
+        if (h->rank[r].init_fail) {
+            dps_dbl_comm_fail(c, NCCL_REMOTE_ERROR, "test double: rank %d failed its init", r);
+            return;
+        }
+    for (int r = 0; r < c->nranks; r++)
+        if (r != c->rank && h->rank[r].host_hash == m->host_hash && !strcmp(h->rank[r].bus, m->bus)) {
+            dps_dbl_comm_fail(c, NCCL_INVALID_USAGE,
+                              "Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", c->rank,
+                              r, bus_number(m->bus));
+            return;
+        }
+    for (int i = 0; i < c->nranks; i++)
+        for (int j = i + 1; j < c->nranks; j++)
+            if (h->rank[i].host_hash == h->rank[j].host_hash && !strcmp(h->rank[i].bus, h->rank[j].bus)) {
+                dps_dbl_comm_fail(c, NCCL_REMOTE_ERROR,
+                                  "test double: ranks %d and %d share a GPU: their init failed", i, j);
+                return;
+            }
+    int busy = NCCL_IN_PROGRESS;
+    atomic_compare_exchange_strong(&c->async, &busy, NCCL_OK);
+}
+
+typedef struct init_arg {
+    comm_t *c;
+    char bus[32];
+} init_arg_t;
+
+static void *init_thread(void *p)
+{
+    init_arg_t *a = p;
+    comm_t *c = a->c;
+    comm_init_run(c, a->bus);
+    free(a);
+    pthread_mutex_lock(&c->mu);
+    c->busy--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    dps_dbl_comm_put(c);
+    return NULL;
+}
+
+DPS_DBL_API int ncclGetVersion(int *v)
+{
+    dps_dbl_trace("ncclGetVersion");
+    if (!v) return NCCL_INVALID_ARGUMENT;
+    *v = 22809;
+    return NCCL_OK;
+}
+
+DPS_DBL_API int ncclGetUniqueId(dps_dbl_unique_id_t *id)
+{
+    dps_dbl_trace("ncclGetUniqueId");
+    if (!id) return NCCL_INVALID_ARGUMENT;
+    sweep_stale_segments();
+    size_t got = 0;
+    while (got < sizeof id->internal) {
+        ssize_t n = getrandom(id->internal + got, sizeof id->internal - got, 0);
+        if (n < 0 && errno != EINTR) break;
+        if (n > 0) got += (size_t)n;
+    }
+    if (got < sizeof id->internal) {
+        /* No entropy source: time and pid still make ids of concurrent jobs differ. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t mix[2] = {(uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec, (uint64_t)getpid()};
+        memcpy(id->internal, mix, sizeof mix);
+    }
+    return NCCL_OK;
+}
+
+DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique_id_t id, int rank,
+                                       void *config)
+{
+    dps_dbl_trace("ncclCommInitRankConfig nranks=%d rank=%d", nranks, rank);
+    if (!comm_p) {
+        dps_dbl_nccl_error("ncclCommInitRank: comm argument is NULL");
+        return NCCL_INVALID_ARGUMENT;
+    }
+    *comm_p = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks) {
+        dps_dbl_nccl_error("Invalid rank requested : %d/%d", rank, nranks);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    const dps_dbl_nccl_config_t *cfg = config;
+    int blocking = !cfg || cfg->blocking == INT_MIN || cfg->blocking != 0;
+    int dev = 0;
+    char bus[32];
+    int cerr = dps_dbl_current_device(&dev);
+    if (!cerr) cerr = dps_dbl_bus_id(dev, bus, sizeof bus);
+    if (cerr) {
+        dps_dbl_nccl_error("Cuda failure %d '%s'", cerr, dps_dbl_cuda_error_string(cerr));
+        return NCCL_CUDA_ERROR;
+    }
+    comm_t *c = calloc(1, sizeof *c);
+    if (!c) return NCCL_SYSTEM_ERROR;
+    c->refs = 1, c->nranks = nranks, c->rank = rank, c->dev = dev, c->next_run = 1, c->pid = getpid();
+    atomic_init(&c->async, NCCL_IN_PROGRESS);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    int err = seg_attach(c, &id);
+    if (err) {
+        dps_dbl_comm_put(c);
+        return err;
+    }
+    pthread_mutex_lock(&comms_lock);
+    c->next = comms;
+    comms = c;
+    c->refs++; /* the init's own, dropped below or by the init thread */
+    pthread_mutex_unlock(&comms_lock);
+    *comm_p = c;
+    dps_dbl_trace("ncclCommInitRankConfig -> %p blocking=%d dev=%d bus=%s", (void *)c, blocking, dev, bus);
+    init_arg_t *a = blocking ? NULL : malloc(sizeof *a);
+    if (a) {
+        a->c = c;
+        memcpy(a->bus, bus, sizeof bus);
+        pthread_mutex_lock(&c->mu);
+        c->busy++;
+        pthread_mutex_unlock(&c->mu);
+        if (!dps_dbl_start_thread(init_thread, a)) return NCCL_IN_PROGRESS;
+        pthread_mutex_lock(&c->mu);
+        c->busy--;
+        pthread_mutex_unlock(&c->mu);
+        free(a);
+    }
+    /* Blocking (or no thread could start): NCCL reports the outcome; the handle stays valid for
+     * ncclCommAbort or ncclCommDestroy either way. */
+    comm_init_run(c, bus);
+    err = atomic_load(&c->async);
+    dps_dbl_comm_put(c);
+    return err;
+}
+
+DPS_DBL_API int ncclCommInitRank(void **comm_p, int nranks, dps_dbl_unique_id_t id, int rank)
+{
+    return ncclCommInitRankConfig(comm_p, nranks, id, rank, NULL);
+}
+
+/* Ends the communicator's part: peers see it gone (HEALTH_ABORTED), its waits end; waits up to
+ * 1 s for its running collectives and init to notice. Under no lock. */
+static void comm_abort(comm_t *c)
+{
+    atomic_store(&c->aborted, 1);
+    if (c->joined) {
+        int ok = HEALTH_OK;
+        atomic_compare_exchange_strong(&dps_dbl_me(c)->health, &ok, HEALTH_ABORTED);
+    }
+    if (c->seg) dps_dbl_ring(c->seg);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 1;
+    pthread_mutex_lock(&c->mu);
+    pthread_cond_broadcast(&c->cv);
+    while (c->busy && pthread_cond_timedwait(&c->cv, &c->mu, &until) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+DPS_DBL_API int ncclCommAbort(void *comm)
+{
+    dps_dbl_trace("ncclCommAbort comm=%p", comm);
+    if (!comm) return NCCL_OK; /* NCCL: aborting NULL is a no-op */
+    comm_t *c = comm_take(comm);
+    if (!c) {
+        dps_dbl_nccl_error("test double: ncclCommAbort: invalid or destroyed communicator %p", comm);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    comm_abort(c);
+    seg_detach(c);
+    dps_dbl_comm_put(c);
+    return NCCL_OK;
+}
+
+/* Waits for the queued collectives (and an init under way), for 10 s at most, then aborts. */
+DPS_DBL_API int ncclCommDestroy(void *comm)
+{
+    dps_dbl_trace("ncclCommDestroy comm=%p", comm);
+    if (!comm) return NCCL_OK;
+    comm_t *c = comm_take(comm);
+    if (!c) {
+        dps_dbl_nccl_error("test double: ncclCommDestroy: invalid or destroyed communicator %p", comm);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    pthread_mutex_lock(&c->mu);
+    int timed_out = 0;
+    while ((c->finished < c->queued || c->busy) && !timed_out)
+        timed_out = pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT;
+    int pending = c->finished < c->queued || c->busy;
+    pthread_mutex_unlock(&c->mu);
+    if (pending) comm_abort(c);
+    seg_detach(c);
+    dps_dbl_comm_put(c);
+    return NCCL_OK;
+}
+
+DPS_DBL_API int ncclCommFinalize(void *comm)
+{
+    dps_dbl_trace("ncclCommFinalize comm=%p", comm);
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (!c) return NCCL_INVALID_ARGUMENT;
+    dps_dbl_comm_put(c);
+    return NCCL_OK;
+}
+
+DPS_DBL_API int ncclCommGetAsyncError(void *comm, int *state)
+{
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (!c || !state) {
+        if (c) dps_dbl_comm_put(c);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    *state = atomic_load(&c->async);
+    dps_dbl_comm_put(c);
+    return NCCL_OK;
+}
+
+/* ncclCommCount, ncclCommUserRank, ncclCommCuDevice. */
+static int comm_int(void *comm, int *out, int what)
+{
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (!c || !out) {
+        if (c) dps_dbl_comm_put(c);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    *out = what == 0 ? c->nranks : what == 1 ? c->rank : c->dev;
+    dps_dbl_comm_put(c);
+    return NCCL_OK;
+}
+
+DPS_DBL_API int ncclCommCount(void *comm, int *count)
+{
+    return comm_int(comm, count, 0);
+}
+DPS_DBL_API int ncclCommUserRank(void *comm, int *rank)
+{
+    return comm_int(comm, rank, 1);
+}
+DPS_DBL_API int ncclCommCuDevice(void *comm, int *dev)
+{
+    return comm_int(comm, dev, 2);
+}
+
+DPS_DBL_API int ncclGroupStart(void)
+{
+    return NCCL_OK;
+}
+DPS_DBL_API int ncclGroupEnd(void)
+{
+    return NCCL_OK;
+}
+
+DPS_DBL_API const char *ncclGetErrorString(int result)
+{
+    switch (result) {
+    case NCCL_OK:
+        return "no error";
+    case NCCL_CUDA_ERROR:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case NCCL_SYSTEM_ERROR:
+        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case NCCL_INTERNAL_ERROR:
+        return "internal error - please report this issue to the NCCL developers";
+    case NCCL_INVALID_ARGUMENT:
+        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case NCCL_INVALID_USAGE:
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case NCCL_REMOTE_ERROR:
+        return "remote process exited or there was a network error";
+    case NCCL_IN_PROGRESS:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
+    }
+}
+
+/* Like NCCL's, one text for the process (the comm argument is not used). */
+DPS_DBL_API const char *ncclGetLastError(void *comm)
+{
+    (void)comm;
+    return last_error;
+}
