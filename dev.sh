@@ -3,7 +3,10 @@
 #   ./dev.sh demo [NP]   install what is missing, build, train Fashion-MNIST on NP ranks (default 4)
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
-#   ./dev.sh gpu-check   on a machine with a GPU: build there, run every GPU check, write docs/gpu-check.md
+#   ./dev.sh gpu-check   on a machine with a GPU: run every GPU check (building there unless
+#                        gpu-pack built it here), write docs/gpu-check.md
+#   ./dev.sh gpu-pack    here: build what gpu-check runs into build-gpu/, to carry to a GPU
+#                        machine that cannot build it (no PMIx or libffi headers there)
 #   ./dev.sh setup | build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -171,6 +174,22 @@ bench_scale() {
         printf "  np=2 vs np=1: %.2fx (overlap off), %.2fx (on); overlap on vs off: %.3fx\n", a / b, a / c, b / c }'
 }
 
+# What gpu-check runs, built here with nvcc for Hopper and Ampere, and the shared libraries a
+# GPU machine may lack beside them (build-gpu/carry-lib, used there only for what it lacks).
+gpu_pack() {
+    local out=$PWD/build-gpu
+    cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    cmake --build "$out" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
+        gpu_hooks_cuda cuda_train
+    mkdir -p "$out/carry-lib"
+    local lib
+    for lib in libpmix.so.2 libffi.so.8 libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7 libhwloc.so.15; do
+        cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$out/carry-lib/" 2>/dev/null || true
+    done
+    du -sh "$out"
+    echo "dev.sh: carry build-gpu (run's carry list) and start ./dev.sh gpu-check there"
+}
+
 bench_allreduce() {
     for set in sweep 64 resnet50 small overlap; do
         for np in 2 4; do
@@ -187,6 +206,7 @@ build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh ;;
+gpu-pack) gpu_pack ;;
 bench) setup && build && mpirun_env && bench_exec && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
     sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'

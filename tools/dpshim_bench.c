@@ -9,6 +9,8 @@
  * per tensor a sleep in proportion to its size, as a CPU waiting for GPU kernels, in all as long
  * as their synchronous reduction), once with dp_grad_ready per tensor (the reduction overlaps;
  * needs [comm] overlap = on) and once with dp_grads at the end only.
+ * gpu[:MiB]: a buffer in GPU memory (bench_gpu.c): pinned vs pageable copies, and dp_grads on it
+ * against the host path, staging by hand and NCCL called directly.
  * Prints time, algbw and busbw (nccl-tests definitions: algbw = bytes / time, busbw = algbw *
  * 2(n-1)/n) and, for reference, this machine's single-core memcpy bandwidth. */
 #define _GNU_SOURCE
@@ -21,6 +23,8 @@
 
 #define DPSHIM_HOOKS_WEAK
 #include <dpshim/hooks.h>
+
+#include "bench.h"
 
 static void fill(float *b, size_t n, int rank)
 {
@@ -198,6 +202,8 @@ int main(int argc, char **argv)
     int ok = 1;
     if (!strcmp(set, "overlap")) {
         ok = run_overlap();
+    } else if (!strncmp(set, "gpu", 3) && (!set[3] || set[3] == ':')) {
+        ok = bench_gpu(set[3] ? set + 4 : NULL, rank, size);
     } else if (!strcmp(set, "sweep")) {
         if (!rank)
             printf("all-reduce of one f32 buffer, np=%d, best of 5 (GB/s: algbw = bytes/time, busbw = algbw*2(n-1)/n)\n"

@@ -25,6 +25,9 @@ DPS_STARTUP void dps_gpu_bind(dps_state_t *s)
 {
     if (s->role != DPS_ROLE_RANK || s->local_size < 2 || DPS_POLICY_ENUM(&s->policy, gpu, bind) != DPS_V_gpu_bind_auto)
         return;
+    /* a rank that exec'd itself (a wrapper script, dpshim-diag bench) was bound before: binding
+     * again would take its one device for the node's list */
+    if (s->exec_in_place) return;
     const char *user = getenv("CUDA_VISIBLE_DEVICES");
     char pick[256], was[1024];
     snprintf(was, sizeof was, "%s", user ? user : "");

@@ -29,6 +29,16 @@ visible() {
     assert_equal "$(grep -c '4 local ranks share 2 GPU(s)' <<<"$output")" 1
 }
 
+@test "a rank that execs itself keeps the GPU it was given" {
+    run mpi 2 env CUDA_VISIBLE_DEVICES=2,3 LD_PRELOAD="$SHIM" sh -c \
+        'exec sh -c "echo local \$OMPI_COMM_WORLD_LOCAL_RANK sees \${CUDA_VISIBLE_DEVICES-unset}"'
+    echo "$output"
+    assert_success
+    assert_line "local 0 sees 2"
+    assert_line "local 1 sees 3"
+    refute_output --partial "share"
+}
+
 @test "UUIDs pass through as they are" {
     visible 2 CUDA_VISIBLE_DEVICES=GPU-5a0c1b7e,GPU-9f3d
     assert_line "local 0 sees GPU-5a0c1b7e"

@@ -131,6 +131,18 @@ same_checksums() {
     assert_failure
 }
 
+@test "a rank that stops calling hooks: its peer's GPU collective ends the job, waiting or queued" {
+    for stream in "" --stream; do
+        local t0=$SECONDS
+        gpu 2 DPSHIM_GUARD_TIMEOUT=5 -- $stream --dtype f32 --steps 3 --sleep-rank 1
+        assert_failure 75
+        [ $((SECONDS - t0)) -le 20 ] || fail "took $((SECONDS - t0)) s"
+        assert_output --regexp "dp_grads collective #[0-9]+ .after step 0. has waited|GPU collective #[0-9]+ .dp_grads. queued"
+        run pgrep -f "$PROG"
+        assert_failure
+    done
+}
+
 @test "an asynchronous NCCL error ends the job, naming the rank and the collective" {
     gpu 3 GPU_DOUBLE_ASYNC_ERROR_RANK=1 -- --dtype f32
     assert_failure 70
@@ -153,6 +165,24 @@ same_checksums() {
     assert_output --regexp "gpu path +nccl"
     run env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_NO_DRIVER=1 "$BUILD/bin/dpshim-diag" env
     assert_output --regexp "gpu path +none: no usable GPU"
+}
+
+@test "dpshim-diag bench gpu: device buffers against the host path, by hand and NCCL, results checked" {
+    for backend in auto mpi; do
+        run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1 \
+            DPSHIM_COMM_BACKEND=$backend LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu:2
+        echo "$output"
+        assert_success
+        assert_output --partial "[comm] backend = $backend"
+        assert_output --regexp "pinned memory .* GB/s each way  [0-9.]+x pageable"
+        assert_output --regexp "dp_grads, device buffer .*x the host path"
+        assert_output --partial "bitwise equal to the host path: dp_grads yes, by hand yes, NCCL yes"
+        refute_output --partial "share"
+    done
+    # without a GPU: said, and nothing else measured
+    run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_NO_DRIVER=1 LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu
+    assert_success
+    assert_output --partial "no GPU"
 }
 
 @test "libdpshim.so itself links no CUDA, NCCL or MPI" {

@@ -5,12 +5,15 @@
  *
  *   gpu_hooks [--hook grads|ready|params|bn] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
  *             [--batch N] [--nan-if-empty] [--late] [--stream] [--capture] [--unflagged] [--steps K]
+ *             [--sleep-rank R]
  *
  * --batch N: split mode's global batch (dp_batch), so shares and weights are uneven.
  * --late: the values reach device memory by an asynchronous copy on the producing stream just
  *         before the hook, behind other queued work (with the double's delay, a collective that
  *         does not wait reads stale data). --stream: the program's work runs on a stream of its own named by dp_set_stream.
  * --unflagged: device tensors passed as DP_HOST (the shim must find out where they live).
+ * --sleep-rank R: rank R sleeps 120 s before its second step's hooks, while the others' GPU
+ *         collectives wait for it (the guard must end the job).
  * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
  * Prints "gpu_hooks rank R: <hook> <dtype> checksum <hex> ok" per dtype; exits 1 on a mismatch. */
 #define _GNU_SOURCE
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DPSHIM_HOOKS_WEAK
 #include <dpshim/hooks.h>
@@ -90,12 +94,13 @@ static const char *dnames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
 int main(int argc, char **argv)
 {
     const char *hook = "grads", *dtype = "all";
-    int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1;
+    int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1, sleep_rank = -1;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--hook") && a + 1 < argc) hook = argv[++a];
         else if (!strcmp(argv[a], "--dtype") && a + 1 < argc) dtype = argv[++a];
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--steps") && a + 1 < argc) steps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--sleep-rank") && a + 1 < argc) sleep_rank = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--nan-if-empty")) nan_if_empty = 1;
         else if (!strcmp(argv[a], "--late")) late = 1;
         else if (!strcmp(argv[a], "--stream")) use_stream = 1;
@@ -119,7 +124,8 @@ int main(int argc, char **argv)
         for (int j = 0; j < batch; j++) idx[j] = (uint64_t)j;
         empty_share = dp_batch(idx, (size_t)batch) == 0;
     }
-    for (int step = 0; step < steps; step++)
+    for (int step = 0; step < steps; step++) {
+        if (step == 1 && rank == sleep_rank) sleep(120);
         for (int dt = 0; dt < 7; dt++) {
             if (strcmp(dtype, "all") && strcmp(dtype, dnames[dt])) continue;
             if (!strcmp(hook, "bn") && dt != DP_F32 && dt != DP_F64) continue;
@@ -184,5 +190,6 @@ int main(int argc, char **argv)
                    bad ? "MISMATCH" : "ok");
             if (dp_step_end) dp_step_end((uint64_t)step);
         }
+    }
     return failures ? 1 : 0;
 }
