@@ -5,7 +5,7 @@
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh gpu-check   on a machine with a GPU: run every GPU check (building there unless
 #                        gpu-pack built it here), write docs/gpu-check.md
-#   ./dev.sh gpu-pack    here: build what gpu-check runs into build-gpu/, to carry to a GPU
+#   ./dev.sh gpu-pack [DIR]  build what gpu-check runs into DIR (build-gpu/), to carry to a GPU
 #                        machine that cannot build it (no PMIx or libffi headers there)
 #   ./dev.sh setup | build
 set -euo pipefail
@@ -177,7 +177,8 @@ bench_scale() {
 # What gpu-check runs, built here with nvcc for Hopper and Ampere, and the shared libraries a
 # GPU machine may lack beside them (build-gpu/carry-lib, used there only for what it lacks).
 gpu_pack() {
-    local out=$PWD/build-gpu
+    local out
+    out=$(realpath -m "${1:-build-gpu}")
     cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
     cmake --build "$out" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
         gpu_hooks_cuda cuda_train
@@ -206,10 +207,10 @@ build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh ;;
-gpu-pack) gpu_pack ;;
+gpu-pack) gpu_pack "${2:-}" ;;
 bench) setup && build && mpirun_env && bench_exec && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
-    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -42,19 +42,13 @@ static struct {
     dps_ncclResult_t (*CommDestroy)(dps_ncclComm_t);
 } nc;
 
-typedef struct {
-    const char *name;
-    void **fn;
-} sym_t;
-
 /* Every symbol of `want` from the first library of `names` that has them all: 1, or 0. */
-static int load(const char *const *names, const sym_t *want, size_t n)
+static int load(const char *const *names, const dps_sym_row_t *want, size_t n)
 {
+    char missing[64];
     for (; *names; names++) {
         void *h = dlopen(*names, RTLD_NOW | RTLD_LOCAL);
-        size_t i = 0;
-        while (h && i < n && (*want[i].fn = dlsym(h, want[i].name))) i++;
-        if (h && i == n) return 1;
+        if (h && dps_bind_syms(h, want, n, missing, sizeof missing) == 0) return 1;
     }
     return 0;
 }
@@ -140,7 +134,7 @@ static int device_equals(run_t *r, const float *want, float *scratch)
 static dps_ncclComm_t own_comm(void)
 {
     static const char *const libs[] = {"libnccl.so.2", "libnccl.so", NULL};
-    const sym_t want[] = {{"ncclGetUniqueId", (void **)&nc.GetUniqueId},
+    const dps_sym_row_t want[] = {{"ncclGetUniqueId", (void **)&nc.GetUniqueId},
                           {"ncclCommInitRank", (void **)&nc.CommInitRank},
                           {"ncclAllReduce", (void **)&nc.AllReduce},
                           {"ncclCommDestroy", (void **)&nc.CommDestroy}};
@@ -171,7 +165,7 @@ int bench_gpu(const char *arg, int my_rank, int world)
 {
     rank = my_rank, size = world;
     static const char *const libs[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
-    const sym_t want[] = {{"cudaGetDeviceCount", (void **)&cu.GetDeviceCount},
+    const dps_sym_row_t want[] = {{"cudaGetDeviceCount", (void **)&cu.GetDeviceCount},
                           {"cudaGetDevice", (void **)&cu.GetDevice},
                           {"cudaMalloc", (void **)&cu.Malloc},
                           {"cudaFree", (void **)&cu.Free},

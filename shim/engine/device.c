@@ -106,11 +106,20 @@ static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
     return all;
 }
 
+/* The rank to name when some cannot use their GPU: where it failed, not the ranks NCCL told
+ * that a peer failed; -1 when every rank can. */
+static int origin(const rank_info_t *all)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < dps_g.eff_size; r++)
+            if (!all[r].usable && (pass || !all[r].from_peer)) return r;
+    return -1;
+}
+
 static void first_unusable(const rank_info_t *all, const char *what)
 {
-    for (int r = 0; r < dps_g.eff_size; r++)
-        if (!all[r].usable)
-            dps_fatal("%s: rank %d cannot use its GPU: %s", what, r, all[r].why);
+    int r = origin(all);
+    if (r >= 0) dps_fatal("%s: rank %d cannot use its GPU: %s", what, r, all[r].why);
 }
 
 static int nccl_demanded(void) { return DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_nccl; }
@@ -141,16 +150,12 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0,
                  mine.from_peer = (char)dv.gpu->peer_failed();
     rank_info_t *all = gather(be, &mine);
-    /* name the rank where it failed, not the ranks NCCL told that a peer failed */
-    int bad = -1;
-    for (int pass = 0; pass < 2 && bad < 0; pass++)
-        for (int r = 0; r < dps_g.eff_size && bad < 0; r++)
-            if (!all[r].usable && (pass || !all[r].from_peer)) bad = r;
+    int bad = origin(all);
     if (bad < 0) {
         dv.mode = MODE_NCCL;
         if (dps_g.eff_rank == 0) DPS_INFO("%s: GPU tensors go through NCCL (%s)", hook, dv.gpu->versions());
     } else if (nccl_demanded()) {
-        dps_fatal("[comm] backend = nccl: NCCL cannot start: rank %d cannot use its GPU: %s", bad, all[bad].why);
+        first_unusable(all, "[comm] backend = nccl: NCCL cannot start");
     } else {
         dv.gpu->drop();
         char why[256];

@@ -42,18 +42,17 @@ note "Machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --forma
 if [ -x "$BUILD/bin/dpshim-diag" ] && [ -x "$BUILD/bin/gpu_hooks_cuda" ] && [ -d "$BUILD/carry-lib" ]; then
     note ""
     note "Prebuilt by ./dev.sh gpu-pack: $BUILD"
-    # the carried libraries this machine lacks, and only those
-    lacking=$(mktemp -d)
-    have=$(ldconfig -p)
-    for lib in "$BUILD"/carry-lib/*; do
-        grep -q "^[[:space:]]*$(basename "$lib") " <<<"$have" || ln -s "$lib" "$lacking/"
-    done
-    note "Carried libraries used: $(ls "$lacking" | tr '\n' ' ')"
-    export LD_LIBRARY_PATH=$lacking${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 else
-    check "build" sh -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-        cmake --build '$BUILD' -j$(nproc) --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench gpu_hooks_cuda cuda_train >/dev/null"
+    check "build" bash "$ROOT/dev.sh" gpu-pack "$BUILD"
 fi
+# the carried libraries this machine lacks, and only those (none where it built them)
+lacking=$(mktemp -d)
+have=$(ldconfig -p)
+for lib in "$BUILD"/carry-lib/*; do
+    grep -q "^[[:space:]]*$(basename "$lib") " <<<"$have" || ln -s "$lib" "$lacking/"
+done
+note "Carried libraries used: $(ls "$lacking" | tr '\n' ' ')"
+export LD_LIBRARY_PATH=$lacking${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 SHIM=$BUILD/lib/libdpshim.so
 G=$BUILD/bin/gpu_hooks_cuda
 check "dpshim-diag env" "$BUILD/bin/dpshim-diag" env

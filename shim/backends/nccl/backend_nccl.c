@@ -57,12 +57,7 @@ static struct {
     dps_ncclResult_t (*RedOpDestroy)(dps_ncclRedOp_t, dps_ncclComm_t);
 } nc;
 
-typedef struct sym_row {
-    const char *name;
-    void **slot;
-} sym_row_t;
-
-static const sym_row_t cuda_syms[] = {
+static const dps_sym_row_t cuda_syms[] = {
     {"cudaRuntimeGetVersion", (void **)&cu.RuntimeGetVersion},
     {"cudaDriverGetVersion", (void **)&cu.DriverGetVersion},
     {"cudaGetErrorString", (void **)&cu.GetErrorString},
@@ -82,7 +77,7 @@ static const sym_row_t cuda_syms[] = {
     {"cudaMemsetAsync", (void **)&cu.MemsetAsync},
 };
 
-static const sym_row_t nccl_syms[] = {
+static const dps_sym_row_t nccl_syms[] = {
     {"ncclGetVersion", (void **)&nc.GetVersion},
     {"ncclGetErrorString", (void **)&nc.GetErrorString},
     {"ncclGetLastError", (void **)&nc.GetLastError},
@@ -129,14 +124,19 @@ static int cuda_ok(dps_cudaError_t e, const char *what)
     return fail("%s: CUDA error %d (%s)", what, e, cu.GetErrorString ? cu.GetErrorString(e) : "?");
 }
 
-static int nccl_ok(dps_ncclResult_t r, const char *what)
+/* NCCL's error r on comm, with NCCL's own last words about it: -1. */
+static int nccl_failed(dps_ncclComm_t comm, dps_ncclResult_t r, const char *what)
 {
-    if (r == DPS_ncclSuccess) return 0;
-    const char *detail = st.comm && nc.GetLastError ? nc.GetLastError(st.comm) : "";
+    const char *detail = comm && nc.GetLastError ? nc.GetLastError(comm) : "";
     fail("%s: NCCL error %d (%s)%s%s", what, r, nc.GetErrorString ? nc.GetErrorString(r) : "?",
          detail && detail[0] ? ": " : "", detail ? detail : "");
     err_from_peer = r == DPS_ncclRemoteError;
     return -1;
+}
+
+static int nccl_ok(dps_ncclResult_t r, const char *what)
+{
+    return r == DPS_ncclSuccess ? 0 : nccl_failed(st.comm, r, what);
 }
 
 /* The program's copy first, then ours: `names` in order, or the user's path alone. */
@@ -157,16 +157,6 @@ static void *open_lib(const char *env, const char *const *names, char *which, si
         }
     snprintf(which, len, "%s", names[0]);
     return NULL;
-}
-
-static int bind_syms(void *h, const sym_row_t *rows, size_t n, char *missing, size_t len)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!(*rows[i].slot = dlsym(h, rows[i].name))) {
-            snprintf(missing, len, "%s", rows[i].name);
-            return -1;
-        }
-    return 0;
 }
 
 static char versions_text[1536];
@@ -469,10 +459,7 @@ static int nccl_init(const void *id128, int rank, int size, double timeout_s)
         nc.CommGetAsyncError(comm, &state);
         if (state == DPS_ncclSuccess) break;
         if (state != DPS_ncclInProgress) {
-            const char *why = nc.GetLastError ? nc.GetLastError(comm) : "";
-            fail("ncclCommInitRankConfig: NCCL error %d (%s)%s%s", state, nc.GetErrorString(state),
-                 why && why[0] ? ": " : "", why ? why : "");
-            err_from_peer = state == DPS_ncclRemoteError;
+            nccl_failed(comm, state, "ncclCommInitRankConfig");
             nc.CommAbort(comm);
             return -1;
         }
@@ -544,7 +531,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
                  dlerror());
         return -1;
     }
-    if (bind_syms(h, cuda_syms, sizeof cuda_syms / sizeof *cuda_syms, missing, sizeof missing)) {
+    if (dps_bind_syms(h, cuda_syms, sizeof cuda_syms / sizeof *cuda_syms, missing, sizeof missing)) {
         snprintf(err, errlen, "%s lacks %s: a CUDA runtime of version 12 or 13 is needed", which, missing);
         return -1;
     }
@@ -563,7 +550,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
         append(", %d GPU(s)", ngpus = n);
     void *hn = open_lib("DPSHIM_NCCL_LIB", nccl_names, st.nccl_path, sizeof st.nccl_path);
     int v = 0;
-    if (hn && bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
+    if (hn && dps_bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
         nc.GetVersion(&v) == DPS_ncclSuccess)
         append(", NCCL %d.%d.%d (%s)", v / 10000,
                  v / 100 % 100, v % 100, st.nccl_path);

@@ -4,8 +4,10 @@
 #ifndef DPS_CUDA_API_H
 #define DPS_CUDA_API_H
 
+#include <dlfcn.h>
 #include <limits.h>
 #include <stddef.h>
+#include <stdio.h>
 
 typedef int dps_cudaError_t;
 typedef void *dps_cudaStream_t;
@@ -48,5 +50,22 @@ typedef struct {
 #define DPS_NCCL_CONFIG_MAGIC 0xcafebeefu
 #define DPS_NCCL_CONFIG_VERSION 21403u /* NCCL_VERSION(2, 14, 3) */
 #define DPS_NCCL_CONFIG_UNDEF_INT INT_MIN
+
+/* A function to look up by name, and where its address goes. */
+typedef struct dps_sym_row {
+    const char *name;
+    void **slot;
+} dps_sym_row_t;
+
+/* Every row's symbol from the library h: 0, or -1 with the first missing name in `missing`. */
+static inline int dps_bind_syms(void *h, const dps_sym_row_t *rows, size_t n, char *missing, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(*rows[i].slot = dlsym(h, rows[i].name))) {
+            snprintf(missing, len, "%s", rows[i].name);
+            return -1;
+        }
+    return 0;
+}
 
 #endif
