@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 const dps_key_info_t dps_keys[DPS_NKEYS] = {
-#define DPS_KEY(sec, key, type, def, allowed, doc)                                                    \
+#define DPS_KEY(sec, key, type, scope, def, allowed, doc)                                                    \
     {#sec, #key, DPS_KEY_##type, DPS_DEFAULT_TEXT_##type(def), DPS_DEFAULT_NUM_##type(sec, key, def), \
-     DPS_ALLOWED_##type(allowed), doc},
+     DPS_ALLOWED_##type(allowed), doc, DPS_SCOPE_##scope},
 #include "policy_keys.def"
 #undef DPS_KEY
 };

@@ -17,7 +17,7 @@
 typedef enum { DPS_KEY_ENUM, DPS_KEY_UINT, DPS_KEY_STR, DPS_KEY_GLOBS } dps_key_type_t;
 
 typedef enum {
-#define DPS_KEY(sec, key, type, def, allowed, doc) DPS_P_##sec##_##key,
+#define DPS_KEY(sec, key, type, scope, def, allowed, doc) DPS_P_##sec##_##key,
 #include "policy_keys.def"
 #undef DPS_KEY
     DPS_NKEYS
@@ -69,7 +69,7 @@ typedef enum {
 #define DPS_TYPED_UINT(sec, key, range)
 #define DPS_TYPED_STR(sec, key, none)
 #define DPS_TYPED_GLOBS(sec, key, none)
-#define DPS_KEY(sec, key, type, def, allowed, doc) DPS_TYPED_##type(sec, key, allowed)
+#define DPS_KEY(sec, key, type, scope, def, allowed, doc) DPS_TYPED_##type(sec, key, allowed)
 #include "policy_keys.def"
 #undef DPS_KEY
 
@@ -81,7 +81,10 @@ typedef struct dps_key_info {
     uint64_t def_num; /* ENUM: the default's index */
     const char *allowed; /* ENUM: "a|b|c"; UINT: "min..max"; else "" */
     const char *doc;
+    int job; /* scope JOB: must be the same on every rank of a job */
 } dps_key_info_t;
+#define DPS_SCOPE_JOB 1
+#define DPS_SCOPE_RANK 0
 
 extern const dps_key_info_t dps_keys[DPS_NKEYS];
 

@@ -24,6 +24,11 @@ typedef struct rank_data {
     double late_s; /* how much later than the second-to-last it arrived, summed */
 } rank_data_t;
 
+/* The ranks of one host: by_host[at .. at + n), in ascending order. */
+typedef struct host_group {
+    int at, n;
+} host_group_t;
+
 /* The files of one job, as read. Hook names are kept once each: events hold their index. */
 typedef struct job {
     const char *dir;
@@ -31,6 +36,9 @@ typedef struct job {
     rank_data_t *rd;
     char **names;
     uint32_t nnames, last_name;
+    /* the ranks with files grouped by host, hosts in the order of their first rank (the report's) */
+    int *by_host, nhosts;
+    host_group_t *hosts;
 } job_t;
 
 static void free_job(job_t *j)
@@ -39,7 +47,7 @@ static void free_job(job_t *j)
         free(j->rd[r].ev);
     for (uint32_t i = 0; i < j->nnames; i++)
         free(j->names[i]);
-    free(j->rd), free(j->names);
+    free(j->rd), free(j->names), free(j->by_host), free(j->hosts);
 }
 
 /* --- reading --- */
@@ -84,13 +92,19 @@ static void stats_line(char *line, dps_diag_stats_t *st)
         st->key = strtoull(val, NULL, 10);                                                                   \
         return;                                                                                              \
     }
+#define SNUM(key)                                                                                            \
+    if (!strcmp(line, #key)) {                                                                               \
+        st->key = strtoll(val, NULL, 10);                                                                    \
+        return;                                                                                              \
+    }
 #define TEXT(key, len)                                                                                       \
     if (!strcmp(line, #key)) {                                                                               \
         snprintf(st->key, sizeof st->key, "%s", val);                                                        \
         return;                                                                                              \
     }
-    DPS_DIAG_STATS(NUM, TEXT)
+    DPS_DIAG_STATS(NUM, SNUM, TEXT)
 #undef NUM
+#undef SNUM
 #undef TEXT
 }
 
@@ -189,8 +203,20 @@ static int probe_job(const char *dir, job_t *j, char *err, size_t errlen)
     return rc;
 }
 
-/* Every rank's files. With need_all a rank without files is an error; else it counts as missing.
- * 0, or -1 with err set. */
+/* Puts rank d's times on rank 0's clock: its measured offset (its clock minus rank 0's) is
+ * subtracted, so that arrivals on different hosts compare. Unsigned arithmetic wraps, so adding
+ * the two's complement subtracts a negative offset as well. */
+static void to_rank0_clock(rank_data_t *d)
+{
+    if (!d->st.clock_measured) return;
+    uint64_t off = (uint64_t)d->st.clock_offset_ns;
+    d->st.start_ns -= off, d->st.end_ns -= off;
+    for (size_t i = 0; i < d->n; i++)
+        d->ev[i].begin_ns -= off, d->ev[i].end_ns -= off;
+}
+
+/* Every rank's files, on rank 0's clock where offsets were measured. With need_all a rank
+ * without files is an error; else it counts as missing. 0, or -1 with err set. */
 static int read_ranks(job_t *j, int need_all, char *err, size_t errlen)
 {
     j->rd = calloc((size_t)j->size, sizeof *j->rd);
@@ -206,6 +232,7 @@ static int read_ranks(job_t *j, int need_all, char *err, size_t errlen)
         j->missing += !d->present;
         rc = read_trace(j, r, err, errlen);
         if (rc < 0 || (need_all && rc == 0)) goto fail;
+        to_rank0_clock(d);
         continue;
     fail: /* err is set, or the rank has no files */
         if (!err[0])
@@ -214,6 +241,85 @@ static int read_ranks(job_t *j, int need_all, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* --- hosts and their clocks --- */
+
+/* By host name, then by rank: a host's ranks end up together, in ascending order. */
+static int host_order(const void *a, const void *b, void *rd_p)
+{
+    const rank_data_t *rd = rd_p;
+    int ra = *(const int *)a, rb = *(const int *)b, c = strcmp(rd[ra].st.host, rd[rb].st.host);
+    return c ? c : (ra > rb) - (ra < rb);
+}
+
+/* By the host's first rank. */
+static int first_rank_order(const void *a, const void *b, void *by_host_p)
+{
+    const int *by_host = by_host_p;
+    int ra = by_host[((const host_group_t *)a)->at], rb = by_host[((const host_group_t *)b)->at];
+    return (ra > rb) - (ra < rb);
+}
+
+/* Groups the ranks with files by the host their stats name. Sorting keeps it fast at thousands
+ * of hosts. 0, or -1 when memory runs out. */
+static int group_hosts(job_t *j)
+{
+    int n = 0;
+    j->by_host = malloc(((size_t)j->size + 1) * sizeof *j->by_host);
+    j->hosts = malloc(((size_t)j->size + 1) * sizeof *j->hosts);
+    if (!j->by_host || !j->hosts) return -1;
+    for (int r = 0; r < j->size; r++)
+        if (j->rd[r].present) j->by_host[n++] = r;
+    qsort_r(j->by_host, (size_t)n, sizeof *j->by_host, host_order, j->rd);
+    for (int i = 0; i < n; i++) {
+        if (!i || strcmp(j->rd[j->by_host[i]].st.host, j->rd[j->by_host[i - 1]].st.host))
+            j->hosts[j->nhosts++] = (host_group_t){.at = i};
+        j->hosts[j->nhosts - 1].n++;
+    }
+    qsort_r(j->hosts, (size_t)j->nhosts, sizeof *j->hosts, first_rank_order, j->by_host);
+    return 0;
+}
+
+static const char *host_of(const job_t *j, int r)
+{
+    return j->rd[r].st.host[0] ? j->rd[r].st.host : "?";
+}
+
+/* A lane's name in the trace and the picture: "rank N (host)". */
+static void lane_name(const job_t *j, int r, char *buf, size_t len)
+{
+    if (j->rd[r].present)
+        snprintf(buf, len, "rank %d (%s)", r, host_of(j, r));
+    else
+        snprintf(buf, len, "rank %d (no files)", r);
+}
+
+/* The clock offsets to rank 0 that the ranks recorded (see to_rank0_clock). */
+typedef struct clocks {
+    int others, measured;      /* ranks other than 0 with files; those of them with an offset */
+    uint64_t max_off, max_err; /* the largest offset, either way, and the largest error bound */
+    int one_clock;             /* one host and no offset: nothing to correct (the usual case) */
+    int corrected;             /* offsets were subtracted from the times of another host */
+} clocks_t;
+
+static clocks_t clock_summary(const job_t *j)
+{
+    clocks_t c = {0};
+    for (int r = 1; r < j->size; r++) {
+        const dps_diag_stats_t *st = &j->rd[r].st;
+        if (!j->rd[r].present) continue;
+        c.others++;
+        if (!st->clock_measured) continue;
+        c.measured++;
+        uint64_t off =
+            st->clock_offset_ns < 0 ? 0 - (uint64_t)st->clock_offset_ns : (uint64_t)st->clock_offset_ns;
+        if (off > c.max_off) c.max_off = off;
+        if (st->clock_error_ns > c.max_err) c.max_err = st->clock_error_ns;
+    }
+    c.one_clock = j->nhosts == 1 && !c.max_off;
+    c.corrected = c.measured && !c.one_clock;
+    return c;
 }
 
 /* --- matching collectives across ranks --- */
@@ -291,16 +397,23 @@ static void json_span(FILE *f, const job_t *j, const ev_t *e, const char *cat, i
             (unsigned long long)e->seq, (unsigned long long)e->step, (unsigned long long)e->bytes);
 }
 
+/* The metadata event that names lane tid after rank r, with `suffix` after its name. */
+static void json_lane(FILE *f, const job_t *j, int r, int tid, const char *suffix, const char *sep)
+{
+    char name[400];
+    lane_name(j, r, name, sizeof name);
+    snprintf(name + strlen(name), sizeof name - strlen(name), "%s", suffix);
+    fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":", sep, tid);
+    json_string(f, name);
+    fprintf(f, "}}");
+}
+
 /* One rank's lanes: compute between its collectives, the collectives, step marks, and the
  * progress thread's reductions on a lane of their own. */
 static void json_rank(FILE *f, const job_t *j, int r, uint64_t t0)
 {
     const rank_data_t *d = &j->rd[r];
-    if (d->st.bg_collectives)
-        fprintf(f,
-                ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d "
-                "background\"}}",
-                j->size + r, r);
+    if (d->st.bg_collectives) json_lane(f, j, r, j->size + r, " background", ",\n");
     uint64_t prev = d->st.start_ns;
     for (size_t i = 0; i < d->n; i++) {
         const ev_t *e = &d->ev[i];
@@ -330,10 +443,7 @@ static void json_events(FILE *f, const job_t *j, uint64_t t0)
     int first = 1;
     for (int r = 0; r < j->size; r++) {
         if (!j->rd[r].present) continue;
-        fprintf(
-            f,
-            "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}}",
-            first ? "" : ",\n", r, r);
+        json_lane(f, j, r, r, "", first ? "" : ",\n");
         first = 0;
         json_rank(f, j, r, t0);
     }
@@ -396,24 +506,56 @@ static void svg_legend(FILE *f, const svg_frame_t *s, int size, double span)
             s->left, ly + 36, s->W - 20, ly + 36, span * 1e-9);
 }
 
+/* Text in an SVG element: host names and directories may hold what XML reserves. */
+static void svg_text(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        if (*s == '&')
+            fputs("&amp;", f);
+        else if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if ((unsigned char)*s >= 0x20)
+            fputc(*s, f);
+}
+
+/* The lanes' names are drawn left of the lanes: room for the longest, about 6.5 px a character at
+ * font-size 12, and at most a third of the picture. */
+static double svg_left(const job_t *j, double W)
+{
+    size_t longest = 0;
+    char name[400];
+    for (int r = 0; r < j->size; r++) {
+        lane_name(j, r, name, sizeof name);
+        if (strlen(name) > longest) longest = strlen(name);
+    }
+    double left = 16 + 6.5 * (double)longest;
+    return left < 70 ? 70 : left > W / 3 ? W / 3 : left;
+}
+
 /* One lane per rank: compute, waiting for the last rank inside a collective, and transfer. */
 static void svg_timeline(FILE *f, const job_t *j, uint64_t t0, uint64_t t1)
 {
-    svg_frame_t s = {.W = 1100, .left = 70, .lane = 34, .top = 50, .t0 = t0};
+    svg_frame_t s = {.W = 1100, .left = svg_left(j, 1100), .lane = 34, .top = 50, .t0 = t0};
     double span = (double)(t1 - t0), H = s.top + s.lane * j->size + 70;
+    char name[400];
     s.x_of = (s.W - s.left - 20) / (span > 0 ? span : 1);
     fprintf(f,
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
             "font-family=\"sans-serif\" font-size=\"12\">\n",
             s.W, H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f,
-            "<text x=\"%.0f\" y=\"22\" font-size=\"15\">dpshim timeline of %s: %d ranks, first to last "
-            "collective, %.3f s</text>\n",
-            s.left, j->dir, j->size, span * 1e-9);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">dpshim timeline of ", s.left);
+    svg_text(f, j->dir);
+    fprintf(f, ": %d ranks on %d host%s, first to last collective, %.3f s%s</text>\n", j->size, j->nhosts,
+            j->nhosts == 1 ? "" : "s", span * 1e-9, clock_summary(j).corrected ? ", on rank 0's clock" : "");
     for (int r = 0; r < j->size; r++) {
         double y = s.top + s.lane * r;
-        fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", y + s.lane * 0.6, r);
+        lane_name(j, r, name, sizeof name);
+        fprintf(f, "<text x=\"8\" y=\"%.1f\">", y + s.lane * 0.6);
+        svg_text(f, name);
+        fprintf(f, "</text>\n");
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#9ecae1\"/>\n", s.left,
                 y + 4, span * s.x_of, s.lane - 8);
     }
@@ -452,7 +594,7 @@ static void collective_span(const job_t *j, uint64_t t0, uint64_t t1, uint64_t *
 static void print_ranks(const job_t *j)
 {
     printf("rank  steps  collectives  MB reduced   wall s  compute s   comm s  waiting s  comm %%  arrived "
-           "last\n");
+           "last  host\n");
     for (int r = 0; r < j->size; r++) {
         const rank_data_t *d = &j->rd[r];
         if (!d->present) {
@@ -460,11 +602,11 @@ static void print_ranks(const job_t *j)
             continue;
         }
         double wall = (double)(d->st.end_ns - d->st.start_ns) * 1e-9, comm = (double)d->st.comm_ns * 1e-9;
-        printf("%4d  %5llu  %11llu  %10.1f  %7.3f  %9.3f  %7.3f  %9.3f  %5.1f%%  %5.1f%%\n", r,
+        printf("%4d  %5llu  %11llu  %10.1f  %7.3f  %9.3f  %7.3f  %9.3f  %5.1f%%  %5.1f%%        %s\n", r,
                (unsigned long long)d->st.steps, (unsigned long long)d->st.collectives,
                (double)(d->st.bytes + d->st.bg_bytes) / 1e6, wall, wall - comm, comm, d->wait_s,
                wall > 0 ? 100 * comm / wall : 0,
-               d->st.collectives ? 100.0 * (double)d->last / (double)d->st.collectives : 0);
+               d->st.collectives ? 100.0 * (double)d->last / (double)d->st.collectives : 0, host_of(j, r));
     }
     for (int r = 0; r < j->size; r++)
         if (j->rd[r].present && j->rd[r].st.bg_collectives)
@@ -473,6 +615,17 @@ static void print_ranks(const job_t *j)
                    "wait in dp_grads counts as comm above\n",
                    r, (unsigned long long)j->rd[r].st.bg_collectives, (double)j->rd[r].st.bg_bytes / 1e6,
                    (double)j->rd[r].st.bg_comm_ns * 1e-9);
+}
+
+/* Whose clock the waiting and arrived-last columns read, where more than one clock is involved. */
+static void print_clock_note(const job_t *j, const clocks_t *c)
+{
+    if (c->corrected)
+        printf("waiting and arrived last are on rank 0's clock: each rank's measured offset is subtracted "
+               "from its times\n");
+    else if (j->nhosts > 1)
+        printf("waiting and arrived last compare the hosts' clocks as they are (offsets not measured): skew "
+               "between them reads as waiting\n");
 }
 
 /* The rank that kept the others waiting longest, if any did. */
@@ -566,6 +719,62 @@ static int write_pictures(const job_t *j, const char *trace_out, const char *svg
     return rc;
 }
 
+/* "ranks 0-3,8": a host's ranks as runs of consecutive ones, the first RUNS of them. */
+static void print_rank_runs(const int *rank, int n)
+{
+    enum { RUNS = 4 };
+    printf(n == 1 ? "rank " : "ranks ");
+    for (int i = 0, runs = 0; i < n; i++, runs++) {
+        int k = i;
+        while (k + 1 < n && rank[k + 1] == rank[k] + 1)
+            k++;
+        if (runs == RUNS) {
+            printf(",... %d in all", n);
+            return;
+        }
+        printf("%s%d", runs ? "," : "", rank[i]);
+        if (k > i) printf("-%d", rank[k]);
+        i = k;
+    }
+}
+
+/* Each host with its ranks, the first SHOWN hosts. */
+static void print_hosts(const job_t *j)
+{
+    enum { SHOWN = 16 };
+    printf("hosts:");
+    for (int h = 0; h < j->nhosts && h < SHOWN; h++) {
+        const host_group_t *g = &j->hosts[h];
+        printf("%s %s (", h ? "," : "", host_of(j, j->by_host[g->at]));
+        print_rank_runs(j->by_host + g->at, g->n);
+        printf(")");
+    }
+    if (j->nhosts > SHOWN) printf(", and %d more hosts", j->nhosts - SHOWN);
+    printf("\n");
+}
+
+/* How far the ranks' clocks were from rank 0's, and whether the report corrected them. Nothing
+ * for a job of one rank. */
+static void print_clocks(const clocks_t *c)
+{
+    if (!c->others) return;
+    if (c->one_clock || !c->measured) {
+        printf("clock offsets to rank 0: %s\n", c->one_clock
+                                                    ? "none (one host, one clock)"
+                                                    : "not measured; each host's clock is taken as it is");
+        return;
+    }
+    uint64_t top = c->max_off > c->max_err ? c->max_off : c->max_err;
+    double unit = top >= 1000000000 ? 1e9 : top >= 1000000 ? 1e6 : 1e3;
+    const char *u = unit == 1e9 ? "s" : unit == 1e6 ? "ms" : "us";
+    printf("clock offsets to rank 0: up to %.3f %s (+/- %.3f %s), corrected", (double)c->max_off / unit, u,
+           (double)c->max_err / unit, u);
+    if (c->measured < c->others)
+        printf("; not measured on %d rank%s, whose clocks are taken as they are", c->others - c->measured,
+               c->others - c->measured == 1 ? "" : "s");
+    printf("\n");
+}
+
 /* The job of dir, read whole for the report: 0, or 1 after saying what is wrong. */
 static int load_for_report(const char *dir, job_t *j)
 {
@@ -584,6 +793,10 @@ static int load_for_report(const char *dir, job_t *j)
         fprintf(stderr, "dpshim-diag: %s\n", err);
         return 1;
     }
+    if (group_hosts(j)) {
+        fprintf(stderr, "dpshim-diag: out of memory\n");
+        return 1;
+    }
     return 0;
 }
 
@@ -594,9 +807,14 @@ int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
     match_collectives(j.rd, j.size, 0, UINT64_MAX);
     uint64_t t0, t1;
     job_span(&j, &t0, &t1);
-    printf("dpshim report of %s: %d ranks, host %s, launcher %s, %.3f s\n\n", dir, j.size, j.rd[0].st.host,
-           j.rd[0].st.launcher, (double)(t1 - t0) * 1e-9);
+    clocks_t clocks = clock_summary(&j);
+    printf("dpshim report of %s: %d ranks on %d host%s, launcher %s, %.3f s\n", dir, j.size, j.nhosts,
+           j.nhosts == 1 ? "" : "s", j.rd[0].st.launcher, (double)(t1 - t0) * 1e-9);
+    print_hosts(&j);
+    print_clocks(&clocks);
+    printf("\n");
     print_ranks(&j);
+    print_clock_note(&j, &clocks);
     print_straggler(&j);
     print_files(&j);
     print_dropped(&j);

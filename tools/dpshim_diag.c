@@ -2,13 +2,14 @@
  *   config          effective policy, every value with its source (default, file:line, env)
  *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
  *   keys            the policy reference as a Markdown table (the README's comes from it)
- *   env             what the shim detects here (launcher, ranks, backends, GPUs, versions)
+ *   env             what the shim detects here (host, launcher, ranks, backends, GPUs, versions)
  *   bench [SET]     (under mpirun, with the shim preloaded) all-reduce through the shim
  *                   against plain MPI: dpshim-bench beside this program does the work
  *   report DIR [--trace OUT.json] [--svg OUT.svg]
  *                   merge the per-rank files of a [diag] dir */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,7 @@ static int cmd_keys(void)
                *k->def ? "`" : "");
         md(k->type == DPS_KEY_GLOBS ? "globs" : k->type == DPS_KEY_STR ? "text" : k->allowed);
         printf(" | `%s` | ", dps_policy_env_name((dps_key_id_t)i, env, sizeof env));
+        if (k->job) printf("(job-wide) ");
         md(k->doc);
         printf(" |\n");
     }
@@ -90,7 +92,8 @@ static int cmd_keys(void)
 }
 
 /* The shim answers for itself: dpshim-diag loads libdpshim.so (from ../lib beside this program,
- * or DPSHIM_LIB) and asks it what its start-up found. */
+ * or DPSHIM_LIB) and asks it what its start-up found, after the host it runs on, which tells the
+ * ranks of a job across machines apart. */
 static int cmd_env(void)
 {
     char self[4096], lib[4200];
@@ -105,6 +108,9 @@ static int cmd_env(void)
         return 1;
     }
     static char buf[8192];
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "? (%s)", strerror(errno));
+    printf("host       %s\n", host);
     describe(buf, sizeof buf);
     fputs(buf, stdout);
     return 0;

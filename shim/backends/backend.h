@@ -8,6 +8,9 @@
 
 typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
 
+/* The largest message on the guard's side channel. */
+#define DPS_GUARD_MSG_MAX 1024
+
 typedef struct dps_backend {
     const char *name;
     /* All in place on host memory; 0 on success, -1 with last_error() set. dtype: DP_* */
@@ -23,7 +26,8 @@ typedef struct dps_backend {
     int (*owns_mpi_init)(void);
     /* The guard's side channel, apart from the data path, usable from the guard's thread while
      * the main thread is blocked in a collective; NULL when the backend has none (self, or an
-     * MPI the program initialized without MPI_THREAD_MULTIPLE). Small messages only. */
+     * MPI the program initialized without MPI_THREAD_MULTIPLE). Messages of DPS_GUARD_MSG_MAX
+     * bytes at most. */
     int (*guard_send)(const void *msg, size_t len, int dest);
     /* 1 and the message when one has arrived, 0 when none, -1 on error. */
     int (*guard_poll)(void *msg, size_t len, int *src);
@@ -38,6 +42,11 @@ typedef struct dps_backend {
     const char *(*last_error_bg)(void);
     /* Large all-reductions go in pieces of this many bytes; 0: measure at the first large one. */
     void (*set_piece)(size_t bytes);
+    /* The wall clock (CLOCK_REALTIME) of this rank minus rank 0's, and half the best round trip
+     * as its error bound, by ping-pong with rank 0; a collective of the main thread, where
+     * measure[r] (the same table on every rank) says which ranks measure (0: offset 0). NULL
+     * when the backend cannot. 0, or -1 with last_error() set. */
+    int (*clock_offset)(const unsigned char *measure, int64_t *offset_ns, uint64_t *error_ns);
     /* What the backend chose and measured, for logs and diagnostics ("" when nothing yet). */
     const char *(*tuning)(void);
 } dps_backend_t;

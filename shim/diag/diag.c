@@ -40,6 +40,14 @@ static struct {
 /* Uncontended but for [comm] overlap, and at the end, when the files are written. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* dps_diag_set_clock's figures, apart from `diag`: a fresh record starts with the same clocks.
+ * Guarded by `lock`. */
+static struct {
+    int measured;
+    int64_t offset_ns;
+    uint64_t error_ns;
+} clock_to_rank0;
+
 uint64_t dps_diag_now(void)
 {
     struct timespec ts;
@@ -142,6 +150,14 @@ void dps_diag_step(uint64_t step)
     add(DPS_DIAG_STEP, "dp_step_end", t, t, 0, step, 0);
 }
 
+void dps_diag_set_clock(int64_t offset_ns, uint64_t error_ns)
+{
+    pthread_mutex_lock(&lock);
+    clock_to_rank0.measured = 1;
+    clock_to_rank0.offset_ns = offset_ns, clock_to_rank0.error_ns = error_ns;
+    pthread_mutex_unlock(&lock);
+}
+
 /* --- writing --- */
 
 /* One file being written, and what went wrong with it. */
@@ -179,15 +195,19 @@ static void write_stats(FILE *f)
     gethostname(st.host, sizeof st.host - 1);
     snprintf(st.launcher, sizeof st.launcher, "%s", diag.s->launcher ? diag.s->launcher : "");
     st.end_ns = dps_diag_now();
+    st.clock_measured = (uint64_t)clock_to_rank0.measured;
+    st.clock_offset_ns = clock_to_rank0.offset_ns, st.clock_error_ns = clock_to_rank0.error_ns;
     st.gated_sinks = atomic_load(&dps_diag_count.sinks), st.gated_noops = atomic_load(&dps_diag_count.noops);
     st.published = atomic_load(&dps_diag_count.published);
     st.rank_paths = atomic_load(&dps_diag_count.rank_paths);
     fprintf(f, DPS_DIAG_STATS_MAGIC " %d\n", DPS_DIAG_FORMAT_VERSION);
 #define NUM(key) fprintf(f, #key " %llu\n", (unsigned long long)st.key);
+#define SNUM(key) fprintf(f, #key " %lld\n", (long long)st.key);
 #define TEXT(key, len)                                                                                       \
     if (st.key[0]) fprintf(f, #key " %s\n", st.key);
-    DPS_DIAG_STATS(NUM, TEXT)
+    DPS_DIAG_STATS(NUM, SNUM, TEXT)
 #undef NUM
+#undef SNUM
 #undef TEXT
 }
 

@@ -28,6 +28,11 @@ void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, ui
 void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
                          uint64_t step);
 void dps_diag_step(uint64_t step);
+/* This rank's wall clock minus rank 0's (dps_diag_now on each), and the bound on its error, as
+ * start-up measured them: recorded in the stats so that the report can put every rank's events on
+ * rank 0's clock. Kept across dps_diag_configure, since the clocks do not change with the policy;
+ * without a call the stats say clock_measured 0. */
+void dps_diag_set_clock(int64_t offset_ns, uint64_t error_ns);
 /* At exit of the rank process. Safe while other threads record: they wait for the files. */
 void dps_diag_write(void);
 /* The guard is about to end the job: say why in the stats, record the collective still in

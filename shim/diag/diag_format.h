@@ -8,8 +8,9 @@
 #include <stdint.h>
 
 /* Each file opens with its magic word and this number; the reader refuses other versions.
- * Version 2: the hook is the rest of a trace line (names may hold spaces); dropped_events. */
-#define DPS_DIAG_FORMAT_VERSION 2
+ * Version 2: the hook is the rest of a trace line (names may hold spaces); dropped_events.
+ * Version 3: clock_measured, clock_offset_ns (the first signed key), clock_error_ns. */
+#define DPS_DIAG_FORMAT_VERSION 3
 #define DPS_DIAG_STATS_MAGIC "dpshim-stats"
 #define DPS_DIAG_TRACE_MAGIC "dpshim-trace"
 
@@ -18,9 +19,10 @@
 #define DPS_DIAG_TRACE_FILE "trace.rank%d.txt"
 
 /* The stats file after its first line: one "key value" line per key, in this order. NUM values
- * are unsigned decimal numbers; TEXT values are the rest of the line, and a key whose text is
- * empty is left out. A key is also the name of its field in dps_diag_stats_t. */
-#define DPS_DIAG_STATS(NUM, TEXT)                                                                            \
+ * are unsigned decimal numbers (uint64_t), SNUM values signed ones (int64_t, a leading '-' when
+ * negative); TEXT values are the rest of the line, and a key whose text is empty is left out. A
+ * key is also the name of its field in dps_diag_stats_t. A key the reader does not find stays 0. */
+#define DPS_DIAG_STATS(NUM, SNUM, TEXT)                                                                      \
     /* who: the rank, the job's size, the rank on its node, its host, what started the job */                \
     NUM(rank)                                                                                                \
     NUM(size)                                                                                                \
@@ -31,6 +33,13 @@
     NUM(start_ns)                                                                                            \
     NUM(end_ns)                                                                                              \
     NUM(steps)                                                                                               \
+    /* these times and the trace's are this host's wall clock; the report puts them on rank 0's */           \
+    /* by subtracting clock_offset_ns: this rank's clock minus rank 0's, measured at start-up by a */        \
+    /* ping-pong with rank 0, with clock_error_ns as its bound (half the best round trip). */                \
+    /* clock_measured 0: no offset was measured (a job of one rank, or the start-up did not compare) */      \
+    NUM(clock_measured)                                                                                      \
+    SNUM(clock_offset_ns)                                                                                    \
+    NUM(clock_error_ns)                                                                                      \
     /* the main thread's collectives (count, bytes moved, time inside), then the progress */                 \
     /* thread's ([comm] overlap), counted apart */                                                           \
     NUM(collectives)                                                                                         \
@@ -52,9 +61,11 @@
 
 typedef struct dps_diag_stats {
 #define DPS_DIAG_NUM_FIELD_(key) uint64_t key;
+#define DPS_DIAG_SNUM_FIELD_(key) int64_t key;
 #define DPS_DIAG_TEXT_FIELD_(key, len) char key[len];
-    DPS_DIAG_STATS(DPS_DIAG_NUM_FIELD_, DPS_DIAG_TEXT_FIELD_)
+    DPS_DIAG_STATS(DPS_DIAG_NUM_FIELD_, DPS_DIAG_SNUM_FIELD_, DPS_DIAG_TEXT_FIELD_)
 #undef DPS_DIAG_NUM_FIELD_
+#undef DPS_DIAG_SNUM_FIELD_
 #undef DPS_DIAG_TEXT_FIELD_
 } dps_diag_stats_t;
 

@@ -486,6 +486,7 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
                double scale, dps_redop_t op, int wait)
 {
     int prev = begin(hook, be, t, n);
+    dps_guard_tensors(t, n);
     if (dv.mode == MODE_STAGED) {
         staged_fused(hook, be, t, n, kind, scale, op);
         end(hook, prev, wait);

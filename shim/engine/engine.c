@@ -6,28 +6,11 @@
 #include "progress.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 dps_engine_t dps_e;
-
-/* A progress thread pays off only on a core of its own: where each rank has one core (ranks
- * bound to cores, or as many ranks as cores), it takes its time slices from the framework and
- * spins waiting for peers that are descheduled (measured: 5% slower at np=2 on 2 cores). */
-static int spare_core(const dps_state_t *s)
-{
-    cpu_set_t mask;
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    int mine = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : (int)online;
-    long per_rank = online / (s->local_size > 0 ? s->local_size : 1);
-    int spare = mine >= 2 && per_rank >= 2;
-    if (s->size > 1 && s->rank == 0)
-        DPS_INFO("[comm] overlap = auto: %s (%d core(s) in this rank's affinity mask, %ld per local rank)",
-                 spare ? "on" : "off", mine, per_rank);
-    return spare;
-}
 
 DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 {
@@ -48,10 +31,8 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
     s->bn_sync = DPS_POLICY_ENUM(p, bn, sync) == DPS_V_bn_sync_on;
     s->uneven = (int)dps_policy_num(p, DPS_P_data_uneven);
     s->bucket_bytes = (size_t)dps_policy_num(p, DPS_P_comm_bucket_mb) << 20;
-    /* counting cores costs a look at /sys: only a rank process of a real job asks */
-    s->overlap = DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_on ||
-                 (DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_auto && s->eff_size > 1 &&
-                  s->role == DPS_ROLE_RANK && spare_core(s));
+    /* auto is decided for the whole job when the backend opens (agree.c) */
+    s->overlap = DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_on;
     s->compress_dtype = DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_fp16   ? DP_F16
                         : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
                                                                         : -1;
@@ -62,6 +43,34 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 }
 
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Opens the backend for `hook` under the guard (its watchdog covers the start-up, which waits
+ * for every rank), then the job-wide agreement. A failure is fatal, or with !fatal (at exit)
+ * a warning and -1. */
+static int open_backend(const char *hook, int fatal)
+{
+    pthread_mutex_lock(&open_lock);
+    if (!dps_e.be) {
+        char err[1024];
+        dps_guard_mark_t mark = dps_guard_opening(hook);
+        const dps_backend_t *be = dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
+        if (!be) {
+            if (fatal) dps_fatal("%s: %s", hook, err);
+            DPS_WARN("%s: %s", hook, err);
+            pthread_mutex_unlock(&open_lock);
+            return -1;
+        }
+        DPS_INFO("%s backend opened by %s", be->name, hook);
+        dps_guard_start(be);
+        dps_engine_agree(be, hook);
+        dps_guard_own_end(mark);
+        uint64_t piece_kb = dps_policy_num(&dps_g.policy, DPS_P_comm_piece_kb);
+        if (piece_kb && be->set_piece) be->set_piece((size_t)piece_kb << 10);
+        __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&open_lock);
+    return 0;
+}
 
 const dps_backend_t *dps_comm(const char *hook)
 {
@@ -87,19 +96,22 @@ const dps_backend_t *dps_comm(const char *hook)
     }
     const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
     if (DPS_LIKELY(be)) return be;
-    pthread_mutex_lock(&open_lock);
-    if (!dps_e.be) {
-        char err[1024];
-        be = dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
-        if (!be) dps_fatal("%s: %s", hook, err);
-        DPS_INFO("%s backend opened by %s", be->name, hook);
-        uint64_t piece_kb = dps_policy_num(&dps_g.policy, DPS_P_comm_piece_kb);
-        if (piece_kb && be->set_piece) be->set_piece((size_t)piece_kb << 10);
-        dps_guard_start(be);
-        __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&open_lock);
+    if (open_backend(hook, 1) != 0) return NULL; /* not reached: fatal */
     return dps_e.be;
+}
+
+/* A rank that leaves before its first collective still takes part in the exit barrier, for which
+ * it opens the backend now: the others may be waiting for it in the backend's start-up, and
+ * would wait forever (a launcher does not end a job when a rank exits with status 0). */
+void dps_engine_join_at_exit(void)
+{
+    const char *l = dps_g.launcher;
+    if (dps_e.be || dps_e.released || dps_g.eff_size == 1 || dps_g.role != DPS_ROLE_RANK ||
+        atomic_load(&dps_g.forked) || DPS_POLICY_ENUM(&dps_g.policy, guard, exit_barrier) != DPS_V_guard_exit_barrier_on ||
+        !strcmp(l, "torchrun") || !strcmp(l, "singleton"))
+        return;
+    DPS_DEBUG("exit before the first collective: joining the others at the exit barrier");
+    open_backend("exit (before any collective)", 0);
 }
 
 void dps_engine_shutdown(void)

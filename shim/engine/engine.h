@@ -26,8 +26,16 @@ extern const dps_backend_t dps_backend_self;
 
 int dps_engine_configure(dps_state_t *s, char *err, size_t errlen);
 void dps_engine_shutdown(void);
+/* At exit of a rank process that never opened the backend: opens it for the exit barrier. */
+void dps_engine_join_at_exit(void);
 void dps_engine_before_mpi_finalize(void);
 int dps_engine_owns_mpi_init(void);
+
+/* When the backend opens (agree.c): every rank has the same job-wide policy (keys of scope JOB,
+ * [hook] declarations, this library's version), or every rank ends with an error naming the
+ * keys, ranks and values; decisions left to "auto" are taken for the job; every rank's host is
+ * gathered, and clocks are compared with rank 0's where diagnostics are on. `hook` opened it. */
+void dps_engine_agree(const dps_backend_t *be, const char *hook);
 
 /* The backend for a collective of `hook`, or NULL when it acts as world size 1 (a single rank,
  * a rank-0 scope, a child process). Opens the backend on first use; fatal if that fails. */

@@ -143,14 +143,15 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
              : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, 0)
                                       : be->allreduce(buf, count, dtype, op);
     if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
-    dps_guard_leave();
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
-        char where[96];
+        char what[600], where[96];
         dps_guard_where(where, sizeof where);
-        dps_fatal("%s (%s): %s%s", hook, where, be->last_error(),
-                  strstr(be->last_error(), "TRUNCATE") ? " (ranks are calling different collectives: a desync)" : "");
+        snprintf(what, sizeof what, "%s (%s): %s%s", hook, where, be->last_error(),
+                 strstr(be->last_error(), "TRUNCATE") ? " (ranks are calling different collectives: a desync)" : "");
+        dps_guard_failed(what);
     }
+    dps_guard_leave();
     return 0;
 }
 
@@ -224,6 +225,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
 {
     dp_tensor *host, *device;
     size_t nhost, ndevice;
+    dps_guard_tensors(t, n);
     int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
     if (DPS_LIKELY(split == 0)) return fuse(&main_lane, hook, be, t, n, kind, scale, op);
     if (split < 0) return -1;
@@ -237,6 +239,7 @@ int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, siz
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
                    dps_fuse_t kind, double scale, dps_redop_t op)
 {
+    dps_guard_tensors(t, n);
     return fuse(&main_lane, hook, be, t, n, kind, scale, op);
 }
 

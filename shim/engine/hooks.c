@@ -1,7 +1,9 @@
 /* The hook ABI v1 (hooks/include/dpshim/hooks.h): what a framework's calls do in a job. At world
  * size 1 every hook returns before touching data. */
+#define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/dtype.h"
 #include "engine.h"
@@ -31,7 +33,7 @@ static int null_list(const char *hook, const void *p, size_t n)
     return -1;
 }
 
-DPS_EXPORT int dp_params(dp_tensor *t, size_t n)
+static int params_(dp_tensor *t, size_t n)
 {
     if (null_list("dp_params", t, n)) return -1;
     dps_guard_params(t, n);
@@ -39,7 +41,7 @@ DPS_EXPORT int dp_params(dp_tensor *t, size_t n)
     return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) : 0;
 }
 
-DPS_EXPORT int dp_seed(uint64_t *seed)
+static int seed_(uint64_t *seed)
 {
     if (null_list("dp_seed", seed, 1)) return -1;
     const dps_backend_t *be = dps_comm("dp_seed");
@@ -48,7 +50,7 @@ DPS_EXPORT int dp_seed(uint64_t *seed)
     return dps_fused("dp_seed", be, &t, 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM);
 }
 
-DPS_EXPORT size_t dp_batch(uint64_t *idx, size_t n)
+static size_t batch_(uint64_t *idx, size_t n)
 {
     uint64_t start = 0, share = n;
     if (dps_g.split_mode && dps_g.eff_size > 1) {
@@ -63,7 +65,7 @@ _Static_assert((int)DPS_UNEVEN_PAD == (int)DPS_V_data_uneven_pad && (int)DPS_UNE
                    (int)DPS_UNEVEN_JOIN == (int)DPS_V_data_uneven_join,
                "[data] uneven must list its values in dps_uneven_t's order: dps_g.uneven is passed on as it is");
 
-DPS_EXPORT size_t dp_epoch(uint64_t *idx, size_t n)
+static size_t epoch_(uint64_t *idx, size_t n)
 {
     if (dps_g.split_mode || dps_g.eff_size == 1) return n;
     size_t head = n < (size_t)dps_g.eff_size ? n : (size_t)dps_g.eff_size;
@@ -102,6 +104,7 @@ static struct {
 static int submit(const dp_tensor *t, size_t n)
 {
     uint64_t count = dps_total_count(t, n);
+    dps_guard_tensors(t, n);
     dps_guard_note("dp_grad_ready", DPS_COLL_ALLREDUCE, t[0].dtype, count);
     ready.submitted++, ready.submitted_count += count;
     return dps_progress_submit(t, n, grad_scale());
@@ -121,7 +124,7 @@ static int flush_pending(const dps_backend_t *be, int background)
     return 0;
 }
 
-DPS_EXPORT int dp_grad_ready(const dp_tensor *t)
+static int grad_ready_(const dp_tensor *t)
 {
     if (null_list("dp_grad_ready", t, 1)) return -1;
     const dps_backend_t *be = dps_comm("dp_grad_ready");
@@ -152,7 +155,7 @@ static int announced(const void *data)
     return 0;
 }
 
-DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
+static int grads_(dp_tensor *t, size_t n)
 {
     if (null_list("dp_grads", t, n)) return -1;
     const dps_backend_t *be = dps_comm("dp_grads");
@@ -191,7 +194,7 @@ DPS_EXPORT int dp_grads(dp_tensor *t, size_t n)
     return 0;
 }
 
-DPS_EXPORT int dp_bn_stats(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
+static int bn_stats_(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
 {
     if (null_list("dp_bn_stats", sum, 1) || null_list("dp_bn_stats", sumsq, 1) || null_list("dp_bn_stats", count, 1))
         return -1;
@@ -215,7 +218,7 @@ static dps_redop_t redop_of(int op)
     return op == DP_MIN ? DPS_RED_MIN : op == DP_MAX ? DPS_RED_MAX : DPS_RED_SUM;
 }
 
-DPS_EXPORT int dp_metric(double *v, size_t n, int op)
+static int metric_(double *v, size_t n, int op)
 {
     if (op < DP_SUM || op > DP_MAX) {
         DPS_ERROR("dp_metric: unknown op %d; use DP_SUM, DP_MEAN, DP_MIN or DP_MAX", op);
@@ -231,7 +234,7 @@ DPS_EXPORT int dp_metric(double *v, size_t n, int op)
     return rc;
 }
 
-int dps_hook_allreduce(const char *where, dp_tensor *t, int op)
+static int hook_allreduce_(const char *where, dp_tensor *t, int op)
 {
     const dps_backend_t *be = dps_comm(where);
     if (!be) return 0;
@@ -239,20 +242,20 @@ int dps_hook_allreduce(const char *where, dp_tensor *t, int op)
                      redop_of(op));
 }
 
-int dps_hook_barrier(const char *where)
+static int hook_barrier_(const char *where)
 {
     const dps_backend_t *be = dps_comm(where);
     return be ? dps_barrier(where, be) : 0;
 }
 
-DPS_EXPORT int dp_scope_begin(const char *name)
+static int scope_begin_(const char *name)
 {
     dps_e.scope_depth++;
     dps_e.scope_name = name;
     return dps_g.eff_rank == 0;
 }
 
-DPS_EXPORT int dp_scope_end(void)
+static int scope_end_(void)
 {
     if (dps_e.scope_depth == 0) {
         DPS_WARN("dp_scope_end without a matching dp_scope_begin");
@@ -262,7 +265,7 @@ DPS_EXPORT int dp_scope_end(void)
     return 0;
 }
 
-DPS_EXPORT int dp_step_end(uint64_t step)
+static int step_end_(uint64_t step)
 {
     dps_e.step = step;
     dps_guard_step(step, dps_e.scope_depth > 0);
@@ -272,3 +275,76 @@ DPS_EXPORT int dp_step_end(uint64_t step)
                       "by dp_grads", (unsigned long long)step);
     return 0;
 }
+
+/* --- one thread at a time ---------------------------------------------------------------------
+ * The hooks share the fusion buckets and the step's lists: two threads inside at once would mix
+ * their tensors and give wrong results silently, and a hook re-entered from inside one (a signal
+ * handler, a callback) would nest collectives. Either ends the rank with a message that names the
+ * hooks and the threads. The cost: one compare-and-swap per call. */
+
+static __thread char thread_marker; /* its address tells the threads apart */
+static __thread int thread_id;
+static _Atomic(void *) inside_thread;
+static _Atomic(const char *) inside_hook;
+static atomic_int inside_tid;
+
+static int my_tid(void)
+{
+    if (!thread_id) thread_id = (int)gettid();
+    return thread_id;
+}
+
+static _Noreturn void two_at_once(const char *hook, void *other)
+{
+    const char *busy = atomic_load(&inside_hook);
+    if (other == &thread_marker)
+        dps_fatal("%s was called from inside %s on the same thread (%d): a hook must not be re-entered (from a "
+                  "signal handler, or a callback run inside a hook); nothing was reduced",
+                  hook, busy ? busy : "another hook", my_tid());
+    dps_fatal("%s was called by thread %d while thread %d is inside %s: the hooks must be called by one thread "
+              "at a time (the training thread); two at once would mix their tensors and give wrong results",
+              hook, my_tid(), atomic_load(&inside_tid), busy ? busy : "another hook");
+}
+
+static void enter(const char *hook)
+{
+    void *none = NULL;
+    while (DPS_UNLIKELY(!atomic_compare_exchange_strong_explicit(&inside_thread, &none, &thread_marker,
+                                                                 memory_order_acquire, memory_order_relaxed))) {
+        /* a fork child inherits the parent's state, whoever was inside then: it starts afresh */
+        if (atomic_load_explicit(&dps_g.forked, memory_order_relaxed) && none != &thread_marker) {
+            atomic_store(&inside_thread, &thread_marker);
+            break;
+        }
+        if (none) two_at_once(hook, none);
+    }
+    atomic_store_explicit(&inside_hook, hook, memory_order_relaxed);
+    atomic_store_explicit(&inside_tid, my_tid(), memory_order_relaxed);
+}
+
+static void leave(void) { atomic_store_explicit(&inside_thread, NULL, memory_order_release); }
+
+
+/* The exported hooks (and the declarative hooks' actions): each body above, entered by one
+ * thread at a time. A declarative hook is named by its `where`. */
+#define ONE_AT_A_TIME(ret, hook, name, body, params, args) \
+    ret hook params                                        \
+    {                                                      \
+        enter(name);                                       \
+        ret r = body args;                                 \
+        leave();                                           \
+        return r;                                          \
+    }
+DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor *t, size_t n), (t, n))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_seed, "dp_seed", seed_, (uint64_t *seed), (seed))
+DPS_EXPORT ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t *idx, size_t n), (idx, n))
+DPS_EXPORT ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t *idx, size_t n), (idx, n))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_grads, "dp_grads", grads_, (dp_tensor *t, size_t n), (t, n))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_bn_stats, "dp_bn_stats", bn_stats_, (dp_tensor *sum, dp_tensor *sumsq, uint64_t *count), (sum, sumsq, count))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_metric, "dp_metric", metric_, (double *v, size_t n, int op), (v, n, op))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_scope_begin, "dp_scope_begin", scope_begin_, (const char *name), (name))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_scope_end, "dp_scope_end", scope_end_, (void), ())
+DPS_EXPORT ONE_AT_A_TIME(int, dp_step_end, "dp_step_end", step_end_, (uint64_t step), (step))
+ONE_AT_A_TIME(int, dps_hook_allreduce, where, hook_allreduce_, (const char *where, dp_tensor *t, int op), (where, t, op))
+ONE_AT_A_TIME(int, dps_hook_barrier, where, hook_barrier_, (const char *where), (where))

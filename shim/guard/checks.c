@@ -7,31 +7,58 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/dtype.h"
 
-/* Main thread only: the rolling fingerprint of this rank's collectives since the last step
- * check, and the parameters dp_params last saw (what the drift check compares). */
-static uint64_t calls_fingerprint;
+/* Main thread only: the parameters dp_params last saw (what the drift check compares). */
 static dp_tensor *drift_params;
 static size_t drift_nparams;
 
+/* Each call adds its tensors (a framework may give its parameters module by module); a tensor
+ * given again at the same address replaces the earlier entry. */
 void dps_guard_params(const dp_tensor *t, size_t n)
 {
-    dp_tensor *copy = malloc((n ? n : 1) * sizeof *copy);
-    if (!copy) return;
-    memcpy(copy, t, n * sizeof *t);
-    free(drift_params);
-    drift_params = copy, drift_nparams = n;
+    static size_t cap;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < drift_nparams && drift_params[j].data != t[i].data)
+            j++;
+        if (j == drift_nparams && dps_grow((void **)&drift_params, &cap, drift_nparams + 1, sizeof *drift_params))
+            return;
+        drift_params[j] = t[i];
+        if (j == drift_nparams) drift_nparams++;
+    }
+}
+
+/* The tensor list of the next call noted (dps_guard_tensors): how many, and their sizes and
+ * dtypes in order, so that 400 + 600 elements differ from 600 + 400 in one bucket of 1000. */
+typedef struct shape {
+    uint64_t hash;
+    uint32_t n;
+    uint64_t first[3]; /* the first sizes, for reports */
+} shape_t;
+static shape_t next_shape;
+
+void dps_guard_tensors(const dp_tensor *t, size_t n)
+{
+    shape_t sh = {.hash = 0x9ae16a3b2f90404full, .n = (uint32_t)n};
+    for (size_t i = 0; i < n; i++) {
+        sh.hash = dps_guard_mix(sh.hash, t[i].count ^ (uint64_t)(uint32_t)t[i].dtype << 56);
+        if (i < 3) sh.first[i] = t[i].count;
+    }
+    next_shape = sh;
 }
 
 /* What a collective is, as a number every rank computes alike. */
-static uint64_t describe_call(const char *hook, int collective, int32_t dtype, uint64_t count)
+static uint64_t describe_call(const char *hook, int collective, int32_t dtype, uint64_t count, uint64_t shape)
 {
     uint64_t h = 0xcbf29ce484222325ull;
     for (const char *c = hook; *c; c++)
         h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
-    return dps_guard_mix(dps_guard_mix(dps_guard_mix(h, (uint64_t)collective), (uint64_t)dtype), count);
+    h = dps_guard_mix(dps_guard_mix(dps_guard_mix(h, (uint64_t)collective), (uint64_t)dtype), count);
+    return dps_guard_mix(h, shape);
 }
 
 /* Without a side channel (MPI below MPI_THREAD_MULTIPLE) there is nothing to compare on; after
@@ -44,32 +71,6 @@ static int checks_possible(void)
            !atomic_load_explicit(&dps_g.forked, memory_order_relaxed);
 }
 
-/* Marks the main thread as inside a check, so the watchdog covers it, without counting it as
- * one of the program's collectives. */
-typedef struct check_mark {
-    const char *hook;
-    int coll;
-} check_mark_t;
-
-static check_mark_t check_begin(const char *what)
-{
-    dps_guard_pos_t *pos = &dps_guard_pos;
-    check_mark_t prev = {atomic_load(&pos->hook), atomic_load(&pos->coll)};
-    atomic_store(&pos->hook, what);
-    atomic_store(&pos->coll, -1); /* not one of the program's collectives */
-    atomic_store(&pos->since_ns, dps_guard_now_ns());
-    atomic_store(&pos->in_coll, 1);
-    return prev;
-}
-
-/* Back to where the program was: its last collective stays the one reports name. */
-static void check_end(check_mark_t prev)
-{
-    atomic_store(&dps_guard_pos.hook, prev.hook);
-    atomic_store(&dps_guard_pos.coll, prev.coll);
-    dps_guard_leave();
-}
-
 /* 1 when x is the same on every rank. */
 static int same_everywhere(uint64_t x)
 {
@@ -78,11 +79,57 @@ static int same_everywhere(uint64_t x)
     return v[0] == ~v[1];
 }
 
+/* One collective as the reports show it. */
 typedef struct call_info {
     uint64_t key, seq, step, count;
     int32_t coll, dtype;
+    uint32_t made; /* 0: no call at this place (this rank made fewer in the step) */
+    shape_t shape;
     char hook[DPS_GUARD_HOOK_NAME];
 } call_info_t;
+
+/* [guard] desync = step: this step's calls (the first CALL_LOG_MAX of them; the fingerprint
+ * covers all), each with the fingerprint of the step up to it, so that a difference is traced
+ * to the first call where the ranks part. Grown in the first steps, then reused. */
+#define CALL_LOG_MAX 4096
+typedef struct call_rec {
+    uint64_t key, upto, seq, count;
+    const char *hook; /* hooks' names outlive the job */
+    int32_t coll, dtype;
+    shape_t shape;
+} call_rec_t;
+static struct {
+    call_rec_t *rec;
+    size_t n, cap;
+    uint64_t fingerprint;
+} step_calls;
+
+static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, uint64_t key, const shape_t *sh)
+{
+    step_calls.fingerprint = dps_guard_mix(step_calls.fingerprint, key);
+    size_t n = step_calls.n;
+    if (n == CALL_LOG_MAX ||
+        dps_grow((void **)&step_calls.rec, &step_calls.cap, n + 1, sizeof *step_calls.rec) != 0)
+        return;
+    step_calls.rec[n] = (call_rec_t){key, step_calls.fingerprint, atomic_load(&dps_guard_pos.seq) + 1, count,
+                                     hook, coll, dtype, *sh};
+    step_calls.n = n + 1;
+}
+
+static void describe_info(const call_info_t *c, char *buf, size_t len)
+{
+    int o = snprintf(buf, len, "%s (%s %s x %llu", c->hook, dps_coll_name(c->coll), dps_dtype_name(c->dtype),
+                     (unsigned long long)c->count);
+    if (o > 0 && (size_t)o < len && c->shape.n > 1) {
+        o += snprintf(buf + o, len - (size_t)o, " in %u tensors:", c->shape.n);
+        for (uint32_t i = 0; i < c->shape.n && i < 3 && o > 0 && (size_t)o < len; i++)
+            o += snprintf(buf + o, len - (size_t)o, "%s %llu", i ? "," : "", (unsigned long long)c->shape.first[i]);
+        if (c->shape.n > 3 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - (size_t)o, ", ...");
+    }
+    if (o > 0 && (size_t)o < len)
+        snprintf(buf + o, len - (size_t)o, "), collective #%llu after step %llu", (unsigned long long)c->seq,
+                 (unsigned long long)c->step);
+}
 
 /* For each of the n values gathered from the ranks, how many ranks have it; NULL when memory is
  * short (the report then marks no rank). */
@@ -106,12 +153,13 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
             keys[r] = all[r].key;
         int *votes = keys ? tally(keys, conf->size) : NULL;
         DPS_ERROR("guard: %s; each rank's call:", headline);
-        for (int r = 0; r < conf->size; r++)
-            DPS_ERROR("guard:   rank %d: %s (%s %s x %llu), collective #%llu after step %llu%s", r,
-                      all[r].hook, dps_coll_name(all[r].coll), dps_dtype_name(all[r].dtype),
-                      (unsigned long long)all[r].count, (unsigned long long)all[r].seq,
-                      (unsigned long long)all[r].step,
+        for (int r = 0; r < conf->size; r++) {
+            char d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
+            if (all[r].made) describe_info(&all[r], d, sizeof d);
+            else snprintf(d, sizeof d, "no call here: it made fewer collective calls in the step");
+            DPS_ERROR("guard:   %s: %s%s", dps_guard_who(r, who, sizeof who), d,
                       votes && 2 * votes[r] <= conf->size ? "  <-- culprit" : "");
+        }
         DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
         dps_guard_end_job(1);
     }
@@ -120,63 +168,89 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
     dps_guard_end_job(0);
 }
 
-static call_info_t last_call(uint64_t key)
+static call_info_t info_of(const call_rec_t *c)
 {
-    const dps_guard_pos_t *pos = &dps_guard_pos;
-    call_info_t c = {.key = key,
-                     .seq = atomic_load(&pos->seq),
-                     .step = atomic_load(&pos->step),
-                     .count = atomic_load(&pos->count),
-                     .coll = atomic_load(&pos->coll),
-                     .dtype = atomic_load(&pos->dtype)};
-    snprintf(c.hook, sizeof c.hook, "%s", atomic_load(&pos->hook));
-    return c;
+    call_info_t i = {.key = c->key, .seq = c->seq, .step = atomic_load(&dps_guard_pos.step), .count = c->count,
+                     .coll = c->coll, .dtype = c->dtype, .made = 1, .shape = c->shape};
+    snprintf(i.hook, sizeof i.hook, "%s", c->hook);
+    return i;
 }
 
 /* [guard] desync = full: every rank is about to make the same call, or the job ends naming the
  * first call that differs. */
-static void check_call(const char *hook, int collective, int32_t dtype, uint64_t count)
+static void check_call(const call_rec_t *c)
 {
     if (!checks_possible()) return;
-    uint64_t key =
-        dps_guard_mix(describe_call(hook, collective, dtype, count), atomic_load(&dps_guard_pos.seq) + 1);
-    check_mark_t mark = check_begin("desync check");
+    uint64_t key = dps_guard_mix(c->key, c->seq);
+    dps_guard_mark_t mark = dps_guard_own_begin("desync check");
     int same = same_everywhere(key);
-    check_end(mark);
+    dps_guard_own_end(mark);
     if (same) return;
-    call_info_t c = {.key = key,
-                     .seq = atomic_load(&dps_guard_pos.seq) + 1,
-                     .step = atomic_load(&dps_guard_pos.step),
-                     .count = count,
-                     .coll = collective,
-                     .dtype = dtype};
-    snprintf(c.hook, sizeof c.hook, "%s", hook);
-    report_mismatch("desync: the ranks are about to make different collective calls", &c);
+    call_info_t i = info_of(c);
+    i.key = key;
+    report_mismatch("desync: the ranks are about to make different collective calls", &i);
 }
 
-void dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count)
+uint64_t dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
-    if (dps_guard_conf.desync == DPS_V_guard_desync_full) check_call(hook, collective, dtype, count);
-    calls_fingerprint = dps_guard_mix(calls_fingerprint, describe_call(hook, collective, dtype, count));
+    shape_t sh = next_shape; /* the list's shape goes with its first collective only */
+    next_shape = (shape_t){0};
+    uint64_t key = describe_call(hook, collective, dtype, count, sh.hash);
+    if (dps_guard_conf.desync == DPS_V_guard_desync_full) {
+        call_rec_t c = {key, 0, atomic_load(&dps_guard_pos.seq) + 1, count, hook, collective, dtype, sh};
+        check_call(&c);
+    } else if (dps_guard_conf.desync == DPS_V_guard_desync_step) {
+        log_call(hook, collective, dtype, count, key, &sh);
+    }
+    return key;
+}
+
+/* The first call of the step where the ranks part: a binary search over the logged calls'
+ * fingerprints, in collectives that every rank makes alike. CALL_LOG_MAX when the calls logged
+ * on every rank agree (the difference is past the log, or in the number of calls). */
+static size_t first_difference(void)
+{
+    uint64_t n = step_calls.n;
+    if (dps_guard_conf.be->guard_min_u64(&n, 1) != 0) return CALL_LOG_MAX;
+    size_t lo = 0, hi = (size_t)n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (same_everywhere(step_calls.rec[mid].upto)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < (size_t)n || (size_t)n < CALL_LOG_MAX ? lo : CALL_LOG_MAX;
 }
 
 /* [guard] desync = step: the same sequence of collectives in the step on every rank. */
 void dps_guard_check_step(uint64_t step)
 {
     if (!checks_possible()) return;
-    uint64_t key = dps_guard_mix(calls_fingerprint, atomic_load(&dps_guard_pos.seq));
-    call_info_t mine = last_call(key); /* before the check marks the position */
-    check_mark_t mark = check_begin("desync check (step end)");
+    uint64_t key = dps_guard_mix(step_calls.fingerprint, atomic_load(&dps_guard_pos.seq));
+    dps_guard_mark_t mark = dps_guard_own_begin("desync check (step end)");
     int same = same_everywhere(key);
-    check_end(mark);
     if (!same) {
-        char head[160];
-        snprintf(head, sizeof head,
-                 "desync in step %llu: the ranks made different collective calls (last calls shown)",
-                 (unsigned long long)step);
+        size_t at = first_difference();
+        call_info_t mine = {.key = key, .step = step};
+        char head[192];
+        if (at < step_calls.n) {
+            mine = info_of(&step_calls.rec[at]);
+        } else if (at != CALL_LOG_MAX) {
+            mine.made = 0; /* fewer calls than some other rank */
+        } else { /* past the log: the last call stands for the step */
+            mine = info_of(&step_calls.rec[step_calls.n - 1]);
+            mine.key = key;
+        }
+        if (at != CALL_LOG_MAX)
+            snprintf(head, sizeof head,
+                     "desync in step %llu: the ranks' collective calls part at call %zu of the step",
+                     (unsigned long long)step, at + 1);
+        else
+            snprintf(head, sizeof head, "desync in step %llu: the ranks made different collective calls "
+                     "(last calls shown)", (unsigned long long)step);
         report_mismatch(head, &mine);
     }
-    calls_fingerprint = 0;
+    dps_guard_own_end(mark);
+    step_calls.n = 0, step_calls.fingerprint = 0;
 }
 
 static uint64_t hash_bytes(const void *p, size_t n)
@@ -195,13 +269,36 @@ static dps_guard_reader_fn reader;
 
 void dps_guard_set_reader(dps_guard_reader_fn fn) { reader = fn; }
 
-/* A parameter tensor's checksum; in GPU memory it is copied to the host first. */
+/* 1 when every page of [p, p + n) is mapped: memory the framework gave to dp_params and freed
+ * since (unmapped) is not read, rather than a crash. mincore asks the kernel without touching. */
+static int mapped(const void *p, size_t n)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1), end = (uintptr_t)p + n;
+    unsigned char vec[1024];
+    while (a < end) {
+        size_t len = end - a < sizeof vec * (size_t)page ? end - a : sizeof vec * (size_t)page;
+        if (mincore((void *)a, len, vec) != 0) return 0;
+        a += len;
+    }
+    return 1;
+}
+
+/* A parameter tensor's checksum; in GPU memory it is copied to the host first. Memory no longer
+ * mapped gives a checksum of its own (alike on ranks that all freed it), and a warning. */
 static uint64_t hash_tensor(const dp_tensor *t)
 {
     size_t bytes = t->count * dps_dtype_size(t->dtype);
     void *copy = reader && bytes ? malloc(bytes) : NULL;
     int r = copy ? reader(t, copy) : 0;
-    uint64_t h = r == 0 ? hash_bytes(t->data, bytes) : r > 0 ? hash_bytes(copy, bytes) : 0;
+    uint64_t h = 0;
+    if (r > 0) h = hash_bytes(copy, bytes);
+    else if (r == 0 && mapped(t->data, bytes)) h = hash_bytes(t->data, bytes);
+    else if (r == 0) {
+        DPS_WARN_ONCE("guard: parameter tensor '%s' given to dp_params is no longer in memory (the framework "
+                      "freed it); the drift check skips it", t->name ? t->name : "unnamed");
+        h = 0x6f6e65676f6e6521ull; /* "gone" */
+    }
     free(copy);
     return h;
 }
@@ -219,7 +316,7 @@ void dps_guard_check_drift(uint64_t step)
         mine[i] = hash_tensor(t);
         v[i] = mine[i], v[n + i] = ~mine[i];
     }
-    check_mark_t mark = check_begin("drift check");
+    dps_guard_mark_t mark = dps_guard_own_begin("drift check");
     int ok = conf->be->guard_min_u64(v, 2 * n) != 0;
     size_t bad = n;
     for (size_t i = 0; !ok && i < n; i++)
@@ -228,7 +325,7 @@ void dps_guard_check_drift(uint64_t step)
             break;
         }
     if (bad == n) {
-        check_end(mark);
+        dps_guard_own_end(mark);
         free(v), free(mine);
         return;
     }
@@ -243,8 +340,9 @@ void dps_guard_check_drift(uint64_t step)
         int *votes = gathered ? tally(all, conf->size) : NULL;
         DPS_ERROR("guard: drift after step %llu: parameter tensor %zu '%s' is not the same on every rank",
                   (unsigned long long)step, bad, name);
+        char who[DPS_GUARD_HOST + 32];
         for (int r = 0; gathered && r < conf->size; r++)
-            DPS_ERROR("guard:   rank %d: checksum %016llx%s", r, (unsigned long long)all[r],
+            DPS_ERROR("guard:   %s: checksum %016llx%s", dps_guard_who(r, who, sizeof who), (unsigned long long)all[r],
                       votes && 2 * votes[r] <= conf->size ? "  <-- differs" : "");
         DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
         dps_guard_end_job(1);

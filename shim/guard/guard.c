@@ -6,9 +6,13 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 dps_guard_pos_t dps_guard_pos;
 dps_guard_conf_t dps_guard_conf;
+/* Every rank's host (set once, before any report reads it), and this process's own. */
+static char *hosts, own_host[DPS_GUARD_HOST];
 
 /* The zeroed state before configuration must check nothing. */
 _Static_assert(DPS_V_guard_desync_off == 0, "[guard] desync must list off first");
@@ -24,6 +28,7 @@ DPS_STARTUP void dps_guard_configure(const dps_state_t *s)
     /* with neither a watchdog nor an exit barrier there is nothing for the thread to do */
     conf->on = s->eff_size > 1 && (conf->timeout > 0 || conf->exit_barrier);
     atomic_store(&dps_guard_pos.hook, "start");
+    if (gethostname(own_host, sizeof own_host - 1) != 0) snprintf(own_host, sizeof own_host, "?");
     /* "in the program's own code for N s" counts from here; only a rank of a job reports it */
     if (s->role == DPS_ROLE_RANK && s->eff_size > 1) atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
 }
@@ -31,7 +36,8 @@ DPS_STARTUP void dps_guard_configure(const dps_state_t *s)
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
     dps_guard_pos_t *pos = &dps_guard_pos;
-    dps_guard_note(hook, collective, dtype, count); /* checks.c: the desync checks' record */
+    uint64_t call = dps_guard_note(hook, collective, dtype, count); /* checks.c: the desync checks' record */
+    atomic_store_explicit(&pos->call, call, memory_order_relaxed);
     atomic_store_explicit(&pos->hook, hook, memory_order_relaxed);
     atomic_store_explicit(&pos->coll, collective, memory_order_relaxed);
     atomic_store_explicit(&pos->dtype, dtype, memory_order_relaxed);
@@ -53,6 +59,46 @@ void dps_guard_step(uint64_t step, int alone)
     if (alone) return;
     if (dps_guard_conf.desync == DPS_V_guard_desync_step) dps_guard_check_step(step);
     if (dps_guard_conf.drift_every && step % dps_guard_conf.drift_every == 0) dps_guard_check_drift(step);
+}
+
+dps_guard_mark_t dps_guard_own_begin(const char *what)
+{
+    dps_guard_pos_t *pos = &dps_guard_pos;
+    dps_guard_mark_t prev = {atomic_load(&pos->hook), atomic_load(&pos->coll)};
+    atomic_store(&pos->hook, what);
+    atomic_store(&pos->coll, -1); /* not one of the program's collectives */
+    atomic_store(&pos->since_ns, dps_guard_now_ns());
+    atomic_store(&pos->in_coll, 1);
+    return prev;
+}
+
+/* Back to where the program was: its last collective stays the one reports name. */
+void dps_guard_own_end(dps_guard_mark_t prev)
+{
+    atomic_store(&dps_guard_pos.hook, prev.hook);
+    atomic_store(&dps_guard_pos.coll, prev.coll);
+    dps_guard_leave();
+}
+
+void dps_guard_set_hosts(const char *table)
+{
+    char *copy = malloc((size_t)dps_guard_conf.size * DPS_GUARD_HOST);
+    if (!copy) return;
+    memcpy(copy, table, (size_t)dps_guard_conf.size * DPS_GUARD_HOST);
+    hosts = copy;
+}
+
+const char *dps_guard_host(int r)
+{
+    if (hosts && r >= 0 && r < dps_guard_conf.size) return hosts + (size_t)r * DPS_GUARD_HOST;
+    return r == dps_guard_conf.rank ? own_host : "";
+}
+
+const char *dps_guard_who(int r, char *buf, size_t len)
+{
+    const char *host = dps_guard_host(r);
+    snprintf(buf, len, host[0] ? "rank %d (%s)" : "rank %d", r, host);
+    return buf;
 }
 
 uint64_t dps_guard_seq(void)

@@ -13,21 +13,39 @@
 #include "core/dps.h"
 #include "dpshim/hooks.h"
 
+/* A position saved while the shim runs collectives of its own (dps_guard_own_begin). */
+typedef struct dps_guard_mark {
+    const char *hook;
+    int coll;
+} dps_guard_mark_t;
+
 /* Exit status of a job the guard ended. */
 #define DPS_EXIT_GUARD 75
 
 void dps_guard_configure(const dps_state_t *s);
 /* The rank process is up: crash reports. */
 void dps_guard_install_crash_handlers(void);
+/* The backend is about to open for `hook`: the watchdog covers its start-up (which waits for
+ * every rank), reporting this rank alone until the side channel exists. Returns the position to
+ * restore with dps_guard_own_end once the backend is open. */
+dps_guard_mark_t dps_guard_opening(const char *hook);
 /* The backend opened: the watchdog starts. Without a side channel (MPI below
  * MPI_THREAD_MULTIPLE) it watches this rank alone, and rank 0 warns once of what is off. */
 void dps_guard_start(const dps_backend_t *be);
+/* The tensor list of the hook call about to run (main thread): its length, sizes and dtypes
+ * in order go into the next collective's fingerprint. */
+void dps_guard_tensors(const dp_tensor *t, size_t n);
 /* A collective the main thread hands to the progress thread: compared across ranks by the
- * desync checks like the main thread's own. */
-void dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count);
+ * desync checks like the main thread's own. Returns the call's fingerprint. */
+uint64_t dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count);
 /* Around every collective of the main thread (and its waits for the progress thread). */
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count);
 void dps_guard_leave(void);
+/* A collective of the main thread failed (the backend returned `what`), still marked as entered:
+ * with a side channel the watchdog asks every rank where it is and prints the table (a rank that
+ * called another collective, or the same with other sizes, is marked), then ends the job;
+ * without one the rank ends with the error. */
+_Noreturn void dps_guard_failed(const char *what);
 /* After each optimizer step: the desync and drift checks the policy asks for, unless `alone`
  * (a rank-0 scope, where the other ranks skip the body and would never join a check). */
 void dps_guard_step(uint64_t step, int alone);
@@ -48,6 +66,18 @@ void dps_guard_set_probe(dps_guard_probe_fn probe);
  * returns 0 for host memory (read in place), -1 on failure. Set by the GPU path. */
 typedef int (*dps_guard_reader_fn)(const dp_tensor *t, void *out);
 void dps_guard_set_reader(dps_guard_reader_fn reader);
+/* Around the shim's own collectives (the checks, the start-up agreement): the watchdog covers
+ * them as any collective, while they are not counted as the program's; `what` names it. */
+dps_guard_mark_t dps_guard_own_begin(const char *what);
+void dps_guard_own_end(dps_guard_mark_t prev);
+/* Every rank's host name (size entries of DPS_GUARD_HOST bytes, in rank order), gathered when the
+ * backend opens: the guard's tables and messages name each rank's host. */
+#define DPS_GUARD_HOST 64
+void dps_guard_set_hosts(const char *hosts);
+/* Rank r's host: the gathered name, this process's own for r == rank, else "". */
+const char *dps_guard_host(int r);
+/* "rank 3 (nodeB)", or "rank 3" where the host is unknown, into buf. */
+const char *dps_guard_who(int r, char *buf, size_t len);
 /* At exit of the rank process, before the backend finalizes: the exit barrier. */
 void dps_guard_exit(void);
 

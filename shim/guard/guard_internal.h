@@ -23,6 +23,7 @@ typedef struct dps_guard_pos {
     _Atomic(const char *) hook; /* the current or last collective's hook */
     atomic_int coll, dtype;     /* coll < 0: one of the guard's own checks, not the program's */
     atomic_uint_fast64_t count;
+    atomic_uint_fast64_t call; /* the current or last collective's fingerprint (dps_guard_note) */
     atomic_int leaving; /* the program is exiting */
 } dps_guard_pos_t;
 extern dps_guard_pos_t dps_guard_pos;

@@ -17,14 +17,18 @@
 /* --- messages between the ranks' watchdogs --- */
 
 enum { MSG_STATUS = 1, MSG_LEAVING = 2 };
-enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3 };
+enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4 };
 
 typedef struct guard_msg {
     int32_t kind, why, rank, in_coll, leaving, coll, dtype, left_rank;
     uint64_t seq, step, count, left_step, left_seq;
+    uint64_t call; /* the collective's fingerprint: which call, sizes and dtypes */
     double seconds; /* waiting in the collective, or since the last one */
     char hook[DPS_GUARD_HOOK_NAME];
+    char failure[256]; /* WHY_FAILED: the backend's error */
 } guard_msg_t;
+
+_Static_assert(sizeof(guard_msg_t) <= DPS_GUARD_MSG_MAX, "a guard message must fit the side channel's slots");
 
 /* What the watchdog knows of one other rank. */
 typedef struct peer {
@@ -38,7 +42,9 @@ typedef struct peer {
 static struct {
     pthread_t thread;
     atomic_int running, stop;
-    int alone; /* no side channel: this rank's position is all there is */
+    atomic_int alone;   /* no side channel (yet): this rank's position is all there is */
+    atomic_int opening; /* the backend is starting up, for the hook in opened_by */
+    const char *opened_by;
     peer_t *peers;
     atomic_int nleft; /* ranks that announced they left the program */
     int reporting;
@@ -57,6 +63,7 @@ static guard_msg_t snapshot(int why)
     m.coll = atomic_load(&pos->coll);
     m.dtype = atomic_load(&pos->dtype);
     m.count = atomic_load(&pos->count);
+    m.call = atomic_load(&pos->call);
     m.seconds = (double)(dps_guard_now_ns() - atomic_load(&pos->since_ns)) * 1e-9;
     snprintf(m.hook, sizeof m.hook, "%s", atomic_load(&pos->hook));
     return m;
@@ -90,10 +97,13 @@ static void describe(const guard_msg_t *m, char *buf, size_t len)
                  m->seconds, m->hook, (unsigned long long)m->seq, (unsigned long long)m->step);
 }
 
-/* The place the job is stuck in, as one number: the collective and whether a rank is inside it. */
+/* The place the job is stuck in, as one number: the collective, whether a rank is inside it, and
+ * then which call with which sizes (so a rank that called the same collective with another size
+ * stands out). */
 static uint64_t place(const guard_msg_t *m)
 {
-    return m->seq << 1 | (m->in_coll != 0);
+    uint64_t p = m->seq << 1 | (m->in_coll != 0);
+    return m->in_coll ? dps_guard_mix(p, m->call) : p;
 }
 
 /* The most common place among the answers (the lowest such rank's on a tie); -1 when memory
@@ -135,7 +145,10 @@ void dps_guard_diag_fail(const char *why)
 /* What went wrong, for the diagnostics files. */
 static void reason(const guard_msg_t *f, char *buf, size_t len)
 {
-    if (f->why == WHY_PEER_LEFT)
+    if (f->why == WHY_FAILED)
+        snprintf(buf, len, "guard: %s collective #%llu after step %llu failed on rank %d: %s", f->hook,
+                 (unsigned long long)f->seq, (unsigned long long)f->step, f->rank, f->failure);
+    else if (f->why == WHY_PEER_LEFT)
         snprintf(buf, len, "guard: rank %d left the program after step %llu; the job was ended", f->left_rank,
                  (unsigned long long)f->left_step);
     else
@@ -147,7 +160,11 @@ static void reason(const guard_msg_t *f, char *buf, size_t len)
 /* The report's first line. */
 static void headline(const guard_msg_t *f)
 {
-    if (f->why == WHY_PEER_LEFT)
+    if (f->why == WHY_FAILED)
+        DPS_ERROR("guard: %s collective #%llu (after step %llu) failed on rank %d (%s): %s", f->hook,
+                  (unsigned long long)f->seq, (unsigned long long)f->step, f->rank, dps_guard_host(f->rank),
+                  f->failure);
+    else if (f->why == WHY_PEER_LEFT)
         DPS_ERROR(
             "guard: rank %d left the program after step %llu (its last collective #%llu), while rank %d "
             "waits in %s collective #%llu (after step %llu): that collective can never complete",
@@ -161,13 +178,28 @@ static void headline(const guard_msg_t *f)
             dps_guard_conf.timeout);
 }
 
+/* A rank that did not answer: gone (crashed, killed, _exit), or out of reach when no rank of its
+ * host answered while it is another host than this one (a cut link, a node down). */
+static void no_answer(int r, char *d, size_t len)
+{
+    const char *host = dps_guard_host(r);
+    int reachable = !host[0] || strcmp(host, dps_guard_host(dps_guard_conf.rank)) == 0;
+    for (int q = 0; !reachable && known(q); q++)
+        reachable = watch.peers[q].have && strcmp(dps_guard_host(q), host) == 0;
+    if (reachable)
+        snprintf(d, len, "no answer (crashed, killed, or left with _exit)  <-- culprit");
+    else
+        snprintf(d, len, "no answer: unreachable (no rank on %s answered: the network or the node is down)  "
+                 "<-- culprit", host);
+}
+
 static _Noreturn void finish_report(void)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
     peer_t *peers = watch.peers;
     for (int r = 0; !watch.first.kind && known(r); r++) /* the report that started it all */
         if (peers[r].have && peers[r].status.why != WHY_ANSWER) watch.first = peers[r].status;
-    char why[DPS_GUARD_HOOK_NAME + 256];
+    char why[DPS_GUARD_HOOK_NAME + 512];
     reason(&watch.first, why, sizeof why);
     dps_guard_diag_fail(why);
     int printer = conf->rank; /* the lowest rank that saw something wrong */
@@ -182,29 +214,36 @@ static _Noreturn void finish_report(void)
         dps_guard_end_job(0);
     }
     headline(&watch.first);
+    /* a rank that left is the one to blame; else the ranks away from where most of them are */
+    int left = watch.first.why == WHY_PEER_LEFT;
     uint64_t stuck = 0;
-    int marks = majority(&stuck) == 0;
+    int marks = !left && majority(&stuck) == 0;
     DPS_ERROR("guard: where every rank is:");
     for (int r = 0; known(r); r++) {
-        char d[DPS_GUARD_HOOK_NAME + 256];
+        char d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
         if (!peers[r].have) {
-            snprintf(d, sizeof d, "no answer (crashed, killed, or left with _exit)  <-- culprit");
+            no_answer(r, d, sizeof d);
         } else {
             describe(&peers[r].status, d, sizeof d);
-            if (marks && place(&peers[r].status) != stuck)
+            if (left ? peers[r].status.leaving : marks && place(&peers[r].status) != stuck)
                 strncat(d, "  <-- culprit", sizeof d - strlen(d) - 1);
         }
-        DPS_ERROR("guard:   rank %d: %s", r, d);
+        DPS_ERROR("guard:   %s: %s", dps_guard_who(r, who, sizeof who), d);
     }
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
+
+/* A collective of the main thread failed (dps_guard_failed): what the backend said. */
+static char failure[256];
+static atomic_int failed;
 
 static void start_report(int why, int left_rank)
 {
     if (watch.reporting) return;
     watch.reporting = 1;
     guard_msg_t m = snapshot(why);
+    if (why == WHY_FAILED) snprintf(m.failure, sizeof m.failure, "%s", failure);
     if (left_rank >= 0) {
         m.left_rank = left_rank;
         m.left_step = watch.peers[left_rank].left_step;
@@ -238,6 +277,7 @@ static void tick(void)
 {
     const dps_guard_pos_t *pos = &dps_guard_pos;
     receive();
+    if (!watch.reporting && atomic_load(&failed)) start_report(WHY_FAILED, -1);
     if (!watch.reporting && atomic_load_explicit(&pos->in_coll, memory_order_acquire)) {
         uint64_t seq = atomic_load(&pos->seq);
         for (int r = 0; known(r); r++)
@@ -282,6 +322,24 @@ static void look_at_queued_work(void)
     dps_guard_end_job(1);
 }
 
+/* The backend's start-up waits for every rank (MPI_Init), and no side channel exists yet: a rank
+ * that never reaches its first collective (stuck before it, or gone without one) keeps the others
+ * here. Each waiting rank says so and ends the job. */
+static _Noreturn void stuck_in_start_up(const guard_msg_t *m)
+{
+    char why[DPS_GUARD_HOOK_NAME + 512];
+    snprintf(why, sizeof why,
+             "guard: the backend's start-up (opened by %s) has waited %.1f s on rank %d, more than [guard] timeout "
+             "= %.0f s",
+             watch.opened_by, m->seconds, m->rank, dps_guard_conf.timeout);
+    dps_guard_diag_fail(why);
+    DPS_ERROR("%s: some rank has not reached its first collective (it is stuck before it, or it left the program "
+              "without one through _exit or a signal the launcher did not report); this rank (%s) waits for it",
+              why, dps_guard_host(m->rank));
+    DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    dps_guard_end_job(1);
+}
+
 /* One look without a side channel: only this rank's own position, and no way to ask the others
  * where they are, so a rank stuck too long reports itself and ends the job. */
 static void tick_alone(void)
@@ -290,12 +348,13 @@ static void tick_alone(void)
     if (!atomic_load_explicit(&pos->in_coll, memory_order_acquire)) return;
     guard_msg_t m = snapshot(WHY_TIMEOUT);
     if (!m.in_coll || m.seconds <= dps_guard_conf.timeout) return;
-    char why[DPS_GUARD_HOOK_NAME + 256], d[DPS_GUARD_HOOK_NAME + 256];
+    if (atomic_load(&watch.opening)) stuck_in_start_up(&m);
+    char why[DPS_GUARD_HOOK_NAME + 512], d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
     reason(&m, why, sizeof why);
     dps_guard_diag_fail(why);
     headline(&m);
     describe(&m, d, sizeof d);
-    DPS_ERROR("guard:   rank %d: %s", m.rank, d);
+    DPS_ERROR("guard:   %s: %s", dps_guard_who(m.rank, who, sizeof who), d);
     DPS_ERROR(
         "guard: where the other ranks are is unknown: MPI runs without MPI_THREAD_MULTIPLE (as the program "
         "initialized it, or as this MPI provides it), so this rank cannot ask them; MPI_Init_thread with MPI_THREAD_MULTIPLE gives "
@@ -312,7 +371,7 @@ static void *watchdog(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's, not ours */
     struct timespec tick_len = {0, 200 * 1000000};
     while (!atomic_load(&watch.stop)) {
-        if (watch.alone)
+        if (atomic_load(&watch.alone))
             tick_alone();
         else
             tick();
@@ -344,29 +403,54 @@ static void warn_no_side_channel(const dps_backend_t *be)
              be->name, watchdog_does);
 }
 
-void dps_guard_start(const dps_backend_t *be)
+static void start_thread(void)
 {
-    const dps_guard_conf_t *conf = &dps_guard_conf;
-    if (atomic_load(&watch.running)) return;
-    dps_guard_conf.be = be; /* the checks use the side channel whether a watchdog runs or not */
-    watch.alone = !be->guard_send;
-    if (watch.alone) warn_no_side_channel(be);
-    if (!conf->on || (watch.alone && conf->timeout <= 0)) return;
-    if (!watch.alone) {
-        watch.peers = calloc((size_t)conf->size, sizeof *watch.peers);
-        if (!watch.peers) {
-            DPS_WARN("guard: no memory for the watchdog's table of %d ranks: hangs are not diagnosed",
-                     conf->size);
-            return;
-        }
-    }
     atomic_store(&watch.stop, 0);
     if (pthread_create(&watch.thread, NULL, watchdog, NULL) != 0) {
         DPS_WARN("guard: cannot start the watchdog thread: hangs are not diagnosed");
-        free(watch.peers), watch.peers = NULL;
         return;
     }
     atomic_store(&watch.running, 1);
+}
+
+dps_guard_mark_t dps_guard_opening(const char *hook)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    dps_guard_mark_t mark = dps_guard_own_begin("backend start-up");
+    watch.opened_by = hook;
+    atomic_store(&watch.opening, 1);
+    atomic_store(&watch.alone, 1);
+    if (conf->on && conf->timeout > 0 && !atomic_load(&watch.running)) start_thread();
+    return mark;
+}
+
+void dps_guard_start(const dps_backend_t *be)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    dps_guard_conf.be = be; /* the checks use the side channel whether a watchdog runs or not */
+    int alone = !be->guard_send;
+    if (alone) warn_no_side_channel(be);
+    if (!alone && conf->on && !watch.peers && !(watch.peers = calloc((size_t)conf->size, sizeof *watch.peers))) {
+        DPS_WARN("guard: no memory for the watchdog's table of %d ranks: each rank reports only itself", conf->size);
+        alone = 1;
+    }
+    /* a watchdog that covered the start-up goes on with the side channel */
+    atomic_store(&watch.alone, alone);
+    atomic_store(&watch.opening, 0);
+    if (atomic_load(&watch.running) || !conf->on || (alone && conf->timeout <= 0)) return;
+    start_thread();
+}
+
+_Noreturn void dps_guard_failed(const char *what)
+{
+    if (atomic_load(&watch.running) && !watch.alone) {
+        snprintf(failure, sizeof failure, "%s", what);
+        atomic_store(&failed, 1);
+        struct timespec nap = {0, 100 * 1000000};
+        for (int i = 0; i < 300; i++) /* the watchdog ends the job meanwhile, after its report */
+            nanosleep(&nap, NULL);
+    }
+    dps_fatal("%s", what);
 }
 
 void dps_guard_exit(void)
@@ -374,7 +458,7 @@ void dps_guard_exit(void)
     const dps_guard_conf_t *conf = &dps_guard_conf;
     atomic_store(&dps_guard_pos.leaving, 1);
     if (!atomic_load(&watch.running)) return;
-    if (conf->exit_barrier && !watch.alone) {
+    if (conf->exit_barrier && !atomic_load(&watch.alone)) {
         /* announce, then wait (bounded) until every rank has left too: our last collective is
          * then complete everywhere, and a rank that is still stuck gets diagnosed meanwhile */
         guard_msg_t m = snapshot(WHY_ANSWER);

@@ -34,6 +34,7 @@ static void at_exit(void)
     dps_files_shutdown();
     if (dps_g.role != DPS_ROLE_RANK) return; /* a child has no guard, diagnostics, PMIx or backend */
     DPS_DEBUG("exit: finalizing the backend and PMIx");
+    dps_engine_join_at_exit();
     dps_guard_exit();
     dps_diag_write();
     /* PMIx first: Open MPI shares the PMIx client, and the launcher counts the process as

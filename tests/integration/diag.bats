@@ -3,22 +3,77 @@
 # trace and an SVG timeline; failures the guard ended show up in the report.
 load helpers
 
+# synth DIR SHIFT OFFSET HOST...: the files of a job written by hand, a rank per HOST: 3 steps of
+# one collective each, where rank r arrives r ms after rank 0 and every rank leaves 5 ms after rank
+# 0 arrived. Rank 1's clock reads SHIFT ns ahead of rank 0's. OFFSET: the clock_offset_ns rank 1
+# records (every other rank records 0, all within 0.1 ms); empty: no rank measured its clock.
+synth() {
+    local dir=$1 shift_ns=$2 offset=$3 t0=1700000000000000000 ms=1000000 n r k d b e
+    shift 3
+    n=$#
+    mkdir -p "$dir"
+    for ((r = 0; r < n; r++)); do
+        d=$((r == 1 ? shift_ns : 0))
+        {
+            printf 'dpshim-stats 3\nrank %d\nsize %d\nlocal_rank 0\nhost %s\nlauncher openmpi\n' $r $n "$1"
+            printf 'start_ns %d\nend_ns %d\nsteps 3\n' $((t0 + d)) $((t0 + 40 * ms + d))
+            [ -z "$offset" ] || printf 'clock_measured 1\nclock_offset_ns %d\nclock_error_ns 100000\n' \
+                $((r == 1 ? offset : 0))
+            printf 'collectives 3\nbytes 12000\ncomm_ns %d\n' $((3 * (5 - r) * ms))
+        } >"$dir/stats.rank$r.txt"
+        {
+            printf 'dpshim-trace 3\n# kind begin_ns end_ns seq step bytes hook\n'
+            for k in 1 2 3; do
+                b=$((t0 + k * 10 * ms + d))
+                e=$((b + 5 * ms))
+                printf 'c %d %d %d %d 4000 dp_grads\ns %d %d 0 %d 0 dp_step_end\n' $((b + r * ms)) $e $k $((k - 1)) \
+                    $((e + ms)) $((e + ms)) $k
+            done
+        } >"$dir/trace.rank$r.txt"
+        shift
+    done
+}
+
+# figures DIR: the report's table rows and straggler line, what the waiting and arrived-last
+# columns come to.
+figures() {
+    "$BUILD/bin/dpshim-diag" report "$1" | grep -E '^ +[0-9]+  |^straggler'
+}
+
+# lanes FILE.json|FILE.svg: the names of the lanes, one a line.
+lanes() {
+    case $1 in
+    *.json) /usr/bin/python3 -c "import json, sys; e = json.load(open(sys.argv[1]))['traceEvents']; print('\n'.join(x['args']['name'] for x in e if x['name'] == 'thread_name'))" "$1" ;;
+    *.svg) /usr/bin/python3 -c "import sys, xml.etree.ElementTree as T; print('\n'.join(t.text for t in T.parse(sys.argv[1]).getroot().iter('{http://www.w3.org/2000/svg}text') if t.text.startswith('rank ')))" "$1" ;;
+    esac
+}
+
 @test "a healthy 4-rank run: stats and traces per rank, a report, a valid trace and picture" {
     cd "$BATS_TEST_TMPDIR"
     run mpi 4 env DPSHIM_DIAG_DIR=diag DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" "$TRAINER" \
         --steps 30 --no-eval --save m.ckpt
     assert_success
+    local host
+    host=$(hostname)
     for r in 0 1 2 3; do
-        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 2"
-        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 2"
+        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 3"
+        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 3"
         assert_equal "$(sed -n 's/^dropped_events //p' diag/stats.rank$r.txt)" 0
         assert_equal "$(sed -n 's/^steps //p' diag/stats.rank$r.txt)" 30
+        assert_equal "$(sed -n 's/^host //p' diag/stats.rank$r.txt)" "$host"
+        grep -qxE 'clock_measured [01]' diag/stats.rank$r.txt
+        grep -qxE 'clock_offset_ns -?[0-9]+' diag/stats.rank$r.txt
+        grep -qxE 'clock_error_ns [0-9]+' diag/stats.rank$r.txt
     done
     run "$BUILD/bin/dpshim-diag" report diag --trace t.json --svg t.svg
     echo "$output"
     assert_success
-    assert_line --regexp '^dpshim report of diag: 4 ranks, host .*, launcher openmpi'
-    for r in 0 1 2 3; do assert_line --regexp "^ +$r +30 +[0-9]+ +[0-9.]+ "; done
+    # every rank on this host: the header, the table, and each lane name it
+    assert_line --regexp '^dpshim report of diag: 4 ranks on 1 host, launcher openmpi, [0-9.]+ s$'
+    assert_line "hosts: $host (ranks 0-3)"
+    assert_line "clock offsets to rank 0: none (one host, one clock)"
+    assert_line --regexp '^rank  steps .* arrived last  host$'
+    for r in 0 1 2 3; do assert_line --regexp "^ +$r +30 +[0-9]+ +[0-9.]+ .* $host\$"; done
     assert_output --partial "3 writes to a sink"
     assert_output --partial "1 files published whole by rank 0"
     assert_line "problems: none"
@@ -28,6 +83,77 @@ load helpers
     assert_output --regexp "^4 [0-9]+$"
     run /usr/bin/python3 -c "import xml.etree.ElementTree as T; r = T.parse('t.svg').getroot(); print(sum(t.text.startswith('rank ') for t in r.iter('{http://www.w3.org/2000/svg}text')))"
     assert_output 4
+    for f in t.json t.svg; do
+        run lanes $f
+        assert_output "$(printf 'rank %d ('"$host"')\n' 0 1 2 3)"
+    done
+}
+
+# The report aligns the ranks' events on rank 0's clock: each rank's recorded clock_offset_ns is
+# subtracted first, so a host whose clock runs ahead (or behind) does not look late (or early).
+@test "report: recorded clock offsets are subtracted before the ranks' arrivals are compared" {
+    cd "$BATS_TEST_TMPDIR"
+    synth same 0 "" nodeA nodeB
+    run figures same
+    assert_line --regexp '^ +0 +3 +3 +[0-9.]+ +0\.040 +[0-9.]+ +0\.015 +0\.003 +[0-9.]+% +0\.0% +nodeA$'
+    assert_line --regexp '^ +1 +3 +3 +[0-9.]+ +0\.040 +[0-9.]+ +0\.012 +0\.000 +[0-9.]+% +100\.0% +nodeB$'
+    assert_line "straggler: rank 1 arrived last at 3 collectives, keeping the others waiting 0.003 s in all (1.000 ms each)"
+    local want=$output
+    # rank 1's clock 50 ms ahead of rank 0's, then behind, with the offset recorded: the same figures
+    synth ahead 50000000 50000000 nodeA nodeB
+    synth behind -50000000 -50000000 nodeA nodeB
+    for dir in ahead behind; do
+        run figures $dir
+        assert_equal "$output" "$want"
+    done
+    run "$BUILD/bin/dpshim-diag" report behind --svg t.svg
+    assert_success
+    assert_line "clock offsets to rank 0: up to 50.000 ms (+/- 0.100 ms), corrected"
+    assert_line "waiting and arrived last are on rank 0's clock: each rank's measured offset is subtracted from its times"
+    grep -q "on rank 0's clock</text>" t.svg
+    # the same files without the offset: the skew reads as waiting, 51 ms a collective
+    synth uncorrected 50000000 "" nodeA nodeB
+    run figures uncorrected
+    [ "$output" != "$want" ]
+    assert_line --regexp '^ +0 +3 +3 +[0-9.]+ +0\.040 +[0-9.]+ +0\.015 +0\.153 +'
+    run "$BUILD/bin/dpshim-diag" report uncorrected
+    assert_line "clock offsets to rank 0: not measured; each host's clock is taken as it is"
+    assert_line --partial "(offsets not measured): skew between them reads as waiting"
+    # ranks of one host share its clock, whether start-up recorded offsets of 0 or nothing
+    synth one 0 0 nodeA nodeA
+    run "$BUILD/bin/dpshim-diag" report one
+    assert_line "clock offsets to rank 0: none (one host, one clock)"
+    refute_output --partial "waiting and arrived last"
+}
+
+@test "report of a job across hosts: each rank's host in the header, the table, the trace and the picture" {
+    cd "$BATS_TEST_TMPDIR"
+    synth two 0 "" nodeA nodeB
+    run "$BUILD/bin/dpshim-diag" report two --trace t.json --svg t.svg
+    echo "$output"
+    assert_success
+    assert_line --regexp '^dpshim report of two: 2 ranks on 2 hosts, launcher openmpi, 0\.040 s$'
+    assert_line "hosts: nodeA (rank 0), nodeB (rank 1)"
+    assert_line --regexp '^ +0 +3 .* nodeA$'
+    assert_line --regexp '^ +1 +3 .* nodeB$'
+    for f in t.json t.svg; do
+        run lanes $f
+        assert_output "$(printf 'rank 0 (nodeA)\nrank 1 (nodeB)')"
+    done
+    # ranks in blocks and dealt round robin: each host with its ranks, in runs
+    synth blocks 0 "" nodeA nodeA nodeB nodeB
+    run "$BUILD/bin/dpshim-diag" report blocks --trace t.json
+    assert_line --regexp '^dpshim report of blocks: 4 ranks on 2 hosts, '
+    assert_line "hosts: nodeA (ranks 0-1), nodeB (ranks 2-3)"
+    run lanes t.json
+    assert_output "$(printf 'rank 0 (nodeA)\nrank 1 (nodeA)\nrank 2 (nodeB)\nrank 3 (nodeB)')"
+    synth dealt 0 "" nodeB nodeA nodeB nodeA nodeB
+    run "$BUILD/bin/dpshim-diag" report dealt --svg t.svg
+    assert_line "hosts: nodeB (ranks 0,2,4), nodeA (ranks 1,3)"
+    for r in 0 2 4; do assert_line --regexp "^ +$r +3 .* nodeB\$"; done
+    for r in 1 3; do assert_line --regexp "^ +$r +3 .* nodeA\$"; done
+    run lanes t.svg
+    assert_output "$(printf 'rank %d (node%s)\n' 0 B 1 A 2 B 3 A 4 B)"
 }
 
 @test "a job the guard ended: the report names the failure on every rank" {
@@ -93,10 +219,10 @@ load helpers
 # Files of another format version are refused with a message that says so.
 @test "report of files in another format version: a clear error" {
     mkdir -p "$BATS_TEST_TMPDIR/old"
-    printf 'dpshim-stats 1\nrank 0\nsize 1\n' >"$BATS_TEST_TMPDIR/old/stats.rank0.txt"
+    printf 'dpshim-stats 2\nrank 0\nsize 1\n' >"$BATS_TEST_TMPDIR/old/stats.rank0.txt"
     run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR/old"
     assert_failure
-    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 1, but this dpshim-diag reads format 2"
+    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 2, but this dpshim-diag reads format 3"
 }
 
 @test "a rank without files (crashed or killed before exit) is reported as such" {
@@ -119,12 +245,14 @@ load helpers
 @test "dpshim-diag env: what the shim detects, on each rank" {
     run "$BUILD/bin/dpshim-diag" env
     assert_success
+    assert_line --regexp "^host +$(hostname)\$"
     assert_line --regexp '^launcher +singleton$'
     assert_line --regexp '^mpi +Open MPI v4'
     run mpi 2 "$BUILD/bin/dpshim-diag" env
     assert_success
     assert_line --regexp '^rank +1 of 2 \(local 1 of 2\), rank process$'
     assert_line --regexp '^backend +mpi \(world size 2 for collectives\)$'
+    assert_equal "$(count "host       $(hostname)")" 2
 }
 
 @test "dpshim-diag bench: the shim's sums equal plain MPI's, bit for bit" {

@@ -4,6 +4,9 @@
 # operation; healthy jobs are never stopped.
 load helpers
 
+# the guard's tables name each rank's host: here every rank's is this machine's
+HOST=$(hostname)
+
 TIMEOUT=5
 
 # fault FAULT RANK STEP: the 4-rank training loop with one fault; its time goes to $elapsed.
@@ -23,7 +26,7 @@ fault() {
     fault exit 1 5
     assert_failure
     assert_output --regexp "guard: rank 1 left the program after step 4 \(its last collective #5\), while rank [023] waits in dp_grads collective #6"
-    assert_output --regexp "rank 1: left the program \(exit\) after step 4 and collective #5  <-- culprit"
+    assert_output --regexp "rank 1 \($HOST\): left the program \(exit\) after step 4 and collective #5  <-- culprit"
     [ "$elapsed" -lt "$TIMEOUT" ] # detected at once, not by the timeout
 }
 
@@ -32,9 +35,9 @@ fault() {
 stalled_report() {
     assert_failure
     assert_output --partial "guard: dp_grads collective #6 (after step 4) has waited"
-    assert_output --regexp "rank 1: in the program's own code for [0-9.]+ s, since dp_grads collective #5 after step 4  <-- culprit"
+    assert_output --regexp "rank 1 \($HOST\): in the program's own code for [0-9.]+ s, since dp_grads collective #5 after step 4  <-- culprit"
     for r in 0 2 3; do
-        assert_output --regexp "rank $r: in dp_grads \(all-reduce f32 x $1\), collective #6 after step 4, waiting"
+        assert_output --regexp "rank $r \\($HOST\\): in dp_grads \(all-reduce f32 x $1\), collective #6 after step 4, waiting"
     done
 }
 
@@ -58,8 +61,8 @@ stalled_report() {
 @test "[comm] overlap, desync = full: an extra call is caught against the announced gradients" {
     GUARD_FAULTS_ANNOUNCE=1 DPSHIM_GUARD_DESYNC=full fault extra 2 3
     assert_failure
-    assert_output --partial "rank 2: dp_metric (all-reduce f64 x 1), collective #5 after step 2  <-- culprit"
-    assert_output --partial "rank 0: dp_grad_ready (all-reduce f32 x 70000), collective #5 after step 3"
+    assert_output --partial "rank 2 ($HOST): dp_metric (all-reduce f64 x 1), collective #5 after step 2  <-- culprit"
+    assert_output --partial "rank 0 ($HOST): dp_grad_ready (all-reduce f32 x 70000), collective #5 after step 3"
     [ "$elapsed" -lt "$TIMEOUT" ]
 }
 
@@ -72,16 +75,16 @@ stalled_report() {
 @test "rank 2 calls one extra all-reduce at step 3, desync = step: caught, naming rank, step and call" {
     fault extra 2 3
     assert_failure
-    assert_output --regexp "rank 2: in dp_metric \(all-reduce f64 x 1\), collective #5 after step 2, waiting [0-9.]+ s  <-- culprit"
-    assert_output --regexp "rank 0: in the guard's desync check \(step end\) after collective #4 and step 3"
+    assert_output --regexp "rank 2 \($HOST\): in dp_metric \(all-reduce f64 x 1\), collective #5 after step 2, waiting [0-9.]+ s  <-- culprit"
+    assert_output --regexp "rank 0 \($HOST\): in the guard's desync check \(step end\) after collective #4 and step 3"
 }
 
 @test "rank 2 calls one extra all-reduce at step 3, desync = full: caught at that very call" {
     DPSHIM_GUARD_DESYNC=full fault extra 2 3
     assert_failure
     assert_output --partial "guard: desync: the ranks are about to make different collective calls; each rank's call:"
-    assert_output --partial "rank 2: dp_metric (all-reduce f64 x 1), collective #5 after step 2  <-- culprit"
-    assert_output --partial "rank 0: dp_grads (all-reduce f32 x 1000), collective #5 after step 3"
+    assert_output --partial "rank 2 ($HOST): dp_metric (all-reduce f64 x 1), collective #5 after step 2  <-- culprit"
+    assert_output --partial "rank 0 ($HOST): dp_grads (all-reduce f32 x 1000), collective #5 after step 3"
     [ "$elapsed" -lt "$TIMEOUT" ] # at once, not by the watchdog
 }
 
@@ -89,7 +92,7 @@ stalled_report() {
     DPSHIM_GUARD_DRIFT_EVERY=5 fault perturb 2 10
     assert_failure
     assert_output --partial "guard: drift after step 10: parameter tensor 0 'w' is not the same on every rank"
-    assert_output --regexp "rank 2: checksum [0-9a-f]{16}  <-- differs"
+    assert_output --regexp "rank 2 \($HOST\): checksum [0-9a-f]{16}  <-- differs"
 }
 
 @test "every check on (desync = full, drift every step) in a healthy run: no false alarm" {
@@ -138,7 +141,7 @@ stalled_report() {
     [ "$elapsed" -le 20 ] || fail "took $elapsed s"
     assert_output --partial "MPI thread level below multiple"
     assert_output --partial "[dpshim r0/2] ERROR guard: dp_grads collective #4 (after step 2) has waited"
-    assert_output --regexp "rank 0: in dp_grads \(all-reduce f32 x 1000\), collective #4 after step 2, waiting [0-9.]+ s"
+    assert_output --regexp "rank 0 \($HOST\): in dp_grads \(all-reduce f32 x 1000\), collective #4 after step 2, waiting [0-9.]+ s"
     assert_output --partial "without MPI_THREAD_MULTIPLE"
     assert_output --partial "ending the job (exit status 75)"
 }
@@ -151,4 +154,90 @@ stalled_report() {
     assert_equal "$(count 'WARN guard:')" 1
     assert_output --partial "[dpshim r0/2] WARN guard:"
     assert_output --partial "MPI_Init_thread with MPI_THREAD_MULTIPLE"
+}
+
+# --- one job, one truth ----------------------------------------------------------------------
+
+# on_rank R VAR=VALUE... -- CMD: CMD with the shim on every rank, the variables on rank R only
+on_rank() {
+    local r=$1
+    shift
+    local vars=()
+    while [ "$1" != -- ]; do vars+=("$1"); shift; done
+    shift
+    mpi 4 sh -c 'r=$1 shim=$2; shift 2; vars=""
+        while [ "$1" != -- ]; do vars="$vars $1"; shift; done; shift
+        [ "$OMPI_COMM_WORLD_RANK" = "$r" ] && export $vars
+        exec env LD_PRELOAD="$shim" "$@"' sh "$r" "$SHIM" "${vars[@]}" -- "$@"
+}
+
+@test "a policy that differs on one rank stops the job before any gradient moves, naming key, ranks and values" {
+    run on_rank 1 DPSHIM_DATA_MODE=scale DPSHIM_COMM_REDUCE=sum -- "$BUILD/bin/guard_faults" 5
+    assert_equal "$status" 78
+    assert_output --partial "[dpshim r0/4] ERROR [data] mode differs between the ranks"
+    assert_output --partial "ranks 0, 2, 3: split (default)"
+    assert_output --partial "rank 1: scale (env DPSHIM_DATA_MODE)"
+    assert_output --partial "rank 1: sum (env DPSHIM_COMM_REDUCE)"
+    assert_output --partial "[dpshim r1/4] ERROR [data] mode differs between the ranks: here scale (env DPSHIM_DATA_MODE), on rank 0 split (default)"
+    refute_output --partial "finished" # no step ran
+}
+
+@test "a policy key that may differ per rank ([diag] log) does not stop the job" {
+    run on_rank 2 DPSHIM_DIAG_LOG=error -- "$BUILD/bin/guard_faults" 3
+    assert_success
+    assert_equal "$(count "finished 3 steps, 4 ranks")" 4
+}
+
+@test "gradients of 600 + 400 elements on one rank, 400 + 600 on the others (desync = step): caught, naming the rank" {
+    run mpi 3 env LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 swap 1 3
+    assert_equal "$status" 75
+    assert_output --partial "desync in step 3: the ranks' collective calls part at call 1 of the step"
+    assert_output --partial "rank 1 ($HOST): dp_grads (all-reduce f32 x 1000 in 2 tensors: 600, 400), collective #4 after step 3  <-- culprit"
+    assert_output --partial "rank 0 ($HOST): dp_grads (all-reduce f32 x 1000 in 2 tensors: 400, 600), collective #4 after step 3"
+}
+
+@test "gradients of 600 + 400 elements on one rank (desync = full): caught at that call" {
+    run mpi 3 env DPSHIM_GUARD_DESYNC=full LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 swap 2 2
+    assert_equal "$status" 75
+    assert_output --partial "rank 2 ($HOST): dp_grads (all-reduce f32 x 1000 in 2 tensors: 600, 400), collective #3 after step 1  <-- culprit"
+}
+
+@test "one rank's gradient has another size: the table names that rank and both sizes" {
+    SECONDS=0
+    run mpi 3 env DPSHIM_GUARD_TIMEOUT=5 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 count 1 3
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 25 ] || fail "took $SECONDS s"
+    assert_output --regexp "rank 1 \($HOST\): in dp_grads \(all-reduce f32 x 1200\), collective #4 after step 2, waiting [0-9.]+ s  <-- culprit"
+    assert_output --regexp "rank 0 \($HOST\): in dp_grads \(all-reduce f32 x 1000\)"
+}
+
+@test "two threads calling hooks at once: a clear error naming the hook and both threads, never wrong sums" {
+    run mpi 3 env LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 3 threads 1 2
+    assert_failure
+    assert_output --regexp "\[dpshim r1/3\] ERROR dp_metric was called by thread [0-9]+ while thread [0-9]+ is inside dp_metric"
+    refute_output --regexp "sums from two threads were wrong"
+}
+
+@test "a rank that returns from main (exit 0) before its first hook call: the others are not stranded" {
+    SECONDS=0
+    run mpi 3 env LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 early 1 0
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 20 ] || fail "took $SECONDS s"
+    assert_output --partial "rank 1 ($HOST): left the program (exit) after step 0 and collective #0  <-- culprit"
+}
+
+@test "a rank that leaves with _exit(0) before its first hook: the start-up watch ends the job after the timeout" {
+    SECONDS=0
+    run mpi 3 env DPSHIM_GUARD_TIMEOUT=4 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 vanish 1 0
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 19 ] || fail "took $SECONDS s"
+    assert_output --partial "the backend's start-up (opened by dp_params) has waited"
+    assert_output --partial "some rank has not reached its first collective"
+}
+
+@test "parameters given to dp_params from a freed temporary: the drift check neither crashes nor raises a false alarm" {
+    run mpi 2 env DPSHIM_GUARD_DRIFT_EVERY=1 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 temp 0 0
+    assert_success
+    assert_equal "$(count "finished 5 steps, 2 ranks")" 2
+    assert_output --partial "parameter tensor 'w (a copy)' given to dp_params is no longer in memory"
 }

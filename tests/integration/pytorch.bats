@@ -173,3 +173,6 @@ pytorch_case() {
 @test "BatchNorm without running statistics, in eval mode too" { pytorch_case batchnorm_without_running_stats; }
 @test "BatchNorm with momentum=None and steps in eval mode" { pytorch_case batchnorm_eval_and_momentum_none; }
 @test "a branch used on some steps only" { pytorch_case conditional_branch; }
+@test "a non-contiguous parameter with the drift check at every step: no false alarm" {
+    DPSHIM_GUARD_DRIFT_EVERY=1 pytorch_case non_contiguous_parameter
+}

@@ -232,14 +232,39 @@ static void test_hook_names(void)
     free_lines(lines, n);
 }
 
+/* --- the clock offset to rank 0 --- */
+
+/* The offset is signed and written as such; a rank that never measured says so; a fresh record
+ * keeps the clocks (start-up measures once). Run first or alone: nothing before it sets a clock. */
+static void test_clock(void)
+{
+    configure("unmeasured", "");
+    dps_diag_write();
+    CHECK(stat_of("unmeasured", "clock_measured") == 0, "clock_measured %lld without a measurement",
+          stat_of("unmeasured", "clock_measured"));
+    CHECK(stat_of("unmeasured", "clock_offset_ns") == 0, "clock_offset_ns %lld",
+          stat_of("unmeasured", "clock_offset_ns"));
+    dps_diag_set_clock(-1234567890123, 4567);
+    dps_diag_write();
+    configure("kept", "");
+    dps_diag_write();
+    const char *subs[] = {"unmeasured", "kept"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(stat_of(subs[i], "clock_measured") == 1, "%s: clock_measured %lld", subs[i],
+              stat_of(subs[i], "clock_measured"));
+        CHECK(stat_of(subs[i], "clock_offset_ns") == -1234567890123, "%s: clock_offset_ns %lld", subs[i],
+              stat_of(subs[i], "clock_offset_ns"));
+        CHECK(stat_of(subs[i], "clock_error_ns") == 4567, "%s: clock_error_ns %lld", subs[i],
+              stat_of(subs[i], "clock_error_ns"));
+    }
+}
+
 static const struct {
     const char *name;
     void (*run)(void);
 } tests[] = {
-    {"race", test_write_while_recording},
-    {"cap", test_cap},
-    {"close", test_close_both},
-    {"names", test_hook_names},
+    {"clock", test_clock},      {"race", test_write_while_recording}, {"cap", test_cap},
+    {"close", test_close_both}, {"names", test_hook_names},
 };
 
 /* test_diag [NAME...]: the tests named, or all of them. */

@@ -131,6 +131,7 @@ def _in_place(hook, name, ts, as_sent=lambda v: v):
         _check(hook(_tensors(sent), len(sent)), name)
         for t, c in back:
             t.copy_(c)
+    return back
 
 
 # --- parameters and buffers: rank 0's values on every rank before the first forward ---
@@ -159,8 +160,27 @@ def _broadcast_tensors(ts):
         return
     # a broadcast moves bytes: dtypes the hook ABI has no name for (bool masks, int8, complex)
     # travel as their bytes
-    _in_place(_shim.dp_params, "dp_params", [t.data for t in ts],
-              lambda v: v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8))
+    datas = [t.data for t in ts]
+    back = _in_place(_shim.dp_params, "dp_params", datas,
+                     lambda v: v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8))
+    # the drift check ([guard] drift_every) reads what dp_params saw again at step ends: a
+    # non-contiguous tensor went as a copy, which is kept alive and brought up to date before
+    # each step end, so the check never reads freed memory
+    import weakref
+    owner = {id(d): t for d, t in zip(datas, ts)}
+    _drift_copies.extend((weakref.ref(owner[id(d)]), c) for d, c in back)
+
+
+_drift_copies = []  # (a non-contiguous parameter, the copy dp_params saw)
+
+
+def _refresh_drift_copies():
+    import torch
+    with torch.no_grad():
+        for ref, c in _drift_copies:
+            t = ref()
+            if t is not None:
+                c.copy_(t)
 
 
 _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is here)
@@ -269,6 +289,8 @@ def _after_step(optimizer):
     if _state.depth == 0:
         _reduced.difference_update(id(p) for p in _parameters([optimizer]))
         _shim.steps += 1
+        if _drift_copies:
+            _refresh_drift_copies()
         _shim.dp_step_end(_shim.steps)
 
 

@@ -2,10 +2,13 @@
  * MPI_COMM_WORLD. It calls the PMPI_ entry points so that the shim's own MPI_Init/Finalize
  * interposers (for the program's calls) never see the shim's calls. Errors are returned, not
  * fatal, so the engine can report them with context. */
+#define _GNU_SOURCE
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -207,10 +210,53 @@ static int mpi_barrier(void) { return check(&main_ch, PMPI_Barrier(main_ch.comm)
 static const char *mpi_last_error(void) { return main_ch.err; }
 static const char *mpi_last_error_bg(void) { return bg_ch.err; }
 
-/* The guard channel: eager point-to-point messages on a communicator of its own. */
+/* The guard channel: point-to-point messages on a communicator of its own. A send never blocks:
+ * a peer out of reach (a cut link, a node down) must not stop the watchdog. Each message is
+ * copied into a slot and sent with MPI_Isend; a slot is reused once its send completed, and with
+ * every slot busy the message is dropped (reports go on without that peer's part). Both the
+ * watchdog and the main thread (the exit barrier's notice) send. */
+typedef struct guard_slot {
+    MPI_Request req;
+    char buf[DPS_GUARD_MSG_MAX];
+} guard_slot_t;
+static guard_slot_t *guard_slots; /* two per rank: a report and an exit notice to each peer */
+static int nslots;
+static pthread_mutex_t guard_slots_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int slot_free(int i)
+{
+    int done = 0;
+    return guard_slots[i].req == MPI_REQUEST_NULL ||
+           (PMPI_Test(&guard_slots[i].req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done);
+}
+
 static int mpi_guard_send(const void *msg, size_t len, int dest)
 {
-    return PMPI_Send(msg, (int)len, MPI_BYTE, dest, 0, guard_comm) == MPI_SUCCESS ? 0 : -1;
+    int rc = -1;
+    if (len > DPS_GUARD_MSG_MAX) return -1;
+    pthread_mutex_lock(&guard_slots_lock);
+    for (int i = 0; i < nslots; i++)
+        if (slot_free(i)) {
+            memcpy(guard_slots[i].buf, msg, len);
+            rc = PMPI_Isend(guard_slots[i].buf, (int)len, MPI_BYTE, dest, 0, guard_comm, &guard_slots[i].req) ==
+                         MPI_SUCCESS ? 0 : -1;
+            break;
+        }
+    pthread_mutex_unlock(&guard_slots_lock);
+    return rc;
+}
+
+/* Sends still in flight at the end go to peers that never took them: cancelled, so that freeing
+ * the communicator and MPI_Finalize do not wait for them. */
+static void drop_guard_sends(void)
+{
+    pthread_mutex_lock(&guard_slots_lock);
+    for (int i = 0; i < nslots; i++)
+        if (!slot_free(i)) {
+            PMPI_Cancel(&guard_slots[i].req);
+            PMPI_Request_free(&guard_slots[i].req);
+        }
+    pthread_mutex_unlock(&guard_slots_lock);
 }
 
 static int mpi_guard_poll(void *msg, size_t len, int *src)
@@ -235,10 +281,49 @@ static int mpi_guard_allgather(const void *mine, void *all, size_t bytes)
     return PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, guard_comm) == MPI_SUCCESS ? 0 : -1;
 }
 
+static int64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Rank 0 answers each measuring rank's pings in turn with its clock; the ping with the shortest
+ * round trip bounds the error best. Point-to-point on the main communicator, apart from its
+ * collectives by the tag. */
+static int mpi_clock_offset(const unsigned char *measure, int64_t *offset_ns, uint64_t *error_ns)
+{
+    enum { ROUNDS = 8, TAG = 7 };
+    int rank = 0, size = 0;
+    PMPI_Comm_rank(main_ch.comm, &rank);
+    PMPI_Comm_size(main_ch.comm, &size);
+    *offset_ns = 0, *error_ns = 0;
+    int64_t t;
+    for (int r = 1; rank == 0 && r < size; r++)
+        for (int i = 0; measure[r] && i < ROUNDS; i++) {
+            if (check(&main_ch, PMPI_Recv(&t, 1, MPI_INT64_T, r, TAG, main_ch.comm, MPI_STATUS_IGNORE), "MPI_Recv"))
+                return -1;
+            t = wall_ns();
+            if (check(&main_ch, PMPI_Send(&t, 1, MPI_INT64_T, r, TAG, main_ch.comm), "MPI_Send")) return -1;
+        }
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; rank != 0 && measure[rank] && i < ROUNDS; i++) {
+        int64_t sent = wall_ns();
+        if (check(&main_ch, PMPI_Send(&sent, 1, MPI_INT64_T, 0, TAG, main_ch.comm), "MPI_Send") ||
+            check(&main_ch, PMPI_Recv(&t, 1, MPI_INT64_T, 0, TAG, main_ch.comm, MPI_STATUS_IGNORE), "MPI_Recv"))
+            return -1;
+        int64_t back = wall_ns();
+        if ((uint64_t)(back - sent) < best) best = (uint64_t)(back - sent), *offset_ns = sent + (back - sent) / 2 - t;
+    }
+    if (best != UINT64_MAX) *error_ns = best / 2;
+    return 0;
+}
+
 static void mpi_release(void)
 {
     int fin = 0;
     PMPI_Finalized(&fin);
+    if (guard_comm != MPI_COMM_NULL && !fin) drop_guard_sends();
     MPI_Comm *comms[] = {&main_ch.comm, &bg_ch.comm, &guard_comm};
     for (size_t i = 0; i < sizeof comms / sizeof *comms; i++) {
         if (*comms[i] != MPI_COMM_NULL && !fin) PMPI_Comm_free(comms[i]);
@@ -286,6 +371,10 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     int guard = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &guard_comm) == MPI_SUCCESS;
     int bg = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &bg_ch.comm) == MPI_SUCCESS;
     if (guard) PMPI_Comm_set_errhandler(guard_comm, MPI_ERRORS_RETURN);
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (guard && (guard_slots = calloc((size_t)size * 2 + 8, sizeof *guard_slots)) == NULL) guard = 0;
+    nslots = guard ? size * 2 + 8 : 0;
+    for (int i = 0; i < nslots; i++) guard_slots[i].req = MPI_REQUEST_NULL;
     if (bg) PMPI_Comm_set_errhandler(bg_ch.comm, MPI_ERRORS_RETURN);
     PMPI_Comm_rank(main_ch.comm, &rank);
     PMPI_Comm_size(main_ch.comm, &size);
@@ -305,7 +394,7 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
                            .guard_min_u64 = guard ? mpi_guard_min_u64 : NULL,
                            .guard_allgather = guard ? mpi_guard_allgather : NULL,
                            .allreduce_bg = bg ? mpi_allreduce_bg : NULL, .last_error_bg = mpi_last_error_bg,
-                           .set_piece = mpi_set_piece, .tuning = mpi_tuning};
+                           .set_piece = mpi_set_piece, .clock_offset = mpi_clock_offset, .tuning = mpi_tuning};
     return 0;
 fail:
     snprintf(err, errlen, "mpi backend: %s", main_ch.err);
