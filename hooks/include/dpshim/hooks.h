@@ -40,7 +40,9 @@ DPSHIM_HOOK_DECL int dp_rank(void);
 DPSHIM_HOOK_DECL int dp_world_size(void);
 DPSHIM_HOOK_DECL int dp_local_rank(void);
 
-/* After the model is built or loaded: root's values overwrite every rank's. */
+/* After the model is built or loaded: root's values overwrite every rank's. Give the parameters'
+ * own memory: the drift check ([guard] drift_every) reads these tensors again at later step ends
+ * (a tensor given again replaces itself). Hooks are called by one thread at a time. */
 DPSHIM_HOOK_DECL int dp_params(dp_tensor *t, size_t n);
 /* Before a shuffle or an init draw: root's seed to all ranks. */
 DPSHIM_HOOK_DECL int dp_seed(uint64_t *seed);
