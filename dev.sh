@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev
-          zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist python3 clang
+          zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist python3 clang iproute2
           libclang-rt-14-dev python3-torch python3-torchvision)
 BUILD_DIR=$(realpath -m "${BUILD_DIR:-build}")
 
