@@ -90,6 +90,17 @@ extern __thread int dps_in_shim __attribute__((tls_model("initial-exec")));
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
 void dps_bootstrap_finalize(void);
 
+/* FNV-1a over n bytes, continuing from h (DPS_FNV_SEED to start): checksums every rank computes
+ * alike (collective fingerprints, the start-up agreement's items). */
+#define DPS_FNV_SEED 0xcbf29ce484222325ull
+static inline uint64_t dps_fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 /* Makes the array *p (capacity *cap items of elem bytes) hold at least need items, doubling
  * from 64. 0, or -1 with the array untouched when memory runs out. */
 static inline int dps_grow(void **p, size_t *cap, size_t need, size_t elem)

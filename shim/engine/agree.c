@@ -23,24 +23,16 @@
 /* Room for an item's name and a rank's value in the exchange of texts. */
 #define ITEM_TEXT 96
 
-static uint64_t hash_text(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 /* --- the items: JOB keys, then what is not a key ------------------------------------------ */
 
 /* [hook NAME] sections change which functions gain collectives: the same on every rank. */
 static uint64_t hooks_checksum(const dps_policy_t *p)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = DPS_FNV_SEED;
     for (int i = 0; i < p->nhooks; i++) {
         dps_hookdecl_t d = p->hooks[i];
         d.line = 0; /* where in its file does not matter; parsed into zeroed memory, so no padding noise */
-        h = hash_text(h, &d, sizeof d);
+        h = dps_fnv1a(h, &d, sizeof d);
     }
     return h;
 }
@@ -86,9 +78,9 @@ static uint64_t item_checksum(const item_t *it)
 {
     const dps_policy_t *p = &dps_g.policy;
     if (it->kind == ITEM_HOOKS) return hooks_checksum(p);
-    if (it->kind == ITEM_LIBRARY) return hash_text(0xcbf29ce484222325ull, LIBRARY_TEXT, sizeof LIBRARY_TEXT);
+    if (it->kind == ITEM_LIBRARY) return dps_fnv1a(DPS_FNV_SEED, LIBRARY_TEXT, sizeof LIBRARY_TEXT);
     const char *v = dps_policy_text(p, it->key);
-    return hash_text(0xcbf29ce484222325ull ^ (uint64_t)it->key, v, strlen(v));
+    return dps_fnv1a(DPS_FNV_SEED ^ (uint64_t)it->key, v, strlen(v));
 }
 
 static size_t list_items(item_t *out)

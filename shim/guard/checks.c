@@ -54,9 +54,7 @@ void dps_guard_tensors(const dp_tensor *t, size_t n)
 /* What a collective is, as a number every rank computes alike. */
 static uint64_t describe_call(const char *hook, int collective, int32_t dtype, uint64_t count, uint64_t shape)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char *c = hook; *c; c++)
-        h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    uint64_t h = dps_fnv1a(DPS_FNV_SEED, hook, strlen(hook));
     h = dps_guard_mix(dps_guard_mix(dps_guard_mix(h, (uint64_t)collective), (uint64_t)dtype), count);
     return dps_guard_mix(h, shape);
 }

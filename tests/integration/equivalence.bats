@@ -13,21 +13,6 @@ setup_file() {
     "$TRAINER" "${ARGS[@]}" --steps 200 --save "$REF/long.ckpt" >/dev/null
 }
 
-check_np() {
-    local n=$1 steps=$2 ref=$3 tol=$4
-    local dir=$BATS_TEST_TMPDIR/np$n
-    mkdir -p "$dir"
-    run train_np "$n" "$dir" "${ARGS[@]}" --steps "$steps"
-    assert_success
-    rel=$(rel_diff "$ref" "$dir/rank0.ckpt")
-    echo "np=$n steps=$steps rel=$rel" >&3
-    assert_le "$rel" "$tol"
-    for r in $(seq 1 $((n - 1))); do
-        run "$CKPT" same "$dir/rank0.ckpt" "$dir/rank$r.ckpt"
-        assert_success # every rank holds bitwise the same weights
-    done
-}
-
 @test "np=2: one step equals the single-process run within 1e-6" { check_np 2 1 "$REF/one.ckpt" 1e-6; }
 @test "np=3: one step equals the single-process run within 1e-6" { check_np 3 1 "$REF/one.ckpt" 1e-6; }
 @test "np=4: one step equals the single-process run within 1e-6" { check_np 4 1 "$REF/one.ckpt" 1e-6; }

@@ -9,18 +9,6 @@ HOST=$(hostname)
 
 TIMEOUT=5
 
-# fault FAULT RANK STEP: the 4-rank training loop with one fault; its time goes to $elapsed.
-fault() {
-    local start=$SECONDS
-    run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT ${DPSHIM_GUARD_DESYNC:+DPSHIM_GUARD_DESYNC=$DPSHIM_GUARD_DESYNC} \
-        ${DPSHIM_GUARD_DRIFT_EVERY:+DPSHIM_GUARD_DRIFT_EVERY=$DPSHIM_GUARD_DRIFT_EVERY} \
-        ${GUARD_FAULTS_ANNOUNCE:+GUARD_FAULTS_ANNOUNCE=$GUARD_FAULTS_ANNOUNCE DPSHIM_COMM_OVERLAP=on} \
-        LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
-    elapsed=$((SECONDS - start))
-    echo "$output"
-    echo "ended after $elapsed s" >&3
-    [ "$elapsed" -le $((TIMEOUT + 15)) ] || fail "took $elapsed s"
-}
 
 @test "rank 1 exits at step 5 while the others go on" {
     fault exit 1 5

@@ -43,3 +43,36 @@ rel_diff() {
 assert_le() {
     awk -v x="$1" -v y="$2" 'BEGIN { exit !(x + 0 <= y + 0) }' || fail "expected $1 <= $2"
 }
+
+# check_np N STEPS REF TOL: the trainer on N ranks (the calling file's ARGS, through train_np,
+# so across the nodes in multinode.bats) gives rank 0 the single-process weights REF within TOL,
+# and every rank holds bitwise the same weights.
+check_np() {
+    local n=$1 steps=$2 ref=$3 tol=$4
+    local dir=$BATS_TEST_TMPDIR/np$n
+    mkdir -p "$dir"
+    run train_np "$n" "$dir" "${ARGS[@]}" --steps "$steps"
+    assert_success
+    rel=$(rel_diff "$ref" "$dir/rank0.ckpt")
+    echo "np=$n steps=$steps rel=$rel" >&3
+    assert_le "$rel" "$tol"
+    for r in $(seq 1 $((n - 1))); do
+        run "$CKPT" same "$dir/rank0.ckpt" "$dir/rank$r.ckpt"
+        assert_success # every rank holds bitwise the same weights
+    done
+}
+
+# fault FAULT RANK STEP: guard_faults on 4 ranks (through mpi, as the calling file defines it)
+# with one fault and [guard] timeout = $TIMEOUT; the job must end by itself within the timeout
+# + 15 s. Its time goes to $elapsed.
+fault() {
+    local start=$SECONDS
+    run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT ${DPSHIM_GUARD_DESYNC:+DPSHIM_GUARD_DESYNC=$DPSHIM_GUARD_DESYNC} \
+        ${DPSHIM_GUARD_DRIFT_EVERY:+DPSHIM_GUARD_DRIFT_EVERY=$DPSHIM_GUARD_DRIFT_EVERY} \
+        ${GUARD_FAULTS_ANNOUNCE:+GUARD_FAULTS_ANNOUNCE=$GUARD_FAULTS_ANNOUNCE DPSHIM_COMM_OVERLAP=on} \
+        LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
+    elapsed=$((SECONDS - start))
+    echo "$output"
+    echo "ended after $elapsed s" >&3
+    [ "$elapsed" -le $((TIMEOUT + 15)) ] || fail "took $elapsed s"
+}

@@ -43,20 +43,6 @@ mpi() {
     timeout --kill-after=10 "$MPI_TIMEOUT" "$NETNS" mpirun -np "$n" --map-by node "$@" </dev/null
 }
 
-# check_np N STEPS REF TOL: the trainer on N ranks gives rank 0 the single-process weights REF
-# (the tolerances of equivalence.bats), and every rank holds bitwise the same weights.
-check_np() {
-    local n=$1 steps=$2 ref=$3 tol=$4 dir=$BATS_TEST_TMPDIR
-    run train_np "$n" "$dir" "${ARGS[@]}" --steps "$steps"
-    assert_success
-    rel=$(rel_diff "$ref" "$dir/rank0.ckpt")
-    echo "np=$n steps=$steps rel=$rel" >&3
-    assert_le "$rel" "$tol"
-    for r in $(seq 1 $((n - 1))); do
-        run "$CKPT" same "$dir/rank0.ckpt" "$dir/rank$r.ckpt"
-        assert_success
-    done
-}
 
 @test "each rank runs on its node, under its host name, with its local rank counted per node" {
     run mpi 3 --tag-output sh -c 'echo "on $(hostname)"; exec env LD_PRELOAD="$0" "$1" env' "$SHIM" "$BUILD/bin/dpshim-diag"
@@ -149,17 +135,7 @@ check_np() {
     assert_equal "$(grep -o 'grads f32 checksum [0-9a-f]* ok' <<<"$output" | sort | uniq -c | awk '{ print $1 }')" 4
 }
 
-# fault FAULT RANK STEP: guard_faults on 4 ranks (ranks 1 and 3 on nodeB) with one fault; the
-# job must end by itself within [guard] timeout + 15 s, as in guard.bats. Its time: $elapsed.
-fault() {
-    local start=$SECONDS
-    run mpi 4 env DPSHIM_GUARD_TIMEOUT=$TIMEOUT LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10 "$@"
-    elapsed=$((SECONDS - start))
-    echo "$output"
-    echo "ended after $elapsed s" >&3
-    [ "$elapsed" -le $((TIMEOUT + 15)) ] || fail "took $elapsed s"
-}
-
+# fault (helpers.bash) runs on 4 ranks here: ranks 1 and 3 on nodeB.
 @test "rank 1 on nodeB killed by SIGKILL at step 5: the job ends by itself, naming the rank" {
     fault kill 1 5
     assert_failure
