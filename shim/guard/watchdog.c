@@ -178,8 +178,9 @@ static void headline(const guard_msg_t *f)
             dps_guard_conf.timeout);
 }
 
-/* A rank that did not answer: gone (crashed, killed, _exit), or out of reach when no rank of its
- * host answered while it is another host than this one (a cut link, a node down). */
+/* A rank that did not answer: gone (crashed, killed, _exit) or frozen (SIGSTOP), or out of reach
+ * when no rank of its host answered while it is another host than this one (a cut link, a node
+ * down). */
 static void no_answer(int r, char *d, size_t len)
 {
     const char *host = dps_guard_host(r);
@@ -187,7 +188,7 @@ static void no_answer(int r, char *d, size_t len)
     for (int q = 0; !reachable && known(q); q++)
         reachable = watch.peers[q].have && strcmp(dps_guard_host(q), host) == 0;
     if (reachable)
-        snprintf(d, len, "no answer (crashed, killed, or left with _exit)  <-- culprit");
+        snprintf(d, len, "no answer (crashed, killed, stopped, or left with _exit)  <-- culprit");
     else
         snprintf(d, len, "no answer: unreachable (no rank on %s answered: the network or the node is down)  "
                  "<-- culprit", host);

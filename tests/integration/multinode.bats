@@ -3,7 +3,8 @@
 # with its own host name, mpirun on nodeA reaching nodeB through an rsh agent that starts the
 # far daemon with a login's environment, as ssh would. What a job spread over nodes must keep:
 # the single-process weights, one copy of rank 0's files and output, one GPU per local rank of
-# each node, a guard that ends the job when a far rank dies or freezes and names its host.
+# each node, a guard that ends the job when a far rank dies or freezes, or the link to its node
+# is cut, and names its host.
 # Skipped where namespaces cannot be made (not root, no veth or bridge), with the reason.
 load helpers
 
@@ -33,6 +34,17 @@ teardown_file() {
 
 setup() {
     if [ -e "$BATS_FILE_TMPDIR/cannot" ]; then skip "no network namespaces: $(cat "$BATS_FILE_TMPDIR/cannot")"; fi
+}
+
+# end_mpirun: links forward again and no mpirun of this run's nodes is left (after a cut link)
+end_mpirun() {
+    "$NETNS" heal
+    pkill -f "^mpirun --hostfile /run/dpshim-netns/$DPS_NETNS_PREFIX/" || true
+    wait || true
+}
+
+teardown() {
+    [ -e "$BATS_FILE_TMPDIR/cannot" ] || end_mpirun
 }
 
 # mpi N ARGS...: helpers.bash's mpi (and train_np through it) across the nodes: mpirun on nodeA,
@@ -149,7 +161,7 @@ mpi() {
     fault stop 1 5
     assert_equal "$status" 75
     assert_output --partial "guard: dp_grads collective #6 (after step 4) has waited"
-    assert_output --regexp "rank 1( \(nodeB\))?: no answer \(crashed, killed, or left with _exit\)  <-- culprit"
+    assert_output --regexp "rank 1( \(nodeB\))?: no answer \(crashed, killed, stopped, or left with _exit\)  <-- culprit"
     assert_output --partial "guard: ending the job (exit status 75)"
 }
 
@@ -160,4 +172,34 @@ mpi() {
     assert_output --regexp "guard:   rank 1 \(nodeB\): in dp_grads \(all-reduce f32 x 1000\), collective #6 after step 4"
     assert_output --regexp "guard:   rank 2 \(nodeA\): in dp_grads \(all-reduce f32 x 1000\), collective #6 after step 4"
     assert_output --regexp "guard:   rank 3 \(nodeB\): in the program's own code for [0-9.]+ s, .*  <-- culprit"
+}
+
+@test "the link to nodeB cut during training: every rank reports and ends itself within [guard] timeout + 15 s, nodeB's ranks named unreachable" {
+    local diag=$BATS_TEST_TMPDIR/diag out=$BATS_TEST_TMPDIR/out
+    mkdir -p "$diag"
+    # 20 steps an epoch at np=4 and an epoch line each time: a job that runs until the cut
+    mpi 4 -x LD_PRELOAD="$SHIM" -x DPSHIM_GUARD_TIMEOUT=$TIMEOUT -x DPSHIM_DIAG_DIR="$diag" \
+        "$TRAINER" --train-limit 2000 --epochs 1000000 --no-eval >"$out" 2>&1 3>&- &
+    local i
+    for i in $(seq 600); do grep -q '^epoch 2:' "$out" && break; sleep 0.2; done
+    grep -q '^epoch 2:' "$out" || fail "the job did not reach epoch 2: $(cat "$out")"
+    "$NETNS" cut nodeB
+    local start=$SECONDS
+    while pgrep -f "^$TRAINER " >/dev/null && [ $((SECONDS - start)) -le $((TIMEOUT + 30)) ]; do sleep 0.2; done
+    local elapsed=$((SECONDS - start))
+    # mpirun waits for nodeB's daemon until TCP gives up (README): teardown heals and ends it
+    end_mpirun
+    echo "ranks ended $elapsed s after the cut" >&3
+    run cat "$out"
+    echo "$output"
+    [ "$elapsed" -le $((TIMEOUT + 15)) ] || fail "ranks still running $elapsed s after the cut"
+    assert_output --partial "rank 1 (nodeB): no answer: unreachable (no rank on nodeB answered"
+    assert_output --partial "rank 3 (nodeB): no answer: unreachable (no rank on nodeB answered"
+    assert_output --partial "guard: ending the job (exit status 75)"
+    # the far side ended itself too, after writing what it saw (its stderr went with the link);
+    # the stats name the rank whose watchdog reported first
+    for r in 0 1 2 3; do
+        grep "^failure guard: .* waited longer than the timeout on rank [0-3]$" "$diag/stats.rank$r.txt" ||
+            fail "rank $r: $(cat "$diag/stats.rank$r.txt")"
+    done
 }
