@@ -58,6 +58,8 @@ run_tests() {
 
 # median of the numbers on stdin
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# ratio X Y: X / Y
+ratio() { awk -v x="$1" -v y="$2" 'BEGIN { print x / y }'; }
 
 bench_files() {
     local dir n=50000 rounds=7
@@ -78,6 +80,35 @@ bench_files() {
         p=$(printf '%s\n' "${plain[@]}" | median)
         s=$(printf '%s\n' "${shim[@]}" | median)
         printf '  %-44s %10.1f %10.1f %7.3f\n' "$label" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN { print a / b }')"
+    done
+    rm -rf "$dir"
+}
+
+# A rank0_only path at np=2: rank 0 makes the call and posts its outcome, rank 1 waits for it and
+# writes to a file of its own; against the same two processes without the shim, each on a path
+# of its own (the disk and the cores are shared either way).
+bench_files_gated() {
+    local dir n=5000 rounds=5 mode
+    dir=$(mktemp -d) # not under /dev, which no glob matches
+    echo "a rank0_only path at np=2 in $dir, $n iterations, median of $rounds alternating rounds:"
+    for mode in save load; do
+        local plain=() r0=() r1=() out arg=${mode/save/}
+        for _ in $(seq "$rounds"); do
+            # shellcheck disable=SC2016 # expanded by each rank's shell
+            out=$(timeout 300 mpirun --oversubscribe -np 2 --tag-output sh -c \
+                'exec "$0" "$1" "$2.$OMPI_COMM_WORLD_RANK.ckpt" $3' "$BUILD_DIR/bin/bench_files" $n "$dir/p" "$arg")
+            plain+=("$(sed -n 's/^\[1,0\]<stdout>://p' <<<"$out")")
+            out=$(timeout 300 mpirun --oversubscribe -np 2 --tag-output env DPSHIM_FILES_RANK0_ONLY='*.ckpt *.tmp' \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/bench_files" $n "$dir/m.ckpt" ${arg:+"$arg"})
+            r0+=("$(sed -n 's/^\[1,0\]<stdout>://p' <<<"$out")")
+            r1+=("$(sed -n 's/^\[1,1\]<stdout>://p' <<<"$out")")
+        done
+        local without on0 on1
+        without=$(printf '%s\n' "${plain[@]}" | median)
+        on0=$(printf '%s\n' "${r0[@]}" | median) on1=$(printf '%s\n' "${r1[@]}" | median)
+        printf '  %-38s without %8.1f ns   rank 0 %8.1f ns (%.2fx)   rank 1 %8.1f ns (%.2fx)\n' \
+            "$([ $mode = save ] && echo "open+write+close:" || echo "save to .tmp, rename over, read back:")" \
+            "$without" "$on0" "$(ratio "$on0" "$without")" "$on1" "$(ratio "$on1" "$without")"
     done
     rm -rf "$dir"
 }
@@ -214,7 +245,7 @@ demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh ;;
 gpu-pack) gpu_pack "${2:-}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -424,17 +424,44 @@ static int policy_parse(dps_policy_t *p, hook_section_t *hs, const char *text, s
     return 0;
 }
 
+/* What a path that is not a regular file is, for the message that refuses it. */
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "something else";
+}
+
+static int not_regular(dps_error_t *e, const char *path, mode_t m)
+{
+    return fail(e, "policy file %s is not a regular file but %s; a policy is read from a regular file only",
+                path, file_kind(m));
+}
+
 int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
+    /* Every rank reads this before main(): opening a FIFO would block them all forever, and
+     * opening a device may act on it. So only a regular file is opened, and without blocking in
+     * case the path became something else since stat(); fstat() then says what was opened. */
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > DPS_MAX_FILE_BYTES) {
+    if (stat(path, &st) != 0) return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return not_regular(e, path, st.st_mode);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
+    int bad = fstat(fd, &st) != 0    ? fail(e, "cannot read policy file %s: %s", path, strerror(errno))
+              : !S_ISREG(st.st_mode) ? not_regular(e, path, st.st_mode)
+              : st.st_size > DPS_MAX_FILE_BYTES
+                  ? fail(e, "policy file %s is larger than %u bytes", path, DPS_MAX_FILE_BYTES)
+                  : 0;
+    if (bad) {
         close(fd);
-        return fail(e, "policy file %s is not a regular file of at most %u bytes", path,
-                    DPS_MAX_FILE_BYTES);
+        return -1;
     }
+    /* a regular file's reads may still say EAGAIN under a mandatory lock: block as usual */
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     char *buf = malloc((size_t)st.st_size + 1);
     size_t got = 0;
     while (buf && got < (size_t)st.st_size) {

@@ -645,15 +645,14 @@ static void print_straggler(const job_t *j)
 
 static void print_files(const job_t *j)
 {
-    uint64_t sinks = 0, noops = 0, pub = 0, rp = 0;
+    uint64_t sinks = 0, noops = 0, followed = 0, rp = 0;
     for (int r = 0; r < j->size; r++) {
         const dps_diag_stats_t *st = &j->rd[r].st;
-        sinks += st->gated_sinks, noops += st->gated_noops, pub += st->published, rp += st->rank_paths;
+        sinks += st->gated_sinks, noops += st->gated_noops, followed += st->followed, rp += st->rank_paths;
     }
-    printf("files: %llu writes to a sink and %llu calls without effect on ranks other than 0, %llu files "
-           "published "
-           "whole by rank 0, %llu per-rank paths\n",
-           (unsigned long long)sinks, (unsigned long long)noops, (unsigned long long)pub,
+    printf("files: %llu writes to a sink and %llu calls without effect on ranks other than 0, %llu calls "
+           "that took rank 0's outcome, %llu per-rank paths\n",
+           (unsigned long long)sinks, (unsigned long long)noops, (unsigned long long)followed,
            (unsigned long long)rp);
 }
 

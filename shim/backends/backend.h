@@ -8,8 +8,9 @@
 
 typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
 
-/* The largest message on the guard's side channel. */
+/* The largest message on the guard's side channel, and on the file policy's. */
 #define DPS_GUARD_MSG_MAX 1024
+#define DPS_FILES_MSG_MAX 64
 
 typedef struct dps_backend {
     const char *name;
@@ -40,6 +41,15 @@ typedef struct dps_backend {
      * the backend has none (then gradients are reduced synchronously). */
     int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op);
     const char *(*last_error_bg)(void);
+    /* The file policy's channel, from any thread: rank 0 posts a message to every other rank
+     * (never blocking), the others wait for rank 0's next one, in the order posted. NULL when
+     * the backend has none (self, or MPI below MPI_THREAD_MULTIPLE). 0, or -1 on error. */
+    int (*files_post)(const void *msg, size_t len);
+    int (*files_wait)(void *msg, size_t len);
+    /* The other way: a rank tells rank 0 it has made a call (never blocking for long: a small
+     * message), and rank 0 waits for the next such message from any rank. */
+    int (*files_ack)(const void *msg, size_t len);
+    int (*files_next_ack)(void *msg, size_t len, int *src);
     /* Large all-reductions go in pieces of this many bytes; 0: measure at the first large one. */
     void (*set_piece)(size_t bytes);
     /* The wall clock (CLOCK_REALTIME) of this rank minus rank 0's, and half the best round trip

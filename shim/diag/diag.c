@@ -6,6 +6,8 @@
 #include "diag.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +28,8 @@ int dps_diag_on;
 /* Everything below is guarded by `lock`: the main and the progress thread record, and the
  * guard's watchdog may write the files while they do. */
 static struct {
-    char dir[1024];
+    char dir[PATH_MAX]; /* [diag] dir, made absolute at start-up */
+    char shown[1024];   /* [diag] dir as the user wrote it, for messages */
     const dps_state_t *s;
     dps_diag_stats_t st; /* the counters; identity and file counts are filled in at writing */
     dps_diag_event_t *ev;
@@ -66,7 +69,13 @@ DPS_STARTUP void dps_diag_configure(const dps_state_t *s)
     memset(&diag, 0, sizeof diag);
     diag.s = s;
     diag.max = (size_t)dps_policy_num(&s->policy, DPS_P_diag_trace_mb) * (1u << 20) / sizeof *diag.ev;
-    snprintf(diag.dir, sizeof diag.dir, "%s", dir ? dir : "");
+    snprintf(diag.shown, sizeof diag.shown, "%s", dir ? dir : "");
+    /* A relative dir means the directory the rank started in, not the one the program has
+     * moved to by exit. Without a known working directory (removed, too long) it stays relative. */
+    char cwd[PATH_MAX];
+    if (!on || dir[0] == '/' || !getcwd(cwd, sizeof cwd) ||
+        snprintf(diag.dir, sizeof diag.dir, "%s/%s", cwd, dir) >= (int)sizeof diag.dir)
+        snprintf(diag.dir, sizeof diag.dir, "%s", dir ? dir : "");
     diag.st.start_ns = dps_diag_now();
     dps_diag_on = on;
     pthread_mutex_unlock(&lock);
@@ -162,18 +171,46 @@ void dps_diag_set_clock(int64_t offset_ns, uint64_t error_ns)
 
 /* One file being written, and what went wrong with it. */
 typedef struct out {
-    char path[1200];
+    char path[PATH_MAX + 64]; /* in the absolute [diag] dir */
+    char shown[1100];         /* the same in [diag] dir as written, for messages */
+    char refused[96];         /* why what stands at path is left alone, "" when it is not */
     FILE *f;
     int err; /* errno of the first failure, 0 while none */
 } out_t;
 
-static void open_out(out_t *o, const char *file_fmt)
+/* [diag] dir may be shared with other users (a scratch directory): what stands at a file's name
+ * is replaced only when it is a regular file of this user's own, and never written through. It
+ * is removed, and the file created anew with O_EXCL | O_NOFOLLOW, so neither a symbolic link
+ * (one planted after the check makes the creation fail) nor a hard link to another file is
+ * followed. A symbolic link, another user's file, or anything but a regular file is left alone
+ * with a warning naming it. */
+static void check_out(out_t *o, const char *file_fmt)
 {
     char name[64];
     snprintf(name, sizeof name, file_fmt, diag.s->rank);
     snprintf(o->path, sizeof o->path, "%s/%s", diag.dir, name);
-    o->f = fopen(o->path, "w");
+    snprintf(o->shown, sizeof o->shown, "%s/%s", diag.shown, name);
+    struct stat st;
+    if (lstat(o->path, &st) != 0) return; /* nothing there, or what creating it will say */
+    if (S_ISLNK(st.st_mode))
+        snprintf(o->refused, sizeof o->refused, "is a symbolic link");
+    else if (!S_ISREG(st.st_mode))
+        snprintf(o->refused, sizeof o->refused, "is not a regular file");
+    else if (st.st_uid != geteuid())
+        snprintf(o->refused, sizeof o->refused, "belongs to user %u, not to this user (%u)",
+                 (unsigned)st.st_uid, (unsigned)geteuid());
+}
+
+static void open_out(out_t *o)
+{
+    if (unlink(o->path) != 0 && errno != ENOENT) {
+        o->err = errno;
+        return;
+    }
+    int fd = open(o->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    o->f = fd < 0 ? NULL : fdopen(fd, "w");
     o->err = o->f ? 0 : errno;
+    if (fd >= 0 && !o->f) close(fd);
 }
 
 /* Closes o's file whatever happened to the other one: closing is what flushes it. */
@@ -198,7 +235,7 @@ static void write_stats(FILE *f)
     st.clock_measured = (uint64_t)clock_to_rank0.measured;
     st.clock_offset_ns = clock_to_rank0.offset_ns, st.clock_error_ns = clock_to_rank0.error_ns;
     st.gated_sinks = atomic_load(&dps_diag_count.sinks), st.gated_noops = atomic_load(&dps_diag_count.noops);
-    st.published = atomic_load(&dps_diag_count.published);
+    st.followed = atomic_load(&dps_diag_count.followed);
     st.rank_paths = atomic_load(&dps_diag_count.rank_paths);
     fprintf(f, DPS_DIAG_STATS_MAGIC " %d\n", DPS_DIAG_FORMAT_VERSION);
 #define NUM(key) fprintf(f, #key " %llu\n", (unsigned long long)st.key);
@@ -234,7 +271,14 @@ static void note_failure(const out_t *o, char *warn, size_t len)
 {
     size_t n = strlen(warn);
     if (o->err && n < len)
-        snprintf(warn + n, len - n, "%swriting %s failed (%s)", n ? "; " : "", o->path, strerror(o->err));
+        snprintf(warn + n, len - n, "%swriting %s failed (%s)", n ? "; " : "", o->shown, strerror(o->err));
+}
+
+/* Adds "PATH is a symbolic link" to warn when o's name is taken. */
+static void note_refusal(const out_t *o, char *warn, size_t len)
+{
+    size_t n = strlen(warn);
+    if (o->refused[0] && n < len) snprintf(warn + n, len - n, "%s%s %s", n ? "; " : "", o->shown, o->refused);
 }
 
 /* Both files, under the lock so that no thread grows the buffer being read. Nothing here may
@@ -245,16 +289,28 @@ static void write_files(char *warn, size_t len)
     pthread_mutex_lock(&lock);
     if (mkdir(diag.dir, 0755) != 0 && errno != EEXIST) {
         snprintf(warn, len, "cannot create it (%s); no diagnostics written", strerror(errno));
-    } else {
-        open_out(&st, DPS_DIAG_STATS_FILE);
-        open_out(&tr, DPS_DIAG_TRACE_FILE);
-        errno = 0; /* what close_out finds is a write's */
-        if (st.f && tr.f)
-            write_stats(st.f), write_trace(tr.f);
-        else
-            snprintf(warn, len, "cannot write there (%s); no diagnostics written",
-                     strerror(st.f ? tr.err : st.err));
+        goto done;
     }
+    check_out(&st, DPS_DIAG_STATS_FILE);
+    check_out(&tr, DPS_DIAG_TRACE_FILE);
+    if (st.refused[0] || tr.refused[0]) {
+        note_refusal(&st, warn, len);
+        note_refusal(&tr, warn, len);
+        size_t n = strlen(warn);
+        snprintf(warn + n, len - n,
+                 "; dpshim replaces only regular files of this user's own there (remove what is "
+                 "in the way, or choose a [diag] dir of your own); no diagnostics written");
+        goto done;
+    }
+    open_out(&st);
+    open_out(&tr);
+    errno = 0; /* what close_out finds is a write's */
+    if (st.f && tr.f)
+        write_stats(st.f), write_trace(tr.f);
+    else
+        snprintf(warn, len, "cannot write %s (%s); no diagnostics written", st.f ? tr.shown : st.shown,
+                 strerror(st.f ? tr.err : st.err));
+done:
     close_out(&st);
     close_out(&tr);
     pthread_mutex_unlock(&lock);
@@ -270,7 +326,7 @@ void dps_diag_write(void)
     dps_in_shim++;
     char warn[3000] = "";
     write_files(warn, sizeof warn);
-    if (warn[0]) DPS_WARN("[diag] dir = %s: %s", diag.dir, warn);
+    if (warn[0]) DPS_WARN("[diag] dir = %s: %s", diag.shown, warn);
     dps_in_shim--;
     errno = saved;
 }

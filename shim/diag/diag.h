@@ -12,7 +12,7 @@
 
 /* Counted always: the file policy's effects. */
 typedef struct dps_diag_counters {
-    atomic_uint_fast64_t sinks, noops, published, rank_paths;
+    atomic_uint_fast64_t sinks, noops, followed, rank_paths;
 } dps_diag_counters_t;
 extern dps_diag_counters_t dps_diag_count;
 

@@ -10,7 +10,7 @@
 /* Each file opens with its magic word and this number; the reader refuses other versions.
  * Version 2: the hook is the rest of a trace line (names may hold spaces); dropped_events.
  * Version 3: clock_measured, clock_offset_ns (the first signed key), clock_error_ns. */
-#define DPS_DIAG_FORMAT_VERSION 3
+#define DPS_DIAG_FORMAT_VERSION 4
 #define DPS_DIAG_STATS_MAGIC "dpshim-stats"
 #define DPS_DIAG_TRACE_MAGIC "dpshim-trace"
 
@@ -49,10 +49,10 @@
     NUM(bg_bytes)                                                                                            \
     NUM(bg_comm_ns)                                                                                          \
     /* the file policy's effects: writes sent to a sink on ranks other than 0, calls without */              \
-    /* effect there, files rank 0 published whole, per-rank paths */                                         \
+    /* effect there, gated calls that took rank 0's outcome, per-rank paths */                               \
     NUM(gated_sinks)                                                                                         \
     NUM(gated_noops)                                                                                         \
-    NUM(published)                                                                                           \
+    NUM(followed)                                                                                            \
     NUM(rank_paths)                                                                                          \
     /* events past [diag] trace_mb: counted above, missing from the trace */                                 \
     NUM(dropped_events)                                                                                      \

@@ -1,6 +1,7 @@
 /* Engine configuration and backend life cycle. */
 #define _GNU_SOURCE
 #include "engine.h"
+#include "files/files.h"
 #include "guard/guard.h"
 #include "device.h"
 #include "progress.h"
@@ -8,9 +9,11 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 dps_engine_t dps_e;
+static const dps_files_channel_t files_channel; /* below, next to the backend's opening */
 
 DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 {
@@ -37,6 +40,7 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
                         : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
                                                                         : -1;
     dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
+    if (s->eff_size > 1) dps_files_set_channel(&files_channel);
     /* host buffers, and the agreement on GPU tensors' mode (engine/device.c) */
     dps_e.be_name = "mpi";
     return 0;
@@ -99,6 +103,57 @@ const dps_backend_t *dps_comm(const char *hook)
     if (open_backend(hook, 1) != 0) return NULL; /* not reached: fatal */
     return dps_e.be;
 }
+
+/* The file policy's channel (files.h): where every rank takes the same path through the
+ * program (outside rank-0 scopes, while the backend lives), over the backend, which opens here
+ * when a gated file call comes first. NULL: the ranks decide alone. */
+static const dps_backend_t *files_backend(void)
+{
+    if (dps_e.scope_depth || dps_e.released) return NULL;
+    const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
+    if (!be && open_backend("the file policy", 1) == 0) be = dps_e.be;
+    return be && be->files_post && be->files_wait && be->files_ack && be->files_next_ack ? be : NULL;
+}
+
+static int files_post(const void *msg, size_t len)
+{
+    const dps_backend_t *be = files_backend();
+    return be ? be->files_post(msg, len) : -1;
+}
+
+/* The main thread's wait is watched by the guard like a collective; another thread's is not
+ * (the guard tracks one position, the main thread's). */
+static int files_wait(void *msg, size_t len, const char *what)
+{
+    const dps_backend_t *be = files_backend();
+    if (!be) return -1;
+    int main_thread = syscall(SYS_gettid) == getpid();
+    dps_guard_mark_t mark;
+    if (main_thread) mark = dps_guard_own_begin(what);
+    int rc = be->files_wait(msg, len);
+    if (main_thread) dps_guard_own_end(mark);
+    return rc;
+}
+
+static int files_ack(const void *msg, size_t len)
+{
+    const dps_backend_t *be = files_backend();
+    return be ? be->files_ack(msg, len) : -1;
+}
+
+static int files_next_ack(void *msg, size_t len, int *src, const char *what)
+{
+    const dps_backend_t *be = files_backend();
+    if (!be) return -1;
+    int main_thread = syscall(SYS_gettid) == getpid();
+    dps_guard_mark_t mark;
+    if (main_thread) mark = dps_guard_own_begin(what);
+    int rc = be->files_next_ack(msg, len, src);
+    if (main_thread) dps_guard_own_end(mark);
+    return rc;
+}
+
+static const dps_files_channel_t files_channel = {files_post, files_wait, files_ack, files_next_ack};
 
 /* A rank that leaves before its first collective still takes part in the exit barrier, for which
  * it opens the backend now: the others may be waiting for it in the backend's start-up, and

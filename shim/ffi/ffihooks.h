@@ -7,9 +7,10 @@
 
 #include "policy.h"
 
-/* In the constructor: build a closure per declared hook and bind every loaded object's calls to
- * it (and, from then on, those of objects loaded with dlopen). 0, or -1 with err set (a hook
- * with missing = error whose function is nowhere, libffi absent). No-op without hooks. */
+/* In the constructor of a rank process (never of its children): build a closure per declared hook
+ * and bind every loaded object's calls to it (and, from then on, those of objects loaded with
+ * dlopen). 0, or -1 with err set (a hook with missing = error whose function is nowhere, libffi
+ * absent). No-op without hooks. */
 int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len);
 
 #endif

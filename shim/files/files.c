@@ -1,5 +1,5 @@
-/* File policy decisions (see files.h). Runs only for programs whose policy names globs; the
- * interposers check dps_files_on before anything else. Never changes errno: callers save it. */
+/* File policy decisions and the leader/follower protocol (see files.h). Runs only for programs
+ * whose policy names globs; the interposers check dps_files_on before anything else. */
 #define _GNU_SOURCE
 #include "files.h"
 
@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/dps.h"
@@ -18,7 +20,6 @@
 #include "glob.h"
 
 atomic_int dps_files_on;
-atomic_int dps_files_pending;
 
 typedef enum { GLOB_BASENAME, GLOB_ABSOLUTE, GLOB_RELATIVE } glob_kind_t;
 typedef struct glob_list {
@@ -28,10 +29,7 @@ typedef struct glob_list {
 } glob_list_t;
 
 static glob_list_t rank0_only, per_rank;
-static int my_rank, need_cwd;
-
-DPS_REAL_DECLARE(int, rename, (const char *, const char *));
-DPS_REAL_DECLARE(int, unlink, (const char *));
+static int my_rank, my_size, need_cwd;
 
 DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 {
@@ -52,9 +50,9 @@ DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
     return 0;
 }
 
-DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, char *err, size_t errlen)
+DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, size_t errlen)
 {
-    my_rank = rank;
+    my_rank = rank, my_size = size;
     if (parse_globs(&rank0_only, dps_policy_text(p, DPS_P_files_rank0_only)) ||
         parse_globs(&per_rank, dps_policy_text(p, DPS_P_files_per_rank))) {
         snprintf(err, errlen, "out of memory reading [files] globs");
@@ -175,12 +173,66 @@ static void rank_path(const char *path, char *out, size_t cap)
 void dps_files_normalize(const char *src, char *dst, size_t cap) { normalize(src, dst, cap); }
 void dps_files_rank_path(const char *path, char *out, size_t cap) { rank_path(path, out, cap); }
 
+/* --- learned sources: a path renamed onto a gated one is gated from then on ------------------ */
+
+static pthread_mutex_t learned_lock = PTHREAD_MUTEX_INITIALIZER;
+static char **learned;
+static size_t nlearned;
+static atomic_size_t nlearned_pub; /* read without the lock on the classify path */
+
+static int is_learned(int dirfd, const char *path)
+{
+    size_t n = atomic_load_explicit(&nlearned_pub, memory_order_acquire);
+    char abs[DPS_PATH_BUF];
+    if (!n || absolute(dirfd, path, abs, sizeof abs) != 0) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(learned[i], abs)) return 1;
+    return 0;
+}
+
+/* Called on every rank at the same gated rename, so every rank learns at the same call. */
+static void learn(int dirfd, const char *src, const char *dst)
+{
+    char abs[DPS_PATH_BUF];
+    if (absolute(dirfd, src, abs, sizeof abs) != 0 || is_learned(dirfd, src)) return;
+    pthread_mutex_lock(&learned_lock);
+    char **l = realloc(learned, (nlearned + 1) * sizeof *l); /* readers see the old array's prefix */
+    char *copy = strdup(abs);
+    if (l && copy) {
+        learned = l;
+        learned[nlearned++] = copy;
+        atomic_store_explicit(&nlearned_pub, nlearned, memory_order_release);
+    } else {
+        free(copy);
+    }
+    pthread_mutex_unlock(&learned_lock);
+    if (my_rank == 0)
+        DPS_WARN_ONCE("[files] %s is renamed onto %s, which rank0_only matches, but no glob matches %s: "
+                      "every rank wrote it. It is rank 0's from now on; add it to [files] rank0_only so "
+                      "that the first save is rank 0's alone too", src, dst, src);
+}
+
+/* --- classification ----------------------------------------------------------------------- */
+
+static void settle_reads(const dps_redirect_t *r);
+
+/* Rank 0 is about to change a gated path (below). */
+static void before_change(const dps_redirect_t *r)
+{
+    if (r->action == DPS_FILE_LEAD && r->op != DPS_FOP_OPEN_READ && r->op != DPS_FOP_LOOKUP) settle_reads(r);
+}
+
 /* Common part: per_rank mapping, and whether the (mapped) path is gated. */
 static void classify(dps_redirect_t *r, int dirfd, const char *path)
 {
     r->action = DPS_FILE_PASS;
-    r->path = path;
+    r->path = r->orig = path;
+    r->dirfd = dirfd;
+    r->first = NULL;
     r->gated = 0;
+    r->sink = -1;
+    r->rc0 = 0, r->err0 = 0;
+    r->seq = UINT64_MAX;
     if (!path || !*path || system_path(path)) return;
     views_t v;
     make_views(&v, dirfd, path);
@@ -190,124 +242,341 @@ static void classify(dps_redirect_t *r, int dirfd, const char *path)
         r->path = r->buf;
         return;
     }
-    r->gated = matches(&rank0_only, &v);
+    r->gated = matches(&rank0_only, &v) || is_learned(dirfd, path);
+    if (r->gated && my_size > 1) r->action = my_rank == 0 ? DPS_FILE_LEAD : DPS_FILE_FOLLOW;
 }
 
-void dps_files_lookup(dps_redirect_t *r, int dirfd, const char *path) { classify(r, dirfd, path); }
-
-void dps_files_modify(dps_redirect_t *r, int dirfd, const char *path)
+void dps_files_lookup(dps_redirect_t *r, int dirfd, const char *path)
 {
     classify(r, dirfd, path);
-    if (r->gated && my_rank != 0) {
-        r->action = DPS_FILE_NOOP;
-        atomic_fetch_add_explicit(&dps_diag_count.noops, 1, memory_order_relaxed);
-    }
+    r->op = DPS_FOP_LOOKUP;
 }
 
-/* --- open and publish ----------------------------------------------------------------------- */
-
-typedef struct publish {
-    int fd;
-    dps_publish_t file;
-} publish_t;
-
-static pthread_mutex_t publish_lock = PTHREAD_MUTEX_INITIALIZER;
-static publish_t *publishing;
-static size_t npublishing, cap_publishing;
-static atomic_uint publish_seq;
+void dps_files_modify(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path)
+{
+    classify(r, dirfd, path);
+    r->op = op;
+    before_change(r);
+}
 
 void dps_files_open(dps_redirect_t *r, int dirfd, const char *path, int flags)
 {
     classify(r, dirfd, path);
     r->flags = flags;
-    int acc = flags & O_ACCMODE;
-    int tmpfile = (flags & O_TMPFILE) == O_TMPFILE; /* O_TMPFILE includes O_DIRECTORY */
+    int acc = flags & O_ACCMODE, tmpfile = (flags & O_TMPFILE) == O_TMPFILE; /* includes O_DIRECTORY */
     int writing = acc != O_RDONLY || (flags & (O_CREAT | O_TRUNC)) || tmpfile;
-    if (!r->gated || !writing) return; /* reads are never redirected */
-    if (my_rank != 0) {
-        r->action = DPS_FILE_SINK;
-        atomic_fetch_add_explicit(&dps_diag_count.sinks, 1, memory_order_relaxed);
-        r->path = "/dev/null";
-        r->flags = (flags & (O_CLOEXEC | O_APPEND | O_NONBLOCK)) | (acc == O_RDONLY ? O_RDWR : acc);
-        return;
-    }
-    /* Rank 0: a truncating write replaces the file atomically at close; appends, in-place
-     * updates and exclusive creation keep their own semantics and go straight to the file. */
-    if (!(flags & O_TRUNC) || acc == O_RDONLY || (flags & (O_EXCL | O_APPEND)) || tmpfile)
-        return;
-    if (absolute(dirfd, path, r->final, sizeof r->final) != 0) return;
-    char *slash = strrchr(r->final, '/');
-    int n = snprintf(r->buf, sizeof r->buf, "%.*s/.%s.dpshim-%d-%u", (int)(slash - r->final), r->final,
-                     slash + 1, (int)getpid(), atomic_fetch_add(&publish_seq, 1));
-    if (n <= 0 || (size_t)n >= sizeof r->buf) return;
-    r->action = DPS_FILE_PUBLISH;
-    r->path = r->buf;
-    r->flags = flags | O_CREAT;
+    r->op = writing ? DPS_FOP_OPEN_WRITE : DPS_FOP_OPEN_READ;
+    before_change(r);
 }
 
-int dps_files_opened(dps_redirect_t *r, int fd)
+/* rename(a, b) and link(a, b): rank 0's alone when either path is gated (the other rank's copy
+ * of a gated file is a sink; a gated name must come from rank 0). A rename of an ungated path
+ * onto a gated one teaches the policy that the source is rank 0's too. */
+void dps_files_pair(dps_redirect_t *ra, dps_redirect_t *rb, dps_file_op_t op, int fda, const char *a, int fdb,
+                    const char *b)
 {
-    if (r->action != DPS_FILE_PUBLISH || fd < 0) return fd;
-    int saved = errno;
-    pthread_mutex_lock(&publish_lock);
-    if (npublishing == cap_publishing) {
-        size_t c = cap_publishing ? 2 * cap_publishing : 16;
-        publish_t *p = realloc(publishing, c * sizeof *p);
-        if (p) publishing = p, cap_publishing = c;
+    classify(ra, fda, a);
+    classify(rb, fdb, b);
+    ra->op = rb->op = op;
+    rb->first = a; /* the leader posts the first path's hash */
+    if (op == DPS_FOP_RENAME && rb->gated && !ra->gated && ra->path == a) learn(fda, a, b);
+    if (ra->action != DPS_FILE_PASS && rb->action == DPS_FILE_PASS && rb->path == b) rb->action = ra->action;
+    before_change(rb);
+}
+
+/* --- the leader's outcomes ----------------------------------------------------------------- */
+
+static const dps_files_channel_t *_Atomic channel;
+
+void dps_files_set_channel(const dps_files_channel_t *c) { atomic_store(&channel, c); }
+
+typedef struct outcome {
+    uint64_t seq;
+    int32_t op, rc, err;
+    uint32_t path; /* the path's hash: the same call on a per-call temporary name differs */
+} outcome_t;
+_Static_assert(sizeof(outcome_t) <= 64, "an outcome fits the channel's messages");
+
+/* One order on each rank: the leader posts, and a follower waits, one call at a time. */
+static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t next_seq;
+
+static int is_read(dps_file_op_t op) { return op == DPS_FOP_OPEN_READ || op == DPS_FOP_LOOKUP; }
+
+/* Rank 0: one past the number of its last read or lookup, and what each rank acknowledged. */
+static uint64_t reads_until;
+static uint64_t *acked;
+static pthread_mutex_t ack_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *op_name(dps_file_op_t op)
+{
+    static const char *const names[] = {
+#define DPS_FILE_OP_NAME(id, text) text,
+        DPS_FILE_OPS(DPS_FILE_OP_NAME)
+#undef DPS_FILE_OP_NAME
+    };
+    return names[op];
+}
+
+static uint32_t path_hash(const char *p) { return (uint32_t)dps_fnv1a(DPS_FNV_SEED, p, strlen(p)); }
+
+/* Children, forked or exec'd, have no channel: a leader's child never posts and a follower's
+ * child never waits, so both sides agree on which calls go through it. */
+static const dps_files_channel_t *usable_channel(void)
+{
+    if (dps_g.role != DPS_ROLE_RANK || atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) return NULL;
+    return atomic_load(&channel);
+}
+
+static void lead(dps_redirect_t *r, int ok)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c) return;
+    outcome_t o = {0, (int32_t)r->op, ok ? 0 : -1, ok ? 0 : errno, path_hash(r->first ? r->first : r->orig)};
+    dps_in_shim++;
+    pthread_mutex_lock(&order_lock);
+    o.seq = next_seq;
+    if (c->post(&o, sizeof o) == 0) {
+        next_seq++;
+        if (is_read(r->op)) reads_until = next_seq;
     }
-    char *tmp = strdup(r->buf), *final = strdup(r->final);
-    if (npublishing < cap_publishing && tmp && final) {
-        publishing[npublishing++] = (publish_t){fd, {tmp, final}};
-        atomic_fetch_add(&dps_files_pending, 1);
-        tmp = final = NULL;
-    } else {
-        DPS_WARN_ONCE("cannot track %s for atomic publication; it will appear at exit", r->final);
+    pthread_mutex_unlock(&order_lock);
+    dps_in_shim--;
+}
+
+/* Rank 0's outcome of this call into r->rc0/err0; 0, or -1 where there is no channel. */
+static int wait_for_leader(dps_redirect_t *r)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c) return -1;
+    outcome_t o;
+    char what[DPS_PATH_BUF + 96];
+    dps_in_shim++;
+    pthread_mutex_lock(&order_lock);
+    snprintf(what, sizeof what, "rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
+             op_name(r->op), r->orig);
+    int rc = c->wait(&o, sizeof o, what);
+    if (rc == 0) next_seq++;
+    pthread_mutex_unlock(&order_lock);
+    dps_in_shim--;
+    if (rc != 0) return -1;
+    atomic_fetch_add_explicit(&dps_diag_count.followed, 1, memory_order_relaxed);
+    if (o.op != (int32_t)r->op) {
+        DPS_WARN_ONCE("[files] rank 0's gated file operation #%llu was '%s', this rank's is '%s' of %s: the "
+                      "ranks' operations on rank0_only paths come in another order (threads, or code that "
+                      "depends on the rank); this rank decides such calls alone",
+                      (unsigned long long)o.seq + 1, o.op >= 0 && o.op <= DPS_FOP_CHMOD ? op_name(o.op) : "?",
+                      op_name(r->op), r->orig);
+        return -1;
     }
-    pthread_mutex_unlock(&publish_lock);
-    free(tmp), free(final);
-    errno = saved;
+    r->rc0 = o.rc, r->err0 = o.err, r->path0 = o.path, r->seq = o.seq;
+    return 0;
+}
+
+/* --- reads before changes ------------------------------------------------------------------ */
+
+
+/* A follower made the read rank 0 made as call r->seq. */
+static void acknowledge(const dps_redirect_t *r)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c || r->seq == UINT64_MAX) return;
+    uint64_t seq = r->seq;
+    dps_in_shim++;
+    c->ack(&seq, sizeof seq);
+    dps_in_shim--;
+}
+
+/* Rank 0, before it changes a gated path: every follower has made the reads rank 0 made before,
+ * so none reads what this change makes in place of what rank 0 read. */
+static void settle_reads(const dps_redirect_t *r)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c || !reads_until) return;
+    dps_in_shim++;
+    pthread_mutex_lock(&ack_lock);
+    if (!acked) acked = calloc((size_t)my_size, sizeof *acked);
+    char what[DPS_PATH_BUF + 96];
+    snprintf(what, sizeof what, "the other ranks' reads before rank 0's %s of %s", op_name(r->op), r->orig);
+    for (int q = 1; acked && q < my_size; q++)
+        while (acked[q] < reads_until) {
+            uint64_t seq;
+            int src;
+            if (c->next_ack(&seq, sizeof seq, &src, what) != 0 || src <= 0 || src >= my_size) goto out;
+            if (seq + 1 > acked[src]) acked[src] = seq + 1;
+        }
+out:
+    pthread_mutex_unlock(&ack_lock);
+    dps_in_shim--;
+}
+
+/* --- a follower alone: rank 0's outcome predicted from the tree this rank sees ------------- */
+
+DPS_REAL_DECLARE(int, fstatat, (int, const char *, struct stat *, int));
+
+static int exists(int dirfd, const char *path, struct stat *st, int follow)
+{
+    return DPS_REAL(fstatat)(dirfd, path, st, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* The directory `path` is in exists (and is one). */
+static int parent_exists(int dirfd, const char *path)
+{
+    char dir[DPS_PATH_BUF];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    if (!slash) return dirfd == AT_FDCWD || fcntl(dirfd, F_GETFD) >= 0;
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    return exists(dirfd, dir, &st, 1) && S_ISDIR(st.st_mode);
+}
+
+static void predict(dps_redirect_t *r, const char *second)
+{
+    struct stat st;
+    int e = 0, have = exists(r->dirfd, r->path, &st, 0);
+    switch (r->op) {
+    case DPS_FOP_OPEN_WRITE:
+        if ((r->flags & O_TMPFILE) == O_TMPFILE) e = have && S_ISDIR(st.st_mode) ? 0 : have ? ENOTDIR : ENOENT;
+        else if (have && (r->flags & O_CREAT) && (r->flags & O_EXCL)) e = EEXIST;
+        else if (have && S_ISDIR(st.st_mode)) e = EISDIR;
+        else if (!have && !(r->flags & O_CREAT)) e = ENOENT;
+        else if (!have && !parent_exists(r->dirfd, r->path)) e = ENOENT;
+        break;
+    case DPS_FOP_MKDIR: e = have ? EEXIST : !parent_exists(r->dirfd, r->path) ? ENOENT : 0; break;
+    case DPS_FOP_SYMLINK: e = have ? EEXIST : 0; break;
+    case DPS_FOP_RMDIR: e = !have ? ENOENT : !S_ISDIR(st.st_mode) ? ENOTDIR : 0; break;
+    case DPS_FOP_UNLINK: e = !have ? ENOENT : 0; break;
+    case DPS_FOP_TRUNCATE:
+    case DPS_FOP_CHMOD: e = !have ? ENOENT : 0; break;
+    case DPS_FOP_RENAME:
+    case DPS_FOP_LINK: e = !have ? ENOENT : (r->op == DPS_FOP_LINK && second) ? EEXIST : 0; break;
+    default: break;
+    }
+    r->rc0 = e ? -1 : 0, r->err0 = e;
+}
+
+/* --- sinks ----------------------------------------------------------------------------------- */
+
+DPS_REAL_DECLARE(int, openat, (int, const char *, int, ...));
+DPS_REAL_DECLARE(int, close, (int));
+
+/* A file of this rank's own for an open that writes `r->path`: unlinked, in the same directory
+ * where the file system allows (so it behaves as the file would, and takes no memory), else in
+ * memory. When the call does not truncate, it starts as the file is (its content where the call
+ * may read, its size where it only writes). */
+static int make_sink(dps_redirect_t *r)
+{
+    int tmpfile = (r->flags & O_TMPFILE) == O_TMPFILE;
+    char dir[DPS_PATH_BUF];
+    const char *slash = strrchr(r->path, '/');
+    if (tmpfile) snprintf(dir, sizeof dir, "%s", r->path);
+    else if (slash) snprintf(dir, sizeof dir, "%.*s", slash == r->path ? 1 : (int)(slash - r->path), r->path);
+    else snprintf(dir, sizeof dir, ".");
+    int fd = DPS_REAL(openat)(r->dirfd, dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) fd = memfd_create("dpshim-sink", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    if (!tmpfile && !(r->flags & O_TRUNC)) {
+        int src = DPS_REAL(openat)(r->dirfd, r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        struct stat st;
+        if (src >= 0 && fstat(src, &st) == 0 && S_ISREG(st.st_mode)) {
+            if ((r->flags & O_ACCMODE) == O_WRONLY) {
+                if (ftruncate(fd, st.st_size) != 0) DPS_DEBUG("sink for %s: %s", r->orig, strerror(errno));
+            } else {
+                for (off_t left = st.st_size; left > 0;) { /* in the kernel; a copy where it cannot */
+                    ssize_t k = copy_file_range(src, NULL, fd, NULL, (size_t)left, 0);
+                    if (k <= 0) {
+                        char buf[1 << 16];
+                        k = read(src, buf, sizeof buf);
+                        if (k <= 0 || write(fd, buf, (size_t)k) != k) break;
+                    }
+                    left -= k;
+                }
+                lseek(fd, 0, SEEK_SET);
+            }
+        }
+        if (src >= 0) DPS_REAL(close)(src);
+    }
     return fd;
 }
 
-void dps_files_finish(dps_publish_t *p, int ok)
+/* The flags that reopen the sink through /proc/self/fd as the program's call would open it. */
+static int sink_flags(int flags)
+{
+    int acc = flags & O_ACCMODE;
+    return (flags & ~(O_CREAT | O_EXCL | O_TRUNC | O_NOFOLLOW | O_TMPFILE | O_DIRECT | O_NOCTTY)) |
+           (acc == O_RDONLY ? O_RDWR : acc);
+}
+
+/* --- followers -------------------------------------------------------------------------------- */
+
+int dps_files_follow(dps_redirect_t *r)
 {
     int saved = errno;
-    if (!ok) {
-        DPS_ERROR("closing %s failed: the previous version is kept", p->final);
-        DPS_REAL(unlink)(p->tmp);
-    } else if (DPS_REAL(rename)(p->tmp, p->final) == 0) {
-        atomic_fetch_add_explicit(&dps_diag_count.published, 1, memory_order_relaxed);
-    } else {
-        DPS_ERROR("cannot publish %s (written as %s): %s", p->final, p->tmp, strerror(errno));
-        DPS_REAL(unlink)(p->tmp);
-    }
-    free(p->tmp), free(p->final);
-    errno = saved;
-}
-
-int dps_files_take(int fd, dps_publish_t *p)
-{
-    if (atomic_load(&dps_g.forked)) return 0; /* the parent still holds the file */
-    int found = 0;
-    pthread_mutex_lock(&publish_lock);
-    for (size_t i = 0; i < npublishing && !found; i++)
-        if (publishing[i].fd == fd) {
-            *p = publishing[i].file;
-            publishing[i] = publishing[--npublishing];
-            atomic_fetch_sub(&dps_files_pending, 1);
-            found = 1;
+    if (wait_for_leader(r) != 0) predict(r, NULL);
+    int real = 1;
+    if (r->op == DPS_FOP_OPEN_WRITE) {
+        if (r->rc0 == 0) {
+            dps_in_shim++;
+            r->sink = make_sink(r);
+            dps_in_shim--;
+            if (r->sink < 0) {
+                r->rc0 = -1, r->err0 = errno;
+                DPS_WARN_ONCE("[files] no file to stand in for %s on this rank: %s", r->orig, strerror(errno));
+                real = 0;
+            } else {
+                snprintf(r->buf, sizeof r->buf, "/proc/self/fd/%d", r->sink);
+                r->path = r->buf;
+                r->flags = sink_flags(r->flags);
+                atomic_fetch_add_explicit(&dps_diag_count.sinks, 1, memory_order_relaxed);
+            }
+        } else {
+            real = 0;
         }
-    pthread_mutex_unlock(&publish_lock);
-    return found;
+    } else if (r->op != DPS_FOP_OPEN_READ && r->op != DPS_FOP_LOOKUP) {
+        atomic_fetch_add_explicit(&dps_diag_count.noops, 1, memory_order_relaxed);
+        real = 0;
+    }
+    errno = saved;
+    return real;
 }
 
-void dps_files_shutdown(void)
+DPS_REAL_DECLARE(int, unlinkat, (int, const char *, int));
+
+int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb)
 {
-    if (!atomic_load(&dps_files_pending) || atomic_load(&dps_g.forked)) return;
-    fflush(NULL); /* stdio buffers of files the program never closed */
-    pthread_mutex_lock(&publish_lock);
-    for (size_t i = 0; i < npublishing; i++) dps_files_finish(&publishing[i].file, 1);
-    npublishing = 0;
-    atomic_store(&dps_files_pending, 0);
-    pthread_mutex_unlock(&publish_lock);
+    int saved = errno;
+    rb->path0 = path_hash(ra->orig); /* without a channel: rank 0's name is taken for ours */
+    if (wait_for_leader(rb) != 0) {
+        predict(ra, NULL);
+        if (rb->op == DPS_FOP_LINK && ra->rc0 == 0) {
+            struct stat st;
+            if (exists(rb->dirfd, rb->path, &st, 0)) ra->rc0 = -1, ra->err0 = EEXIST;
+        }
+        rb->rc0 = ra->rc0, rb->err0 = ra->err0;
+    }
+    /* A rename takes the source away. Under a name of this rank's own (a per-call temporary)
+     * the source is this rank's file: it goes. Under rank 0's name it was rank 0's, renamed by
+     * now, or a copy on a file system rank 0 does not see: left alone. */
+    if (rb->op == DPS_FOP_RENAME && rb->rc0 == 0 && !ra->gated && rb->path0 != path_hash(ra->orig)) {
+        dps_in_shim++;
+        DPS_REAL(unlinkat)(ra->dirfd, ra->path, 0);
+        dps_in_shim--;
+    }
+    atomic_fetch_add_explicit(&dps_diag_count.noops, 1, memory_order_relaxed);
+    errno = saved;
+    return 0;
+}
+
+int dps_files_done(dps_redirect_t *r, int ok)
+{
+    int saved = errno, keep = 1;
+    if (r->action == DPS_FILE_LEAD) {
+        lead(r, ok);
+    } else if (r->action == DPS_FILE_FOLLOW) {
+        if (r->sink >= 0) DPS_REAL(close)(r->sink), r->sink = -1;
+        if (is_read(r->op)) acknowledge(r);
+        keep = !(ok && r->rc0 != 0); /* rank 0 failed: so does this rank (its tree may differ) */
+    }
+    errno = saved;
+    return keep;
 }

@@ -1,65 +1,113 @@
-/* The file policy: which paths a call touches on this rank. [files] per_rank paths gain the
- * rank on every rank; [files] rank0_only paths are written by rank 0 alone (other ranks get a
- * sink or a successful no-op), and rank 0's truncating writes appear atomically when the file
- * is closed. The interposers in shim/interpose/ ask here and call the real function. */
+/* The file policy: which paths a call touches on this rank, and with what outcome.
+ *
+ * [files] per_rank paths gain the rank on every rank. [files] rank0_only paths ("gated") are
+ * rank 0's alone, with one rule: rank 0's calls are the plain program's calls, exactly (its
+ * paths, modes, links, flags and errno; data written through, so it survives any way out), and
+ * every other rank gets the outcome rank 0 got, with nothing landing. Rank 0 leads: after each
+ * call on a gated path it posts the outcome (success, or the errno) on the backend's file
+ * channel, in order; the others follow: each gated call waits for rank 0's outcome of the same
+ * call (the n-th gated call of one rank is the n-th of the other, as the ranks run one program)
+ * and then
+ *   - an open that writes gives a sink, a real file of its own (an unlinked file in the same
+ *     directory, else a memory file) that supports what the file would (fsync, ftruncate,
+ *     fallocate, mmap, reading back, starting from the file's content when not truncated);
+ *   - a call that changes the tree (rename, unlink, mkdir, rmdir, link, symlink, truncate,
+ *     chmod) returns rank 0's result and does nothing;
+ *   - a lookup or an open that reads runs for real after rank 0's, so a file rank 0 wrote earlier
+ *     is read whole, as rank 0 left it (read after write); the follower acknowledges it, and
+ *     rank 0 changes no gated path before every follower made the reads rank 0 made before.
+ * Where no channel exists (children of a rank process, a rank-0 scope, a backend without one),
+ * the other ranks predict rank 0's outcome from the tree they see.
+ * The interposers in shim/interpose/ ask here and call the real function. */
 #ifndef DPS_FILES_H
 #define DPS_FILES_H
 
 #include <limits.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "policy.h"
 
 #define DPS_PATH_BUF (PATH_MAX + 64)
 
 typedef enum {
-    DPS_FILE_PASS,    /* the call as the program made it (path may be rank-mapped) */
-    DPS_FILE_SINK,    /* open: /dev/null instead (non-root, rank0_only, writing) */
-    DPS_FILE_NOOP,    /* rename/unlink/mkdir/truncate/chmod: succeed without effect */
-    DPS_FILE_PUBLISH, /* open on rank 0: write a temporary, rename it over the path at close */
+    DPS_FILE_PASS,   /* the call as the program made it (the path may be rank-mapped) */
+    DPS_FILE_LEAD,   /* rank 0, a gated path: the real call, whose outcome is posted */
+    DPS_FILE_FOLLOW, /* another rank, a gated path: rank 0's outcome first (dps_files_follow) */
 } dps_file_action_t;
+
+/* The kinds of gated call; the leader's and a follower's n-th calls must be of one kind. */
+#define DPS_FILE_OPS(X)                                                                          \
+    X(OPEN_WRITE, "open for writing") X(OPEN_READ, "open for reading") X(LOOKUP, "lookup")       \
+    X(RENAME, "rename") X(UNLINK, "unlink") X(MKDIR, "mkdir") X(RMDIR, "rmdir") X(LINK, "link")  \
+    X(SYMLINK, "symlink") X(TRUNCATE, "truncate") X(CHMOD, "chmod")
+typedef enum {
+#define DPS_FILE_OP_ENUM(id, text) DPS_FOP_##id,
+    DPS_FILE_OPS(DPS_FILE_OP_ENUM)
+#undef DPS_FILE_OP_ENUM
+} dps_file_op_t;
 
 typedef struct dps_redirect {
     dps_file_action_t action;
+    dps_file_op_t op;
     const char *path; /* what the real call gets */
     int flags;        /* open flags the real call gets */
-    int gated;        /* the path matches [files] rank0_only */
+    int gated;        /* the path matches [files] rank0_only (or was learned, see rename) */
+    int sink;         /* FOLLOW, an open that writes: the sink, until dps_files_done */
+    int rc0, err0;    /* FOLLOW: rank 0's outcome (0 or -1, and its errno) */
+    uint32_t path0;   /* FOLLOW: the hash of rank 0's path (its first, for rename and link) */
+    uint64_t seq;     /* FOLLOW: the number of rank 0's call; UINT64_MAX where none was taken */
+    const char *orig; /* the program's path */
+    const char *first; /* rename and link: the first path, whose hash rank 0 posts */
+    int dirfd;
     char buf[DPS_PATH_BUF];
-    char final[DPS_PATH_BUF]; /* PUBLISH: absolute path the temporary becomes */
 } dps_redirect_t;
 
 /* Nonzero when any glob is configured: the interposers' only check on the fast path. */
 extern atomic_int dps_files_on;
-/* Nonzero while PUBLISH files are open: close() looks them up only then. */
-extern atomic_int dps_files_pending;
 
-int dps_files_configure(const dps_policy_t *p, int rank, char *err, size_t errlen);
+int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, size_t errlen);
 
-/* open family: fills r (r->path, r->flags) for a call with these arguments. */
+/* The channel the leader posts on and the followers wait on (set by the engine, which opens the
+ * backend on first use), and back: a follower acknowledges each read or lookup it made, and
+ * the leader, before it changes a gated path, waits until every follower has made the reads
+ * it made before (so a follower never reads a later version than rank 0 did). Each returns -1
+ * where there is no channel for this call: then the ranks decide alone. `what` names a wait
+ * for the guard. */
+typedef struct dps_files_channel {
+    int (*post)(const void *msg, size_t len);
+    int (*wait)(void *msg, size_t len, const char *what);
+    int (*ack)(const void *msg, size_t len);
+    int (*next_ack)(void *msg, size_t len, int *src, const char *what);
+} dps_files_channel_t;
+void dps_files_set_channel(const dps_files_channel_t *c);
+
+/* Classification (fills r): the open family with its flags; calls that change `path` (op:
+ * UNLINK, MKDIR, RMDIR, SYMLINK, TRUNCATE, CHMOD); lookups (stat, access); two-path calls
+ * (rename, link), gated when either path is, where rb gets the action and the new path. */
 void dps_files_open(dps_redirect_t *r, int dirfd, const char *path, int flags);
-/* After the real open: registers a PUBLISH file; returns fd unchanged, errno untouched. */
-int dps_files_opened(dps_redirect_t *r, int fd);
-
-/* A PUBLISH file being closed: taken from the table before the real close (so its descriptor
- * number cannot be reused under us), finished after it. */
-typedef struct dps_publish {
-    char *tmp, *final;
-} dps_publish_t;
-int dps_files_take(int fd, dps_publish_t *p); /* 1 when fd was a PUBLISH file */
-/* ok: the close succeeded, so the temporary becomes its path; else it is removed. */
-void dps_files_finish(dps_publish_t *p, int ok);
-/* Path-only calls (rename, unlink, mkdir, truncate, chmod) that modify `path`. */
-void dps_files_modify(dps_redirect_t *r, int dirfd, const char *path);
-/* Lookups (stat, access): only the per_rank mapping applies. */
+void dps_files_modify(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path);
 void dps_files_lookup(dps_redirect_t *r, int dirfd, const char *path);
-/* At exit of the rank process: publish what is still open. */
-void dps_files_shutdown(void);
+void dps_files_pair(dps_redirect_t *ra, dps_redirect_t *rb, dps_file_op_t op, int fda, const char *a, int fdb,
+                    const char *b);
+
+/* FOLLOW: waits for rank 0's outcome of this call. 1: make the real call now (on r->path with
+ * r->flags: the sink, for an open that writes), then dps_files_done. 0: the call is complete;
+ * return r->rc0 with errno = r->err0. For a rename or link, ra is the first path's redirect. */
+int dps_files_follow(dps_redirect_t *r);
+int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb);
+/* After the real call (ok: it succeeded), for every action; errno is kept. LEAD: posts the
+ * outcome. FOLLOW: closes the sink; returns 0 when rank 0 failed where this rank succeeded
+ * (the caller undoes its call and returns -1 with errno = r->err0), else 1. */
+int dps_files_done(dps_redirect_t *r, int ok);
+
 /* chdir/fchdir happened: relative paths resolve elsewhere now. */
 void dps_files_cwd_changed(void);
 
 /* Exposed for unit tests (tests/unit/test_files.c), unchanged: the lexical normalization that
- * glob views and published paths go through, and the per-rank name (with the configured rank)
- * that per_rank paths become. */
+ * glob views go through, and the per-rank name (with the configured rank) that per_rank paths
+ * become. */
 void dps_files_normalize(const char *src, char *dst, size_t cap);
 void dps_files_rank_path(const char *path, char *out, size_t cap);
 

@@ -1,7 +1,10 @@
 /* POSIX file entry points under the file policy (shim/files/): the open family with its
- * _FORTIFY_SOURCE and 64-bit variants, rename, unlink, mkdir, truncate, chmod, remove, and
- * close/chdir for the policy's own bookkeeping. Each wrapper calls its own real symbol. With no
- * [files] globs, or inside the shim, a wrapper is one atomic load and the real call. */
+ * _FORTIFY_SOURCE and 64-bit variants, rename, link, symlink, unlink, mkdir, rmdir, truncate,
+ * chmod, remove, the stat family, and chdir for the policy's own bookkeeping. Each wrapper calls
+ * its own real symbol. With no [files] globs, or inside the shim, a wrapper is one atomic load
+ * and the real call. On a rank that follows rank 0 (files.h), a gated call first takes rank 0's
+ * outcome: a call that changes the tree then returns it without being made; an open that writes
+ * opens its sink through the same entry point. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +30,11 @@
         va_end(ap);                                                                 \
     }
 
+DPS_REAL_DECLARE(int, close, (int));
+
+/* Rank 0's failure, as the follower's own. */
+#define LEADERS_RESULT(r) ((r).rc0 ? (errno = (r).err0, -1) : 0)
+
 /* An open-family body: CALL(path, flags) is the real call. errno as the real call leaves it. */
 #define OPEN_BODY(dirfd_, path_, flags_, CALL)                                      \
     do {                                                                            \
@@ -37,20 +45,47 @@
         dps_files_open(&r_, dirfd_, path_, flags_);                                 \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
-        return dps_files_opened(&r_, CALL(r_.path, r_.flags));                      \
+        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
+        int fd_ = CALL(r_.path, r_.flags);                                          \
+        if (dps_files_done(&r_, fd_ >= 0)) return fd_;                              \
+        DPS_REAL(close)(fd_);                                                       \
+        return LEADERS_RESULT(r_);                                                  \
     } while (0)
 
-/* A body for calls that modify one path: NOOP succeeds without effect. */
-#define MODIFY_BODY(dirfd_, path_, CALL)                                            \
+/* A body for calls that change or look up one path (op): a follower's change returns rank 0's
+ * result without being made; its lookup is made after rank 0's. */
+#define PATH_BODY(op_, dirfd_, path_, CALL)                                         \
     do {                                                                            \
         if (BYPASS()) return CALL(path_);                                           \
         int saved_ = errno;                                                         \
         dps_redirect_t r_;                                                          \
         dps_in_shim++;                                                              \
-        dps_files_modify(&r_, dirfd_, path_);                                       \
+        dps_files_modify(&r_, op_, dirfd_, path_);                                  \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
-        return r_.action == DPS_FILE_NOOP ? 0 : CALL(r_.path);                      \
+        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
+        int rc_ = CALL(r_.path);                                                    \
+        return dps_files_done(&r_, rc_ == 0) ? rc_ : LEADERS_RESULT(r_);            \
+    } while (0)
+#define MODIFY_BODY(op_, dirfd_, path_, CALL) PATH_BODY(DPS_FOP_##op_, dirfd_, path_, CALL)
+
+/* rename and link: rank 0's alone when either path is gated. */
+#define PAIR_BODY(op_, fda, a, fdb, b, CALL)                                        \
+    do {                                                                            \
+        if (BYPASS()) return CALL(a, b);                                            \
+        int saved_ = errno;                                                         \
+        dps_redirect_t ra_, rb_;                                                    \
+        dps_in_shim++;                                                              \
+        dps_files_pair(&ra_, &rb_, DPS_FOP_##op_, fda, a, fdb, b);                  \
+        dps_in_shim--;                                                              \
+        errno = saved_;                                                             \
+        if (rb_.action == DPS_FILE_FOLLOW) {                                        \
+            dps_files_follow_pair(&ra_, &rb_);                                      \
+            return LEADERS_RESULT(rb_);                                             \
+        }                                                                           \
+        int rc_ = CALL(ra_.path, rb_.path);                                         \
+        dps_files_done(&rb_, rc_ == 0);                                             \
+        return rc_;                                                                 \
     } while (0)
 
 DPS_REAL_DECLARE(int, open, (const char *, int, ...));
@@ -140,54 +175,57 @@ DPS_EXPORT int __openat64_2(int dirfd, const char *path, int flags)
 #undef CALL
 }
 
-/* --- rename: the destination decides. On a rank that does not write a rank0_only
- * destination, the source (this rank's own file) goes away, as a rename would make it. --- */
+/* --- two paths --- */
 
 DPS_REAL_DECLARE(int, rename, (const char *, const char *));
 DPS_REAL_DECLARE(int, renameat, (int, const char *, int, const char *));
 DPS_REAL_DECLARE(int, renameat2, (int, const char *, int, const char *, unsigned));
-DPS_REAL_DECLARE(int, unlinkat, (int, const char *, int));
-
-#define RENAME_BODY(fda, a, fdb, b, CALL)                                           \
-    do {                                                                            \
-        if (BYPASS()) return CALL(a, b);                                            \
-        int saved_ = errno;                                                         \
-        dps_redirect_t ra_, rb_;                                                    \
-        dps_in_shim++;                                                              \
-        dps_files_modify(&ra_, fda, a);                                             \
-        dps_files_modify(&rb_, fdb, b);                                             \
-        dps_in_shim--;                                                              \
-        errno = saved_;                                                             \
-        if (rb_.action == DPS_FILE_NOOP)                                            \
-            return ra_.action == DPS_FILE_NOOP ? 0 : DPS_REAL(unlinkat)(fda, ra_.path, 0); \
-        if (ra_.action == DPS_FILE_NOOP) return 0;                                  \
-        return CALL(ra_.path, rb_.path);                                            \
-    } while (0)
+DPS_REAL_DECLARE(int, link, (const char *, const char *));
+DPS_REAL_DECLARE(int, linkat, (int, const char *, int, const char *, int));
 
 DPS_EXPORT int rename(const char *a, const char *b)
 {
 #define CALL(x, y) DPS_REAL(rename)(x, y)
-    RENAME_BODY(AT_FDCWD, a, AT_FDCWD, b, CALL);
+    PAIR_BODY(RENAME, AT_FDCWD, a, AT_FDCWD, b, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int renameat(int fda, const char *a, int fdb, const char *b)
 {
 #define CALL(x, y) DPS_REAL(renameat)(fda, x, fdb, y)
-    RENAME_BODY(fda, a, fdb, b, CALL);
+    PAIR_BODY(RENAME, fda, a, fdb, b, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int renameat2(int fda, const char *a, int fdb, const char *b, unsigned flags)
 {
 #define CALL(x, y) DPS_REAL(renameat2)(fda, x, fdb, y, flags)
-    RENAME_BODY(fda, a, fdb, b, CALL);
+    PAIR_BODY(RENAME, fda, a, fdb, b, CALL);
 #undef CALL
 }
 
-/* --- calls that modify one path --- */
+/* link, and linkat: also how a file made with O_TMPFILE gets its name */
+DPS_EXPORT int link(const char *a, const char *b)
+{
+#define CALL(x, y) DPS_REAL(link)(x, y)
+    PAIR_BODY(LINK, AT_FDCWD, a, AT_FDCWD, b, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int linkat(int fda, const char *a, int fdb, const char *b, int flags)
+{
+#define CALL(x, y) DPS_REAL(linkat)(fda, x, fdb, y, flags)
+    PAIR_BODY(LINK, fda, a, fdb, b, CALL);
+#undef CALL
+}
+
+/* --- calls that change one path --- */
 
 DPS_REAL_DECLARE(int, unlink, (const char *));
+DPS_REAL_DECLARE(int, unlinkat, (int, const char *, int));
+DPS_REAL_DECLARE(int, rmdir, (const char *));
+DPS_REAL_DECLARE(int, symlink, (const char *, const char *));
+DPS_REAL_DECLARE(int, symlinkat, (const char *, int, const char *));
 DPS_REAL_DECLARE(int, remove, (const char *));
 DPS_REAL_DECLARE(int, mkdir, (const char *, mode_t));
 DPS_REAL_DECLARE(int, mkdirat, (int, const char *, mode_t));
@@ -198,49 +236,70 @@ DPS_REAL_DECLARE(int, chmod, (const char *, mode_t));
 DPS_EXPORT int unlink(const char *path)
 {
 #define CALL(p) DPS_REAL(unlink)(p)
-    MODIFY_BODY(AT_FDCWD, path, CALL);
+    MODIFY_BODY(UNLINK, AT_FDCWD, path, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int unlinkat(int dirfd, const char *path, int flags)
 {
 #define CALL(p) DPS_REAL(unlinkat)(dirfd, p, flags)
-    MODIFY_BODY(dirfd, path, CALL);
+    PATH_BODY(flags & AT_REMOVEDIR ? DPS_FOP_RMDIR : DPS_FOP_UNLINK, dirfd, path, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int remove(const char *path)
 {
 #define CALL(p) DPS_REAL(remove)(p)
-    MODIFY_BODY(AT_FDCWD, path, CALL);
+    MODIFY_BODY(UNLINK, AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int rmdir(const char *path)
+{
+#define CALL(p) DPS_REAL(rmdir)(p)
+    MODIFY_BODY(RMDIR, AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int symlink(const char *target, const char *path)
+{
+#define CALL(p) DPS_REAL(symlink)(target, p)
+    MODIFY_BODY(SYMLINK, AT_FDCWD, path, CALL);
+#undef CALL
+}
+
+DPS_EXPORT int symlinkat(const char *target, int dirfd, const char *path)
+{
+#define CALL(p) DPS_REAL(symlinkat)(target, dirfd, p)
+    MODIFY_BODY(SYMLINK, dirfd, path, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int mkdir(const char *path, mode_t mode)
 {
 #define CALL(p) DPS_REAL(mkdir)(p, mode)
-    MODIFY_BODY(AT_FDCWD, path, CALL);
+    MODIFY_BODY(MKDIR, AT_FDCWD, path, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int mkdirat(int dirfd, const char *path, mode_t mode)
 {
 #define CALL(p) DPS_REAL(mkdirat)(dirfd, p, mode)
-    MODIFY_BODY(dirfd, path, CALL);
+    MODIFY_BODY(MKDIR, dirfd, path, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int truncate(const char *path, off_t len)
 {
 #define CALL(p) DPS_REAL(truncate)(p, len)
-    MODIFY_BODY(AT_FDCWD, path, CALL);
+    MODIFY_BODY(TRUNCATE, AT_FDCWD, path, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int truncate64(const char *path, off64_t len)
 {
 #define CALL(p) DPS_REAL(truncate64)(p, len)
-    MODIFY_BODY(AT_FDCWD, path, CALL);
+    MODIFY_BODY(TRUNCATE, AT_FDCWD, path, CALL);
 #undef CALL
 }
 
@@ -249,24 +308,14 @@ DPS_EXPORT int truncate64(const char *path, off64_t len)
 DPS_EXPORT int chmod(const char *path, mode_t mode)
 {
 #define CALL(p) DPS_REAL(chmod)(p, mode)
-    MODIFY_BODY(AT_FDCWD, path, CALL);
+    MODIFY_BODY(CHMOD, AT_FDCWD, path, CALL);
 #undef CALL
 }
 
 /* --- lookups: a per_rank file is found under its rank's name (stat before open, as cp and
- * Python's shutil do, must agree with open) --- */
+ * Python's shutil do, must agree with open); a gated one after rank 0 looked it up --- */
 
-#define LOOKUP_BODY(dirfd_, path_, CALL)                                            \
-    do {                                                                            \
-        if (BYPASS()) return CALL(path_);                                           \
-        int saved_ = errno;                                                         \
-        dps_redirect_t r_;                                                          \
-        dps_in_shim++;                                                              \
-        dps_files_lookup(&r_, dirfd_, path_);                                       \
-        dps_in_shim--;                                                              \
-        errno = saved_;                                                             \
-        return CALL(r_.path);                                                       \
-    } while (0)
+#define LOOKUP_BODY(dirfd_, path_, CALL) PATH_BODY(DPS_FOP_LOOKUP, dirfd_, path_, CALL)
 
 struct statx;
 DPS_REAL_DECLARE(int, stat, (const char *, struct stat *));
@@ -380,19 +429,8 @@ DPS_EXPORT int faccessat(int dirfd, const char *path, int mode, int flags)
 
 /* --- bookkeeping --- */
 
-DPS_REAL_DECLARE(int, close, (int));
 DPS_REAL_DECLARE(int, chdir, (const char *));
 DPS_REAL_DECLARE(int, fchdir, (int));
-
-DPS_EXPORT int close(int fd)
-{
-    dps_publish_t p;
-    if (DPS_LIKELY(!atomic_load_explicit(&dps_files_pending, memory_order_relaxed)) || !dps_files_take(fd, &p))
-        return DPS_REAL(close)(fd);
-    int rc = DPS_REAL(close)(fd);
-    dps_files_finish(&p, rc == 0 || errno == EINTR);
-    return rc;
-}
 
 DPS_EXPORT int chdir(const char *path)
 {

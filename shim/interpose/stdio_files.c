@@ -1,6 +1,6 @@
 /* stdio file entry points under the file policy: fopen, freopen (and their 64-bit names) are
- * decided like open with the flags their mode string means; fclose finishes a file rank 0
- * writes atomically. glibc's stdio calls its own open internally, so these need wrappers. */
+ * decided like open with the flags their mode string means. glibc's stdio calls its own open
+ * internally, so these need wrappers. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@ static int mode_flags(const char *mode)
     return f | (strchr(mode, 'x') ? O_EXCL : 0);
 }
 
-/* The mode for the sink: same direction, never exclusive ('x' would fail on /dev/null). */
+/* The mode that reopens a follower's sink: the same, less 'x' (the sink exists). */
 static const char *sink_mode(const char *mode, char *buf, size_t len)
 {
     size_t n = 0;
@@ -32,6 +32,8 @@ static const char *sink_mode(const char *mode, char *buf, size_t len)
     buf[n] = '\0';
     return buf;
 }
+
+DPS_REAL_DECLARE(int, fclose, (FILE *));
 
 #define FOPEN_BODY(path_, mode_, CALL)                                              \
     do {                                                                            \
@@ -44,17 +46,21 @@ static const char *sink_mode(const char *mode, char *buf, size_t len)
         dps_files_open(&r_, AT_FDCWD, path_, mode_flags(mode_));                    \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
-        FILE *f_ = CALL(r_.path, r_.action == DPS_FILE_SINK ? sink_mode(mode_, m_, sizeof m_) : mode_); \
-        if (f_) dps_files_opened(&r_, fileno(f_));                                  \
-        return f_;                                                                  \
+        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) {               \
+            errno = r_.err0;                                                        \
+            return NULL;                                                            \
+        }                                                                           \
+        FILE *f_ = CALL(r_.path, r_.sink >= 0 ? sink_mode(mode_, m_, sizeof m_) : mode_); \
+        if (dps_files_done(&r_, f_ != NULL)) return f_;                             \
+        DPS_REAL(fclose)(f_);                                                       \
+        errno = r_.err0;                                                            \
+        return NULL;                                                                \
     } while (0)
 
 DPS_REAL_DECLARE(FILE *, fopen, (const char *, const char *));
 DPS_REAL_DECLARE(FILE *, fopen64, (const char *, const char *));
 DPS_REAL_DECLARE(FILE *, freopen, (const char *, const char *, FILE *));
 DPS_REAL_DECLARE(FILE *, freopen64, (const char *, const char *, FILE *));
-DPS_REAL_DECLARE(int, fclose, (FILE *));
-
 DPS_EXPORT FILE *fopen(const char *path, const char *mode)
 {
 #define CALL(p, m) DPS_REAL(fopen)(p, m)
@@ -69,18 +75,8 @@ DPS_EXPORT FILE *fopen64(const char *path, const char *mode)
 #undef CALL
 }
 
-/* freopen closes the stream's old file first: finish it like fclose would. */
-static void finish_old(FILE *stream)
-{
-    dps_publish_t old;
-    if (stream && atomic_load_explicit(&dps_files_pending, memory_order_relaxed) &&
-        dps_files_take(fileno(stream), &old))
-        dps_files_finish(&old, fflush(stream) == 0);
-}
-
 DPS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
 {
-    finish_old(stream);
 #define CALL(p, m) DPS_REAL(freopen)(p, m, stream)
     FOPEN_BODY(path, mode, CALL);
 #undef CALL
@@ -88,19 +84,7 @@ DPS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
 
 DPS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
 {
-    finish_old(stream);
 #define CALL(p, m) DPS_REAL(freopen64)(p, m, stream)
     FOPEN_BODY(path, mode, CALL);
 #undef CALL
-}
-
-DPS_EXPORT int fclose(FILE *f)
-{
-    dps_publish_t p;
-    if (DPS_LIKELY(!atomic_load_explicit(&dps_files_pending, memory_order_relaxed)) || !f ||
-        !dps_files_take(fileno(f), &p))
-        return DPS_REAL(fclose)(f);
-    int rc = DPS_REAL(fclose)(f);
-    dps_files_finish(&p, rc == 0);
-    return rc;
 }

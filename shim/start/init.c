@@ -31,7 +31,6 @@ static void on_fork_child(void)
 static void at_exit(void)
 {
     if (atomic_load(&dps_g.forked)) return;
-    dps_files_shutdown();
     if (dps_g.role != DPS_ROLE_RANK) return; /* a child has no guard, diagnostics, PMIx or backend */
     DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_engine_join_at_exit();
@@ -43,11 +42,13 @@ static void at_exit(void)
     dps_engine_shutdown();
 }
 
-/* Children must find the same policy after a chdir: name the file found in ./ for them. */
+/* Children must find the same policy after a chdir (system("cd sub && ...")), and so must this
+ * process after a chdir and an exec: a relative path (DPSHIM_POLICY=p.conf, or ./dpshim.conf
+ * found) is resolved once, here, against the directory the process started in, and exported. */
 DPS_STARTUP static void export_policy_path(void)
 {
     char abs[PATH_MAX];
-    if (dps_g.policy.file[0] && !getenv(DPS_ENV_POLICY) && realpath(dps_g.policy.file, abs))
+    if (dps_g.policy.file[0] && dps_g.policy.file[0] != '/' && realpath(dps_g.policy.file, abs))
         setenv(DPS_ENV_POLICY, abs, 1);
 }
 
@@ -73,8 +74,11 @@ __attribute__((constructor)) static void dps_init(void)
     dps_gpu_bind(&dps_g); /* before the program's first CUDA call, which may come from any constructor after ours */
     dps_python_inject(&dps_g);
     if (dps_engine_configure(&dps_g, err, sizeof err) != 0) config_error(err);
-    if (dps_files_configure(&dps_g.policy, dps_g.rank, err, sizeof err) != 0) config_error(err);
-    if (dps_ffi_hooks_start(&dps_g.policy, err, sizeof err) != 0) config_error(err);
+    if (dps_files_configure(&dps_g.policy, dps_g.rank, dps_g.size, err, sizeof err) != 0) config_error(err);
+    /* [hook] declarations describe the rank's framework, which its children (a shell, a
+     * compiler) never load: binding there would only stop them with missing = error */
+    if (dps_g.role == DPS_ROLE_RANK && dps_ffi_hooks_start(&dps_g.policy, err, sizeof err) != 0)
+        config_error(err);
     dps_guard_configure(&dps_g);
     dps_diag_configure(&dps_g);
     /* a crash report says where a rank was for the others' sake: alone, there are no others */

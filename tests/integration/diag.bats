@@ -15,14 +15,14 @@ synth() {
     for ((r = 0; r < n; r++)); do
         d=$((r == 1 ? shift_ns : 0))
         {
-            printf 'dpshim-stats 3\nrank %d\nsize %d\nlocal_rank 0\nhost %s\nlauncher openmpi\n' $r $n "$1"
+            printf 'dpshim-stats 4\nrank %d\nsize %d\nlocal_rank 0\nhost %s\nlauncher openmpi\n' $r $n "$1"
             printf 'start_ns %d\nend_ns %d\nsteps 3\n' $((t0 + d)) $((t0 + 40 * ms + d))
             [ -z "$offset" ] || printf 'clock_measured 1\nclock_offset_ns %d\nclock_error_ns 100000\n' \
                 $((r == 1 ? offset : 0))
             printf 'collectives 3\nbytes 12000\ncomm_ns %d\n' $((3 * (5 - r) * ms))
         } >"$dir/stats.rank$r.txt"
         {
-            printf 'dpshim-trace 3\n# kind begin_ns end_ns seq step bytes hook\n'
+            printf 'dpshim-trace 4\n# kind begin_ns end_ns seq step bytes hook\n'
             for k in 1 2 3; do
                 b=$((t0 + k * 10 * ms + d))
                 e=$((b + 5 * ms))
@@ -56,8 +56,8 @@ lanes() {
     local host
     host=$(hostname)
     for r in 0 1 2 3; do
-        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 3"
-        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 3"
+        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 4"
+        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 4"
         assert_equal "$(sed -n 's/^dropped_events //p' diag/stats.rank$r.txt)" 0
         assert_equal "$(sed -n 's/^steps //p' diag/stats.rank$r.txt)" 30
         assert_equal "$(sed -n 's/^host //p' diag/stats.rank$r.txt)" "$host"
@@ -75,7 +75,7 @@ lanes() {
     assert_line --regexp '^rank  steps .* arrived last  host$'
     for r in 0 1 2 3; do assert_line --regexp "^ +$r +30 +[0-9]+ +[0-9.]+ .* $host\$"; done
     assert_output --partial "3 writes to a sink"
-    assert_output --partial "1 files published whole by rank 0"
+    assert_output --partial "3 calls that took rank 0's outcome"
     assert_line "problems: none"
     refute_output --partial "trace cap"
     # the trace is JSON with a lane per rank, the picture is SVG with one per rank
@@ -222,7 +222,7 @@ lanes() {
     printf 'dpshim-stats 2\nrank 0\nsize 1\n' >"$BATS_TEST_TMPDIR/old/stats.rank0.txt"
     run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR/old"
     assert_failure
-    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 2, but this dpshim-diag reads format 3"
+    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 2, but this dpshim-diag reads format 4"
 }
 
 @test "a rank without files (crashed or killed before exit) is reported as such" {
@@ -337,4 +337,73 @@ lanes() {
     refute_output --partial "trace.rank0.txt"
     assert_equal "$(sed -n 1p diag/trace.rank0.txt)" "dpshim-trace $(sed -n 's/^dpshim-stats //p' diag/stats.rank0.txt)"
     assert_equal "$(sed -n 2p diag/trace.rank0.txt)" "# kind begin_ns end_ns seq step bytes hook"
+}
+
+# A [diag] dir shared with other users: an entry planted where a rank's file goes is never
+# written through or over. A symbolic link (to a file, or dangling) and an entry that is not a
+# regular file stop that rank's files with a warning naming the path; a stale file of the user's
+# own, hard links included, is replaced by a new file, never truncated in place.
+@test "[diag] dir: a planted symbolic link is not followed, and the warning names it" {
+    cd "$BATS_TEST_TMPDIR"
+    mkdir shared
+    echo precious >victim
+    ln -s "$BATS_TEST_TMPDIR/victim" shared/stats.rank0.txt
+    ln -s "$BATS_TEST_TMPDIR/created" shared/trace.rank0.txt
+    run env DPSHIM_DIAG_DIR="$BATS_TEST_TMPDIR/shared" LD_PRELOAD="$SHIM" /bin/true
+    echo "$output"
+    assert_success
+    assert_equal "$(cat victim)" precious
+    [ ! -e created ] || fail "a dangling link's target was created"
+    [ -L shared/stats.rank0.txt ] && [ -L shared/trace.rank0.txt ] || fail "the links were replaced"
+    assert_output --partial "WARN [diag] dir = $BATS_TEST_TMPDIR/shared: $BATS_TEST_TMPDIR/shared/stats.rank0.txt is a symbolic link"
+    assert_output --partial "$BATS_TEST_TMPDIR/shared/trace.rank0.txt is a symbolic link"
+    assert_output --partial "no diagnostics written"
+    # a hard link to the victim, and a stale file, of this user's own: both replaced, the victim kept
+    rm shared/*.txt
+    ln victim shared/stats.rank0.txt
+    echo stale >shared/trace.rank0.txt
+    run env DPSHIM_DIAG_DIR=shared LD_PRELOAD="$SHIM" /bin/true
+    assert_success
+    refute_output --partial "[dpshim"
+    assert_equal "$(cat victim)" precious
+    [[ $(head -1 shared/stats.rank0.txt) == "dpshim-stats "* ]] || fail "no stats file written"
+    [[ $(head -1 shared/trace.rank0.txt) == "dpshim-trace "* ]] || fail "no trace file written"
+    # not a regular file: left alone
+    rm shared/stats.rank0.txt
+    mkfifo shared/stats.rank0.txt
+    run timeout 20 env DPSHIM_DIAG_DIR=shared LD_PRELOAD="$SHIM" /bin/true
+    assert_success
+    assert_output --partial "shared/stats.rank0.txt is not a regular file"
+}
+
+@test "[diag] dir: a file another user left there is not overwritten" {
+    [ "$(id -u)" = 0 ] || skip "needs root to leave a file of another user"
+    cd "$BATS_TEST_TMPDIR"
+    mkdir shared
+    echo theirs >shared/stats.rank0.txt
+    chown 65534 shared/stats.rank0.txt
+    run env DPSHIM_DIAG_DIR=shared LD_PRELOAD="$SHIM" /bin/true
+    echo "$output"
+    assert_success
+    assert_equal "$(cat shared/stats.rank0.txt)" theirs
+    assert_output --partial "WARN [diag] dir = shared: shared/stats.rank0.txt belongs to user 65534, not to this user (0)"
+}
+
+# The program changes directory after start-up; a relative [diag] dir, from the environment or a
+# policy file, still means the directory the ranks started in.
+@test "a relative [diag] dir is where the ranks started, whatever directory they end in" {
+    cd "$BATS_TEST_TMPDIR"
+    mkdir sub
+    run mpi 2 env DPSHIM_DIAG_DIR=diag LD_PRELOAD="$SHIM" "$BUILD/bin/run_children" -C sub
+    echo "$output"
+    assert_success
+    for r in 0 1; do
+        [[ $(head -1 diag/stats.rank$r.txt) == "dpshim-stats "* ]] || fail "rank $r: no stats file in diag"
+        [[ $(head -1 diag/trace.rank$r.txt) == "dpshim-trace "* ]] || fail "rank $r: no trace file in diag"
+    done
+    [ ! -e sub/diag ] || fail "written in the directory the program changed to"
+    printf '[diag]\ndir = fromfile\n' >p.conf
+    run env DPSHIM_POLICY=p.conf LD_PRELOAD="$SHIM" "$BUILD/bin/run_children" -C sub
+    assert_success
+    [ -f fromfile/stats.rank0.txt ] && [ ! -e sub/fromfile ] || fail "$(find . -name 'stats.rank0.txt')"
 }

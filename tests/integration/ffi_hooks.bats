@@ -139,3 +139,27 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
     run "$BUILD/bin/f32_diff" "$BATS_TEST_TMPDIR/a.bin" "$BATS_TEST_TMPDIR/b.bin"
     assert_output bitwise # world size 1: every action is a no-op
 }
+
+# [hook] declarations are the rank process's: its children (a shell from system(), a compiler)
+# never load the framework, and must run as if no hook were declared, while the rank process
+# itself is still held to missing = error.
+@test "hooks bind in the rank process only: its children run without the function, the rank still needs it" {
+    cd "$BATS_TEST_TMPDIR"
+    printf '[hook one]\nsignature = int32_t ft_1(int32_t a)\nmissing = error\n' >one.conf
+    run mpi 2 env DPSHIM_POLICY=one.conf LD_PRELOAD="$SHIM" "$BUILD/bin/run_children" 'sh -c true' /bin/true
+    echo "$output"
+    assert_success
+    assert_equal "$(count "'sh -c true' exited 0")" 2
+    assert_equal "$(count "'/bin/true' exited 0")" 2
+    refute_output --partial "[dpshim"
+    # the rank process without the function: stopped before main
+    run env DPSHIM_POLICY=one.conf LD_PRELOAD="$SHIM" /bin/true
+    assert_equal "$status" 78
+    assert_output --partial "one.conf:1: [hook one]: ft_1 is not defined by any loaded object (missing = error)"
+    # missing = warn: the rank warns once, its children never
+    printf '[hook ghost]\nsignature = void no_such_function(void)\n' >ghost.conf
+    run env DPSHIM_POLICY=ghost.conf LD_PRELOAD="$SHIM" "$BUILD/bin/run_children" 'sh -c true'
+    echo "$output"
+    assert_success
+    assert_equal "$(count "no_such_function is not defined by any loaded object")" 1
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # [files] rank0_only and per_rank through every wrapped entry point, for C programs (plain and
 # fortified builds), Python and shell children; unmatched paths behave exactly as without the
-# shim; rank 0's gated files appear whole or not at all.
+# shim; on rank0_only paths every rank sees what the program alone sees, and the tree ends as the
+# program alone leaves it.
 load helpers
 
 # The files file_torture gated leaves for N ranks, and nothing else.
@@ -135,7 +136,7 @@ errno_run() {
     cat >prog.sh <<'SH'
 cp src.txt copy.ckpt
 mkdir -p ckdir
-echo "$OMPI_COMM_WORLD_RANK" >ckdir/who.ckpt
+sh -c 'echo "$OMPI_COMM_WORLD_RANK" >ckdir/who.ckpt'
 SH
     run mpi 3 env DPSHIM_FILES_RANK0_ONLY='*.ckpt ckdir' LD_PRELOAD="$SHIM" sh prog.sh
     assert_success
@@ -175,31 +176,89 @@ PY
     assert_equal "$(cat runs/exp1/copy.ckpt)" "weights from rank 0"
 }
 
-@test "rank 0's gated file appears whole: a reader never sees it half-written" {
-    cd "$BATS_TEST_TMPDIR"
-    cat >writer.sh <<'SH'
-if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
-    # 20 MB in slow pieces through one open file
-    exec 3>big.ckpt
-    for i in $(seq 1 20); do head -c 1000000 /dev/zero >&3; sleep 0.05; done
-    exec 3>&-
-    touch done.flag
-else
-    # poll: whenever big.ckpt exists it must be complete
-    while [ ! -e done.flag ]; do
-        if [ -e big.ckpt ]; then
-            s=$(stat -c %s big.ckpt)
-            [ "$s" = 20000000 ] || { echo "saw big.ckpt with $s bytes"; exit 1; }
-        fi
-    done
-    [ "$(stat -c %s big.ckpt)" = 20000000 ] || exit 1
-    echo "reader ok"
-fi
-SH
-    run mpi 2 env DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" bash writer.sh
+# The tree under DIR as `find` and `stat` see it: type, mode, link target and content of each
+# entry, per_rank logs aside (their names carry the rank by design).
+tree() {
+    (cd "$1" && find . -mindepth 1 -not -name '*.log' | sort | while read -r p; do
+        printf '%s %s %s %s\n' "$p" "$(stat -c '%F %a' "$p")" "$(readlink "$p")" \
+            "$([ -f "$p" ] && [ ! -L "$p" ] && md5sum <"$p" | cut -c1-12)"
+    done)
+}
+
+# semantics BIN N: file_semantics alone without the shim, then at np=N with it; every rank's
+# report and the tree must be the run alone's.
+semantics() {
+    local bin=$1 n=$2 alone=$BATS_TEST_TMPDIR/alone shim=$BATS_TEST_TMPDIR/shim
+    mkdir -p "$alone/ckpts" "$shim/ckpts"
+    "$BUILD/bin/$bin" "$alone" "$BATS_TEST_TMPDIR/alone.report"
+    run mpi "$n" env DPSHIM_POLICY="$SRC/tests/integration/files/semantics.conf" LD_PRELOAD="$SHIM" \
+        "$BUILD/bin/$bin" "$shim" "$BATS_TEST_TMPDIR/shim.report"
     echo "$output"
     assert_success
-    assert_output --partial "reader ok"
+    for r in $(seq 0 $((n - 1))); do
+        run diff "$BATS_TEST_TMPDIR/alone.report.rank0" "$BATS_TEST_TMPDIR/shim.report.rank$r"
+        echo "rank $r: $output"
+        assert_success
+    done
+    run diff <(tree "$alone") <(tree "$shim")
+    echo "$output"
+    assert_success
+    # one per_rank log per rank inside the rank0_only directory rank 0 made
+    run ls "$shim/ckpts/logs"
+    assert_output "$(for r in $(seq 0 $((n - 1))); do echo "train.rank$r.log"; done)"
+}
+
+@test "rank0_only paths at np=3: every rank sees every outcome the program alone sees; the tree ends as alone" {
+    semantics file_semantics 3
+}
+@test "rank0_only paths at np=2, -O2 -D_FORTIFY_SOURCE=2: as the program alone" { semantics file_semantics_fortify 2; }
+@test "rank0_only paths at np=4, fortified, 64-bit offsets: as the program alone" { semantics file_semantics_fortify64 4; }
+
+@test "the save-to-temporary idiom with a temporary no glob matches: every save lands, and the policy says what to add" {
+    cd "$BATS_TEST_TMPDIR"
+    # Every rank writes the same weights, as in a real job. The first save goes through a
+    # temporary every rank writes (the policy cannot know it yet): it lands, and another rank's
+    # copy of the temporary may stay behind. From the rename on the temporary is rank 0's, so
+    # each later save is read back whole on every rank: that save, or a later one where rank 0
+    # is ahead (no training step between the saves here), never an older one.
+    cat >save.py <<'PY'
+import os
+later = []
+for i in range(5):
+    with open("ckpt.tmp", "w") as f:
+        f.write("weights %d\n" % i)
+    os.rename("ckpt.tmp", "ckpt.pt")
+    exists = os.path.exists("ckpt.pt")
+    if i > 0:
+        text = open("ckpt.pt").read()
+        later.append(text in ["weights %d\n" % j for j in range(i, 5)])
+    else:
+        first = exists
+print("saved %s %s" % (first, later))
+PY
+    [ -x /usr/bin/python3 ] || skip "no /usr/bin/python3"
+    run mpi 4 env DPSHIM_FILES_RANK0_ONLY='*.pt' LD_PRELOAD="$SHIM" /usr/bin/python3 save.py
+    echo "$output"
+    assert_success
+    assert_equal "$(count 'saved True [True, True, True, True]')" 4
+    assert_output --partial "[files] ckpt.tmp is renamed onto ckpt.pt, which rank0_only matches, but no glob matches ckpt.tmp"
+    assert_equal "$(cat ckpt.pt)" "weights 4"
+}
+
+@test "a rank0_only file open when the job gets SIGTERM keeps what rank 0 wrote" {
+    cd "$BATS_TEST_TMPDIR"
+    cat >metrics.sh <<'SH'
+exec 3>metrics.csv
+echo "epoch,loss" >&3
+echo "1,0.5" >&3
+sleep 30
+SH
+    mpi 2 env DPSHIM_FILES_RANK0_ONLY='*.csv' LD_PRELOAD="$SHIM" sh metrics.sh 3>&- &
+    local i
+    for i in $(seq 100); do [ "$(cat metrics.csv 2>/dev/null | wc -l)" = 2 ] && break; sleep 0.1; done
+    pkill -TERM -f '^sh metrics.sh' || true
+    wait || true
+    assert_equal "$(cat metrics.csv)" "$(printf 'epoch,loss\n1,0.5')"
     run ls -A
-    assert_output "$(printf 'big.ckpt\ndone.flag\nwriter.sh\n')"
+    assert_output "$(printf 'metrics.csv\nmetrics.sh\n')"
 }

@@ -117,3 +117,45 @@ run_bad_policy() {
     run "$BUILD/bin/dpshim-diag" check "$BATS_TEST_TMPDIR/bom.conf"
     assert_success
 }
+
+# A relative DPSHIM_POLICY names a file in the directory the rank started in: its children get
+# the absolute path, so one that changed directory (system("cd sub && ...")), or a child of a
+# rank that did, still finds the policy.
+@test "a relative DPSHIM_POLICY reaches children that changed directory, as an absolute path" {
+    cd "$BATS_TEST_TMPDIR"
+    mkdir sub
+    printf '[comm]\nbucket_mb = 4\n' >rel.conf
+    run env DPSHIM_POLICY=rel.conf LD_PRELOAD="$SHIM" "$BUILD/bin/run_children" 'cd sub && /bin/true' \
+        'cd sub && printenv DPSHIM_POLICY'
+    echo "$output"
+    assert_success
+    assert_line "$(realpath rel.conf)"
+    run mpi 2 env DPSHIM_POLICY=rel.conf LD_PRELOAD="$SHIM" "$BUILD/bin/run_children" -C sub /bin/true
+    echo "$output"
+    assert_success
+    assert_equal "$(count "'/bin/true' exited 0")" 2
+}
+
+# A FIFO as the policy would block every rank in open() before main, forever; a device may act
+# on being opened. Neither is opened: every rank stops with a message saying what the path is.
+@test "a policy path that is a FIFO or a device is refused at once, naming what it is" {
+    cd "$BATS_TEST_TMPDIR"
+    mkfifo p.fifo
+    run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR/p.fifo" LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    echo "$output"
+    assert_failure
+    refute_output --partial "fmnist_train:"
+    for r in 0 1; do
+        assert_output --partial "[dpshim r$r/2] ERROR policy file $BATS_TEST_TMPDIR/p.fifo is not a regular file but a FIFO"
+    done
+    run timeout 20 env DPSHIM_POLICY=/dev/null LD_PRELOAD="$SHIM" /bin/true
+    assert_equal "$status" 78
+    assert_output --partial "policy file /dev/null is not a regular file but a character device"
+    mkdir fifo && mkfifo fifo/dpshim.conf
+    run timeout 20 sh -c 'cd fifo && exec env LD_PRELOAD="$0" /bin/true' "$SHIM"
+    assert_equal "$status" 78
+    assert_output --partial "policy file dpshim.conf is not a regular file but a FIFO"
+    run timeout 20 "$BUILD/bin/dpshim-diag" check p.fifo
+    assert_failure
+    assert_output --partial "policy file p.fifo is not a regular file but a FIFO"
+}

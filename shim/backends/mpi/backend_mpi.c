@@ -27,7 +27,7 @@ typedef struct channel {
 } channel_t;
 
 static channel_t main_ch = {MPI_COMM_NULL, 0, "", ""}, bg_ch = {MPI_COMM_NULL, 0, "", ""};
-static MPI_Comm guard_comm = MPI_COMM_NULL;
+static MPI_Comm guard_comm = MPI_COMM_NULL, files_comm = MPI_COMM_NULL;
 static int initialized_by_us;
 
 static int check(channel_t *ch, int rc, const char *what)
@@ -281,6 +281,79 @@ static int mpi_guard_allgather(const void *mine, void *all, size_t bytes)
     return PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, guard_comm) == MPI_SUCCESS ? 0 : -1;
 }
 
+/* The file policy's channel: rank 0 tells every other rank the outcome of each operation on a
+ * gated path, in order, on a communicator of its own (tag 0). Rank 0's sends never block (it
+ * keeps the requests and frees those done at its next send); the others wait for the next
+ * message. The others' acknowledgements go to rank 0 with tag 1. */
+typedef struct files_send {
+    MPI_Request req;
+    unsigned char buf[DPS_FILES_MSG_MAX];
+} files_send_t;
+static files_send_t *files_sends;
+static size_t nfiles_sends, cap_files_sends;
+static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int mpi_files_post(const void *msg, size_t len)
+{
+    int size = 0, rc = 0;
+    PMPI_Comm_size(files_comm, &size);
+    if (len > DPS_FILES_MSG_MAX) return -1;
+    pthread_mutex_lock(&files_lock);
+    size_t kept = 0; /* the sends still in flight move to the front */
+    for (size_t i = 0; i < nfiles_sends; i++) {
+        int done = 0;
+        if (PMPI_Test(&files_sends[i].req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+            memmove(&files_sends[kept++], &files_sends[i], sizeof *files_sends);
+    }
+    nfiles_sends = kept;
+    if (nfiles_sends + (size_t)size > cap_files_sends) {
+        size_t c = 2 * (nfiles_sends + (size_t)size);
+        files_send_t *p = realloc(files_sends, c * sizeof *p);
+        if (!p) rc = -1;
+        else files_sends = p, cap_files_sends = c;
+    }
+    for (int r = 1; r < size && rc == 0; r++) {
+        files_send_t *s = &files_sends[nfiles_sends];
+        memcpy(s->buf, msg, len);
+        if (PMPI_Isend(s->buf, (int)len, MPI_BYTE, r, 0, files_comm, &s->req) != MPI_SUCCESS) rc = -1;
+        else nfiles_sends++;
+    }
+    pthread_mutex_unlock(&files_lock);
+    return rc;
+}
+
+static int mpi_files_wait(void *msg, size_t len)
+{
+    return PMPI_Recv(msg, (int)len, MPI_BYTE, 0, 0, files_comm, MPI_STATUS_IGNORE) == MPI_SUCCESS ? 0 : -1;
+}
+
+static int mpi_files_ack(const void *msg, size_t len)
+{
+    return PMPI_Send(msg, (int)len, MPI_BYTE, 0, 1, files_comm) == MPI_SUCCESS ? 0 : -1;
+}
+
+static int mpi_files_next_ack(void *msg, size_t len, int *src)
+{
+    MPI_Status st;
+    if (PMPI_Recv(msg, (int)len, MPI_BYTE, MPI_ANY_SOURCE, 1, files_comm, &st) != MPI_SUCCESS) return -1;
+    *src = st.MPI_SOURCE;
+    return 0;
+}
+
+/* Outcomes no rank received (they took another path, or left): dropped at release. */
+static void drop_files_sends(void)
+{
+    pthread_mutex_lock(&files_lock);
+    for (size_t i = 0; i < nfiles_sends; i++) {
+        int done = 0;
+        if (PMPI_Test(&files_sends[i].req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) continue;
+        PMPI_Cancel(&files_sends[i].req);
+        PMPI_Request_free(&files_sends[i].req);
+    }
+    nfiles_sends = 0;
+    pthread_mutex_unlock(&files_lock);
+}
+
 static int64_t wall_ns(void)
 {
     struct timespec ts;
@@ -324,7 +397,8 @@ static void mpi_release(void)
     int fin = 0;
     PMPI_Finalized(&fin);
     if (guard_comm != MPI_COMM_NULL && !fin) drop_guard_sends();
-    MPI_Comm *comms[] = {&main_ch.comm, &bg_ch.comm, &guard_comm};
+    if (files_comm != MPI_COMM_NULL && !fin) drop_files_sends();
+    MPI_Comm *comms[] = {&main_ch.comm, &bg_ch.comm, &guard_comm, &files_comm};
     for (size_t i = 0; i < sizeof comms / sizeof *comms; i++) {
         if (*comms[i] != MPI_COMM_NULL && !fin) PMPI_Comm_free(comms[i]);
         *comms[i] = MPI_COMM_NULL;
@@ -370,7 +444,10 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     int threads = provided == MPI_THREAD_MULTIPLE;
     int guard = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &guard_comm) == MPI_SUCCESS;
     int bg = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &bg_ch.comm) == MPI_SUCCESS;
+    /* file operations come from any thread of the program, at any time */
+    int files = threads && PMPI_Comm_dup(MPI_COMM_WORLD, &files_comm) == MPI_SUCCESS;
     if (guard) PMPI_Comm_set_errhandler(guard_comm, MPI_ERRORS_RETURN);
+    if (files) PMPI_Comm_set_errhandler(files_comm, MPI_ERRORS_RETURN);
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
     if (guard && (guard_slots = calloc((size_t)size * 2 + 8, sizeof *guard_slots)) == NULL) guard = 0;
     nslots = guard ? size * 2 + 8 : 0;
@@ -394,6 +471,9 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
                            .guard_min_u64 = guard ? mpi_guard_min_u64 : NULL,
                            .guard_allgather = guard ? mpi_guard_allgather : NULL,
                            .allreduce_bg = bg ? mpi_allreduce_bg : NULL, .last_error_bg = mpi_last_error_bg,
+                           .files_post = files ? mpi_files_post : NULL, .files_wait = files ? mpi_files_wait : NULL,
+                           .files_ack = files ? mpi_files_ack : NULL,
+                           .files_next_ack = files ? mpi_files_next_ack : NULL,
                            .set_piece = mpi_set_piece, .clock_offset = mpi_clock_offset, .tuning = mpi_tuning};
     return 0;
 fail:
