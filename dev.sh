@@ -62,24 +62,24 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 ratio() { awk -v x="$1" -v y="$2" 'BEGIN { print x / y }'; }
 
 bench_files() {
-    local dir n=50000 rounds=7
+    local dir n=50000 rounds=11
     # tmpfs when there is one: the disk's own noise would hide what the shim adds
     dir=$(mktemp -d -p "$([ -d /dev/shm ] && echo /dev/shm || echo /tmp)")
-    echo "open+write+close of an unmatched path in $dir, $n iterations, median of $rounds alternating rounds:"
+    echo "open+write+close of an unmatched path in $dir, $n iterations, $rounds rounds, each with and without"
+    echo "the shim back to back: medians, and the median of the rounds' ratios (what the machine's drift spares):"
     printf '  %-44s %10s %10s %7s\n' "policy" "plain ns" "shim ns" "ratio"
     local -a policies=("(no [files] globs)|" "rank0_only = *.ckpt, per_rank = *.log|*.ckpt" \
                        "rank0_only = ckpts/** /scratch/**|ckpts/** /scratch/**")
     for row in "${policies[@]}"; do
-        local label=${row%%|*} globs=${row#*|} plain=() shim=()
+        local label=${row%%|*} globs=${row#*|} plain=() shim=() ratios=() p s
         for _ in $(seq "$rounds"); do
-            plain+=("$("$BUILD_DIR/bin/bench_files" $n "$dir/data.bin")")
-            shim+=("$(env DPSHIM_FILES_RANK0_ONLY="$globs" DPSHIM_FILES_PER_RANK="${globs:+*.log}" \
-                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/bench_files" $n "$dir/data.bin")")
+            p=$("$BUILD_DIR/bin/bench_files" $n "$dir/data.bin")
+            s=$(env DPSHIM_FILES_RANK0_ONLY="$globs" DPSHIM_FILES_PER_RANK="${globs:+*.log}" \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/bench_files" $n "$dir/data.bin")
+            plain+=("$p") shim+=("$s") ratios+=("$(ratio "$s" "$p")")
         done
-        local p s
-        p=$(printf '%s\n' "${plain[@]}" | median)
-        s=$(printf '%s\n' "${shim[@]}" | median)
-        printf '  %-44s %10.1f %10.1f %7.3f\n' "$label" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN { print a / b }')"
+        printf '  %-44s %10.1f %10.1f %7.3f\n' "$label" "$(printf '%s\n' "${plain[@]}" | median)" \
+            "$(printf '%s\n' "${shim[@]}" | median)" "$(printf '%s\n' "${ratios[@]}" | median)"
     done
     rm -rf "$dir"
 }

@@ -104,14 +104,15 @@ const dps_backend_t *dps_comm(const char *hook)
     return dps_e.be;
 }
 
-/* The file policy's channel (files.h): where every rank takes the same path through the
- * program (outside rank-0 scopes, while the backend lives), over the backend, which opens here
- * when a gated file call comes first. NULL: the ranks decide alone. */
+/* The file policy's channel (files.h): from the job's first collective on (the backend opens
+ * there, at one point of the program on every rank), outside rank-0 scopes, while the backend
+ * lives. The file policy never opens the backend itself: a rank process that never calls a hook
+ * (a shell script) would then hold an MPI it leaves without finalizing. NULL: the ranks decide
+ * alone. */
 static const dps_backend_t *files_backend(void)
 {
     if (dps_e.scope_depth || dps_e.released) return NULL;
     const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
-    if (!be && open_backend("the file policy", 1) == 0) be = dps_e.be;
     return be && be->files_post && be->files_wait && be->files_ack && be->files_next_ack ? be : NULL;
 }
 

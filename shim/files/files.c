@@ -278,7 +278,7 @@ void dps_files_pair(dps_redirect_t *ra, dps_redirect_t *rb, dps_file_op_t op, in
     classify(ra, fda, a);
     classify(rb, fdb, b);
     ra->op = rb->op = op;
-    rb->first = a; /* the leader posts the first path's hash */
+    rb->first = a, rb->first_dirfd = fda; /* the leader posts the first path's key */
     if (op == DPS_FOP_RENAME && rb->gated && !ra->gated && ra->path == a) learn(fda, a, b);
     if (ra->action != DPS_FILE_PASS && rb->action == DPS_FILE_PASS && rb->path == b) rb->action = ra->action;
     before_change(rb);
@@ -303,10 +303,42 @@ static uint64_t next_seq;
 
 static int is_read(dps_file_op_t op) { return op == DPS_FOP_OPEN_READ || op == DPS_FOP_LOOKUP; }
 
-/* Rank 0: one past the number of its last read or lookup, and what each rank acknowledged. */
-static uint64_t reads_until;
-static uint64_t *acked;
+/* Rank 0's reads by path (one past the number of its last read of each path), and the other
+ * ranks' acknowledgements of them (rank, path, one past the number acknowledged). */
+typedef struct read_mark {
+    int rank;
+    uint32_t path;
+    uint64_t until;
+} read_mark_t;
+typedef struct marks {
+    read_mark_t *m;
+    size_t n, cap;
+} marks_t;
+static marks_t reads, acks;
 static pthread_mutex_t ack_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t mark_of(const marks_t *l, int rank, uint32_t path)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->m[i].rank == rank && l->m[i].path == path) return l->m[i].until;
+    return 0;
+}
+
+static void set_mark(marks_t *l, int rank, uint32_t path, uint64_t until)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->m[i].rank == rank && l->m[i].path == path) {
+            if (until > l->m[i].until) l->m[i].until = until;
+            return;
+        }
+    if (l->n == l->cap) {
+        size_t c = l->cap ? 2 * l->cap : 64;
+        read_mark_t *m = realloc(l->m, c * sizeof *m);
+        if (!m) return; /* unrecorded: rank 0 then does not wait for that path */
+        l->m = m, l->cap = c;
+    }
+    l->m[l->n++] = (read_mark_t){rank, path, until};
+}
 
 static const char *op_name(dps_file_op_t op)
 {
@@ -320,6 +352,14 @@ static const char *op_name(dps_file_op_t op)
 
 static uint32_t path_hash(const char *p) { return (uint32_t)dps_fnv1a(DPS_FNV_SEED, p, strlen(p)); }
 
+/* The key of a path rank 0 reads and changes: its absolute, normalized form where known, so that
+ * "ckpt.pt" and "./ckpt.pt" are one file. */
+static uint32_t path_key(int dirfd, const char *p)
+{
+    char abs[DPS_PATH_BUF];
+    return absolute(dirfd, p, abs, sizeof abs) == 0 ? path_hash(abs) : path_hash(p);
+}
+
 /* Children, forked or exec'd, have no channel: a leader's child never posts and a follower's
  * child never waits, so both sides agree on which calls go through it. */
 static const dps_files_channel_t *usable_channel(void)
@@ -332,17 +372,23 @@ static void lead(dps_redirect_t *r, int ok)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
-    outcome_t o = {0, (int32_t)r->op, ok ? 0 : -1, ok ? 0 : errno, path_hash(r->first ? r->first : r->orig)};
+    outcome_t o = {0, (int32_t)r->op, ok ? 0 : -1, ok ? 0 : errno,
+                   r->first ? path_key(r->first_dirfd, r->first) : path_key(r->dirfd, r->orig)};
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
     o.seq = next_seq;
-    if (c->post(&o, sizeof o) == 0) {
-        next_seq++;
-        if (is_read(r->op)) reads_until = next_seq;
-    }
+    int posted = c->post(&o, sizeof o) == 0;
+    if (posted) next_seq++;
     pthread_mutex_unlock(&order_lock);
+    if (posted && is_read(r->op)) {
+        pthread_mutex_lock(&ack_lock);
+        set_mark(&reads, 0, o.path, o.seq + 1);
+        pthread_mutex_unlock(&ack_lock);
+    }
     dps_in_shim--;
 }
+
+static void acknowledge(uint64_t seq, uint32_t path);
 
 /* Rank 0's outcome of this call into r->rc0/err0; 0, or -1 where there is no channel. */
 static int wait_for_leader(dps_redirect_t *r)
@@ -367,6 +413,7 @@ static int wait_for_leader(dps_redirect_t *r)
                       "depends on the rank); this rank decides such calls alone",
                       (unsigned long long)o.seq + 1, o.op >= 0 && o.op <= DPS_FOP_CHMOD ? op_name(o.op) : "?",
                       op_name(r->op), r->orig);
+        if (is_read(o.op)) acknowledge(o.seq, o.path); /* past it: rank 0 must not wait for it */
         return -1;
     }
     r->rc0 = o.rc, r->err0 = o.err, r->path0 = o.path, r->seq = o.seq;
@@ -376,83 +423,53 @@ static int wait_for_leader(dps_redirect_t *r)
 /* --- reads before changes ------------------------------------------------------------------ */
 
 
-/* A follower made the read rank 0 made as call r->seq. */
-static void acknowledge(const dps_redirect_t *r)
+/* A follower is past the read rank 0 made as call `seq`, of the path rank 0 knows as `path`. */
+typedef struct ack {
+    uint64_t seq;
+    uint32_t path, pad;
+} ack_t;
+
+static void acknowledge(uint64_t seq, uint32_t path)
 {
     const dps_files_channel_t *c = usable_channel();
-    if (!c || r->seq == UINT64_MAX) return;
-    uint64_t seq = r->seq;
+    if (!c || seq == UINT64_MAX) return;
+    ack_t a = {seq, path, 0};
     dps_in_shim++;
-    c->ack(&seq, sizeof seq);
+    c->ack(&a, sizeof a);
     dps_in_shim--;
 }
 
-/* Rank 0, before it changes a gated path: every follower has made the reads rank 0 made before,
- * so none reads what this change makes in place of what rank 0 read. */
+/* Rank 0, before it changes a gated path: every follower has made the reads of that path rank 0
+ * made before, so none reads what this change puts in place of what rank 0 read. Reads of other
+ * paths are not waited for: code that reads a path on rank 0 alone never holds rank 0 up. */
+static void settle_path(const dps_files_channel_t *c, int dirfd, const char *path, const char *op)
+{
+    uint32_t h = path_key(dirfd, path);
+    uint64_t until = mark_of(&reads, 0, h);
+    if (!until) return;
+    char what[DPS_PATH_BUF + 96];
+    snprintf(what, sizeof what, "the other ranks' reads of %s before rank 0's %s", path, op);
+    for (int q = 1; q < my_size; q++)
+        while (mark_of(&acks, q, h) < until) {
+            ack_t a;
+            int src;
+            if (c->next_ack(&a, sizeof a, &src, what) != 0 || src <= 0 || src >= my_size) return;
+            set_mark(&acks, src, a.path, a.seq + 1);
+        }
+}
+
 static void settle_reads(const dps_redirect_t *r)
 {
     const dps_files_channel_t *c = usable_channel();
-    if (!c || !reads_until) return;
+    if (!c) return;
     dps_in_shim++;
     pthread_mutex_lock(&ack_lock);
-    if (!acked) acked = calloc((size_t)my_size, sizeof *acked);
-    char what[DPS_PATH_BUF + 96];
-    snprintf(what, sizeof what, "the other ranks' reads before rank 0's %s of %s", op_name(r->op), r->orig);
-    for (int q = 1; acked && q < my_size; q++)
-        while (acked[q] < reads_until) {
-            uint64_t seq;
-            int src;
-            if (c->next_ack(&seq, sizeof seq, &src, what) != 0 || src <= 0 || src >= my_size) goto out;
-            if (seq + 1 > acked[src]) acked[src] = seq + 1;
-        }
-out:
+    if (reads.n) {
+        settle_path(c, r->dirfd, r->orig, op_name(r->op));
+        if (r->first) settle_path(c, r->first_dirfd, r->first, op_name(r->op));
+    }
     pthread_mutex_unlock(&ack_lock);
     dps_in_shim--;
-}
-
-/* --- a follower alone: rank 0's outcome predicted from the tree this rank sees ------------- */
-
-DPS_REAL_DECLARE(int, fstatat, (int, const char *, struct stat *, int));
-
-static int exists(int dirfd, const char *path, struct stat *st, int follow)
-{
-    return DPS_REAL(fstatat)(dirfd, path, st, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0;
-}
-
-/* The directory `path` is in exists (and is one). */
-static int parent_exists(int dirfd, const char *path)
-{
-    char dir[DPS_PATH_BUF];
-    const char *slash = strrchr(path, '/');
-    struct stat st;
-    if (!slash) return dirfd == AT_FDCWD || fcntl(dirfd, F_GETFD) >= 0;
-    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    return exists(dirfd, dir, &st, 1) && S_ISDIR(st.st_mode);
-}
-
-static void predict(dps_redirect_t *r, const char *second)
-{
-    struct stat st;
-    int e = 0, have = exists(r->dirfd, r->path, &st, 0);
-    switch (r->op) {
-    case DPS_FOP_OPEN_WRITE:
-        if ((r->flags & O_TMPFILE) == O_TMPFILE) e = have && S_ISDIR(st.st_mode) ? 0 : have ? ENOTDIR : ENOENT;
-        else if (have && (r->flags & O_CREAT) && (r->flags & O_EXCL)) e = EEXIST;
-        else if (have && S_ISDIR(st.st_mode)) e = EISDIR;
-        else if (!have && !(r->flags & O_CREAT)) e = ENOENT;
-        else if (!have && !parent_exists(r->dirfd, r->path)) e = ENOENT;
-        break;
-    case DPS_FOP_MKDIR: e = have ? EEXIST : !parent_exists(r->dirfd, r->path) ? ENOENT : 0; break;
-    case DPS_FOP_SYMLINK: e = have ? EEXIST : 0; break;
-    case DPS_FOP_RMDIR: e = !have ? ENOENT : !S_ISDIR(st.st_mode) ? ENOTDIR : 0; break;
-    case DPS_FOP_UNLINK: e = !have ? ENOENT : 0; break;
-    case DPS_FOP_TRUNCATE:
-    case DPS_FOP_CHMOD: e = !have ? ENOENT : 0; break;
-    case DPS_FOP_RENAME:
-    case DPS_FOP_LINK: e = !have ? ENOENT : (r->op == DPS_FOP_LINK && second) ? EEXIST : 0; break;
-    default: break;
-    }
-    r->rc0 = e ? -1 : 0, r->err0 = e;
 }
 
 /* --- sinks ----------------------------------------------------------------------------------- */
@@ -512,7 +529,7 @@ static int sink_flags(int flags)
 int dps_files_follow(dps_redirect_t *r)
 {
     int saved = errno;
-    if (wait_for_leader(r) != 0) predict(r, NULL);
+    if (wait_for_leader(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's call is taken to succeed */
     int real = 1;
     if (r->op == DPS_FOP_OPEN_WRITE) {
         if (r->rc0 == 0) {
@@ -545,19 +562,12 @@ DPS_REAL_DECLARE(int, unlinkat, (int, const char *, int));
 int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb)
 {
     int saved = errno;
-    rb->path0 = path_hash(ra->orig); /* without a channel: rank 0's name is taken for ours */
-    if (wait_for_leader(rb) != 0) {
-        predict(ra, NULL);
-        if (rb->op == DPS_FOP_LINK && ra->rc0 == 0) {
-            struct stat st;
-            if (exists(rb->dirfd, rb->path, &st, 0)) ra->rc0 = -1, ra->err0 = EEXIST;
-        }
-        rb->rc0 = ra->rc0, rb->err0 = ra->err0;
-    }
+    rb->path0 = path_key(ra->dirfd, ra->orig); /* without a channel: rank 0's name is taken for ours */
+    if (wait_for_leader(rb) != 0) rb->rc0 = 0, rb->err0 = 0;
     /* A rename takes the source away. Under a name of this rank's own (a per-call temporary)
      * the source is this rank's file: it goes. Under rank 0's name it was rank 0's, renamed by
      * now, or a copy on a file system rank 0 does not see: left alone. */
-    if (rb->op == DPS_FOP_RENAME && rb->rc0 == 0 && !ra->gated && rb->path0 != path_hash(ra->orig)) {
+    if (rb->op == DPS_FOP_RENAME && rb->rc0 == 0 && !ra->gated && rb->path0 != path_key(ra->dirfd, ra->orig)) {
         dps_in_shim++;
         DPS_REAL(unlinkat)(ra->dirfd, ra->path, 0);
         dps_in_shim--;
@@ -574,7 +584,7 @@ int dps_files_done(dps_redirect_t *r, int ok)
         lead(r, ok);
     } else if (r->action == DPS_FILE_FOLLOW) {
         if (r->sink >= 0) DPS_REAL(close)(r->sink), r->sink = -1;
-        if (is_read(r->op)) acknowledge(r);
+        if (is_read(r->op)) acknowledge(r->seq, r->path0);
         keep = !(ok && r->rc0 != 0); /* rank 0 failed: so does this rank (its tree may differ) */
     }
     errno = saved;

@@ -15,9 +15,10 @@
  *     chmod) returns rank 0's result and does nothing;
  *   - a lookup or an open that reads runs for real after rank 0's, so a file rank 0 wrote earlier
  *     is read whole, as rank 0 left it (read after write); the follower acknowledges it, and
- *     rank 0 changes no gated path before every follower made the reads rank 0 made before.
+ *     rank 0 changes no gated path before every follower made the reads of it rank 0 made.
  * Where no channel exists (children of a rank process, a rank-0 scope, a backend without one),
- * the other ranks predict rank 0's outcome from the tree they see.
+ * or the calls do not pair (another kind of call than rank 0's), the other ranks take rank 0's
+ * call to have succeeded: their own tree cannot tell what rank 0's will be.
  * The interposers in shim/interpose/ ask here and call the real function. */
 #ifndef DPS_FILES_H
 #define DPS_FILES_H
@@ -56,10 +57,11 @@ typedef struct dps_redirect {
     int gated;        /* the path matches [files] rank0_only (or was learned, see rename) */
     int sink;         /* FOLLOW, an open that writes: the sink, until dps_files_done */
     int rc0, err0;    /* FOLLOW: rank 0's outcome (0 or -1, and its errno) */
-    uint32_t path0;   /* FOLLOW: the hash of rank 0's path (its first, for rename and link) */
+    uint32_t path0;   /* FOLLOW: the key of rank 0's path (its first, for rename and link) */
     uint64_t seq;     /* FOLLOW: the number of rank 0's call; UINT64_MAX where none was taken */
     const char *orig; /* the program's path */
-    const char *first; /* rename and link: the first path, whose hash rank 0 posts */
+    const char *first; /* rename and link: the first path, whose key rank 0 posts */
+    int first_dirfd;
     int dirfd;
     char buf[DPS_PATH_BUF];
 } dps_redirect_t;
@@ -71,8 +73,8 @@ int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, si
 
 /* The channel the leader posts on and the followers wait on (set by the engine, which opens the
  * backend on first use), and back: a follower acknowledges each read or lookup it made, and
- * the leader, before it changes a gated path, waits until every follower has made the reads
- * it made before (so a follower never reads a later version than rank 0 did). Each returns -1
+ * the leader, before it changes a gated path, waits until every follower has made the reads of
+ * it that the leader made before (so a follower never opens a later version than rank 0 did). Each returns -1
  * where there is no channel for this call: then the ranks decide alone. `what` names a wait
  * for the guard. */
 typedef struct dps_files_channel {

@@ -12,6 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#define DPSHIM_HOOKS_WEAK
+#include <dpshim/hooks.h>
+
 static int fail(const char *what, const char *path, long i)
 {
     fprintf(stderr, "bench_files: %s %s, iteration %ld: %s\n", what, path, i, strerror(errno));
@@ -24,6 +27,8 @@ int main(int argc, char **argv)
     long n = atol(argv[1]);
     int load = argc == 4;
     char buf[64] = "0123456789012345678901234567890123456789012345678901234567890\n", back[64];
+    double one = 1; /* under the shim: a job's first collective comes before its files */
+    if (dp_metric) dp_metric(&one, 1, DP_SUM);
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     char tmp[4096];

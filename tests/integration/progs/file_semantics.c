@@ -245,6 +245,7 @@ int main(int argc, char **argv)
         perror(argv[1]);
         return 1;
     }
+    train_step(); /* a trainer's first collective (its parameters from rank 0) comes before it saves */
     modes_and_links();
     errors();
     like_a_file();

@@ -191,6 +191,8 @@ int main(int argc, char **argv)
         return 2;
     }
     rank = dp_rank ? dp_rank() : 0;
+    double one = 1; /* a job's first collective (a trainer's parameters from rank 0) comes before its files */
+    if (dp_metric && strcmp(argv[1], "errno")) dp_metric(&one, 1, DP_SUM);
     if (!strcmp(argv[1], "gated")) gated(argv[2]);
     else if (!strcmp(argv[1], "threads")) threads(argv[2]);
     else errno_mode(argv[2]);
