@@ -396,10 +396,10 @@ static int wait_for_leader(dps_redirect_t *r)
     const dps_files_channel_t *c = usable_channel();
     if (!c) return -1;
     outcome_t o;
-    char what[DPS_PATH_BUF + 96];
+    static __thread char what[DPS_PATH_BUF + 96]; /* the guard may read it while we wait */
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
-    snprintf(what, sizeof what, "rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
+    snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
              op_name(r->op), r->orig);
     int rc = c->wait(&o, sizeof o, what);
     if (rc == 0) next_seq++;
@@ -447,8 +447,8 @@ static void settle_path(const dps_files_channel_t *c, int dirfd, const char *pat
     uint32_t h = path_key(dirfd, path);
     uint64_t until = mark_of(&reads, 0, h);
     if (!until) return;
-    char what[DPS_PATH_BUF + 96];
-    snprintf(what, sizeof what, "the other ranks' reads of %s before rank 0's %s", path, op);
+    static __thread char what[DPS_PATH_BUF + 96]; /* the guard may read it while we wait */
+    snprintf(what, sizeof what, "wait for the other ranks' reads of %s before rank 0's %s", path, op);
     for (int q = 1; q < my_size; q++)
         while (mark_of(&acks, q, h) < until) {
             ack_t a;

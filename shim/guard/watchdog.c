@@ -86,7 +86,7 @@ static void describe(const guard_msg_t *m, char *buf, size_t len)
         snprintf(buf, len, "left the program (exit) after step %llu and collective #%llu",
                  (unsigned long long)m->step, (unsigned long long)m->seq);
     else if (m->in_coll && m->coll < 0)
-        snprintf(buf, len, "in the guard's %s after collective #%llu and step %llu, waiting %.1f s", m->hook,
+        snprintf(buf, len, "in the shim's %s after collective #%llu and step %llu, waiting %.1f s", m->hook,
                  (unsigned long long)m->seq, (unsigned long long)m->step, m->seconds);
     else if (m->in_coll)
         snprintf(buf, len, "in %s (%s %s x %llu), collective #%llu after step %llu, waiting %.1f s", m->hook,

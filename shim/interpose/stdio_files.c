@@ -35,7 +35,8 @@ static const char *sink_mode(const char *mode, char *buf, size_t len)
 
 DPS_REAL_DECLARE(int, fclose, (FILE *));
 
-#define FOPEN_BODY(path_, mode_, CALL)                                              \
+/* FAILED: what the call does when rank 0's failed (freopen closes the stream it was given). */
+#define FOPEN_BODY(path_, mode_, CALL, FAILED)                                      \
     do {                                                                            \
         if (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim || !mode_)\
             return CALL(path_, mode_);                                              \
@@ -47,12 +48,13 @@ DPS_REAL_DECLARE(int, fclose, (FILE *));
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
         if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) {               \
+            FAILED;                                                                 \
             errno = r_.err0;                                                        \
             return NULL;                                                            \
         }                                                                           \
         FILE *f_ = CALL(r_.path, r_.sink >= 0 ? sink_mode(mode_, m_, sizeof m_) : mode_); \
         if (dps_files_done(&r_, f_ != NULL)) return f_;                             \
-        DPS_REAL(fclose)(f_);                                                       \
+        DPS_REAL(fclose)(f_); /* freopen's stream is closed on failure too */        \
         errno = r_.err0;                                                            \
         return NULL;                                                                \
     } while (0)
@@ -64,27 +66,27 @@ DPS_REAL_DECLARE(FILE *, freopen64, (const char *, const char *, FILE *));
 DPS_EXPORT FILE *fopen(const char *path, const char *mode)
 {
 #define CALL(p, m) DPS_REAL(fopen)(p, m)
-    FOPEN_BODY(path, mode, CALL);
+    FOPEN_BODY(path, mode, CALL, (void)0);
 #undef CALL
 }
 
 DPS_EXPORT FILE *fopen64(const char *path, const char *mode)
 {
 #define CALL(p, m) DPS_REAL(fopen64)(p, m)
-    FOPEN_BODY(path, mode, CALL);
+    FOPEN_BODY(path, mode, CALL, (void)0);
 #undef CALL
 }
 
 DPS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
 {
 #define CALL(p, m) DPS_REAL(freopen)(p, m, stream)
-    FOPEN_BODY(path, mode, CALL);
+    FOPEN_BODY(path, mode, CALL, DPS_REAL(fclose)(stream));
 #undef CALL
 }
 
 DPS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
 {
 #define CALL(p, m) DPS_REAL(freopen64)(p, m, stream)
-    FOPEN_BODY(path, mode, CALL);
+    FOPEN_BODY(path, mode, CALL, DPS_REAL(fclose)(stream));
 #undef CALL
 }

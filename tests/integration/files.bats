@@ -268,3 +268,23 @@ SH
     run ls -A
     assert_output "$(printf 'metrics.csv\nmetrics.sh\n')"
 }
+
+@test "a rank0_only file written on some ranks only, then a collective: the guard ends the job naming the waiting call" {
+    [ -x /usr/bin/python3 ] || skip "no /usr/bin/python3"
+    cd "$BATS_TEST_TMPDIR"
+    cat >branch.py <<'PY'
+import ctypes, os
+hooks, one = ctypes.CDLL(None), ctypes.c_double(1)
+hooks.dp_metric(ctypes.byref(one), ctypes.c_size_t(1), 0)
+if os.environ["OMPI_COMM_WORLD_RANK"] != "0":  # code that depends on the rank
+    open("others.ckpt", "w").write("x")
+hooks.dp_metric(ctypes.byref(one), ctypes.c_size_t(1), 0)
+PY
+    local start=$SECONDS
+    run mpi 2 env DPSHIM_GUARD_TIMEOUT=5 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" /usr/bin/python3 branch.py
+    echo "$output"
+    assert_equal "$status" 75
+    [ $((SECONDS - start)) -le 20 ] || fail "took $((SECONDS - start)) s"
+    assert_output --regexp "rank 1 \([^)]*\): in the shim's wait for rank 0's file operation #1 \(open for writing others.ckpt\).*<-- culprit"
+    [ ! -e others.ckpt ]
+}

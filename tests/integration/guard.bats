@@ -64,7 +64,7 @@ stalled_report() {
     fault extra 2 3
     assert_failure
     assert_output --regexp "rank 2 \($HOST\): in dp_metric \(all-reduce f64 x 1\), collective #5 after step 2, waiting [0-9.]+ s  <-- culprit"
-    assert_output --regexp "rank 0 \($HOST\): in the guard's desync check \(step end\) after collective #4 and step 3"
+    assert_output --regexp "rank 0 \($HOST\): in the shim's desync check \(step end\) after collective #4 and step 3"
 }
 
 @test "rank 2 calls one extra all-reduce at step 3, desync = full: caught at that very call" {
