@@ -396,7 +396,8 @@ static int wait_for_leader(dps_redirect_t *r)
     const dps_files_channel_t *c = usable_channel();
     if (!c) return -1;
     outcome_t o;
-    static __thread char what[DPS_PATH_BUF + 96]; /* the guard may read it while we wait */
+    /* static, so the guard may read it while this rank waits; one waiter at a time (order_lock) */
+    static char what[DPS_PATH_BUF + 96];
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
     snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
@@ -447,7 +448,7 @@ static void settle_path(const dps_files_channel_t *c, int dirfd, const char *pat
     uint32_t h = path_key(dirfd, path);
     uint64_t until = mark_of(&reads, 0, h);
     if (!until) return;
-    static __thread char what[DPS_PATH_BUF + 96]; /* the guard may read it while we wait */
+    static char what[DPS_PATH_BUF + 96]; /* as in wait_for_leader; one waiter at a time (ack_lock) */
     snprintf(what, sizeof what, "wait for the other ranks' reads of %s before rank 0's %s", path, op);
     for (int q = 1; q < my_size; q++)
         while (mark_of(&acks, q, h) < until) {
