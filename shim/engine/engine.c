@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 dps_engine_t dps_e;
@@ -122,17 +121,32 @@ static int files_post(const void *msg, size_t len)
     return be ? be->files_post(msg, len) : -1;
 }
 
-/* The main thread's wait is watched by the guard like a collective; another thread's is not
+/* The main thread's waits are watched by the guard like a collective; another thread's are not
  * (the guard tracks one position, the main thread's). */
+typedef struct files_watch {
+    int on;
+    dps_guard_mark_t mark;
+} files_watch_t;
+
+static files_watch_t files_watch_begin(const char *what)
+{
+    files_watch_t w = {gettid() == getpid(), {0}};
+    if (w.on) w.mark = dps_guard_own_begin(what);
+    return w;
+}
+
+static void files_watch_end(files_watch_t w)
+{
+    if (w.on) dps_guard_own_end(w.mark);
+}
+
 static int files_wait(void *msg, size_t len, const char *what)
 {
     const dps_backend_t *be = files_backend();
     if (!be) return -1;
-    int main_thread = syscall(SYS_gettid) == getpid();
-    dps_guard_mark_t mark;
-    if (main_thread) mark = dps_guard_own_begin(what);
+    files_watch_t w = files_watch_begin(what);
     int rc = be->files_wait(msg, len);
-    if (main_thread) dps_guard_own_end(mark);
+    files_watch_end(w);
     return rc;
 }
 
@@ -146,11 +160,9 @@ static int files_next_ack(void *msg, size_t len, int *src, const char *what)
 {
     const dps_backend_t *be = files_backend();
     if (!be) return -1;
-    int main_thread = syscall(SYS_gettid) == getpid();
-    dps_guard_mark_t mark;
-    if (main_thread) mark = dps_guard_own_begin(what);
+    files_watch_t w = files_watch_begin(what);
     int rc = be->files_next_ack(msg, len, src);
-    if (main_thread) dps_guard_own_end(mark);
+    files_watch_end(w);
     return rc;
 }
 

@@ -216,10 +216,12 @@ static void learn(int dirfd, const char *src, const char *dst)
 
 static void settle_reads(const dps_redirect_t *r);
 
+static int is_read(dps_file_op_t op) { return op == DPS_FOP_OPEN_READ || op == DPS_FOP_LOOKUP; }
+
 /* Rank 0 is about to change a gated path (below). */
 static void before_change(const dps_redirect_t *r)
 {
-    if (r->action == DPS_FILE_LEAD && r->op != DPS_FOP_OPEN_READ && r->op != DPS_FOP_LOOKUP) settle_reads(r);
+    if (r->action == DPS_FILE_LEAD && !is_read(r->op)) settle_reads(r);
 }
 
 /* Common part: per_rank mapping, and whether the (mapped) path is gated. */
@@ -246,13 +248,7 @@ static void classify(dps_redirect_t *r, int dirfd, const char *path)
     if (r->gated && my_size > 1) r->action = my_rank == 0 ? DPS_FILE_LEAD : DPS_FILE_FOLLOW;
 }
 
-void dps_files_lookup(dps_redirect_t *r, int dirfd, const char *path)
-{
-    classify(r, dirfd, path);
-    r->op = DPS_FOP_LOOKUP;
-}
-
-void dps_files_modify(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path)
+void dps_files_path(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path)
 {
     classify(r, dirfd, path);
     r->op = op;
@@ -300,8 +296,6 @@ _Static_assert(sizeof(outcome_t) <= 64, "an outcome fits the channel's messages"
 /* One order on each rank: the leader posts, and a follower waits, one call at a time. */
 static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_seq;
-
-static int is_read(dps_file_op_t op) { return op == DPS_FOP_OPEN_READ || op == DPS_FOP_LOOKUP; }
 
 /* Rank 0's reads by path (one past the number of its last read of each path), and the other
  * ranks' acknowledgements of them (rank, path, one past the number acknowledged). */
@@ -422,7 +416,6 @@ static int wait_for_leader(dps_redirect_t *r)
 }
 
 /* --- reads before changes ------------------------------------------------------------------ */
-
 
 /* A follower is past the read rank 0 made as call `seq`, of the path rank 0 knows as `path`. */
 typedef struct ack {
@@ -550,7 +543,7 @@ int dps_files_follow(dps_redirect_t *r)
         } else {
             real = 0;
         }
-    } else if (r->op != DPS_FOP_OPEN_READ && r->op != DPS_FOP_LOOKUP) {
+    } else if (!is_read(r->op)) {
         atomic_fetch_add_explicit(&dps_diag_count.noops, 1, memory_order_relaxed);
         real = 0;
     }
@@ -563,12 +556,13 @@ DPS_REAL_DECLARE(int, unlinkat, (int, const char *, int));
 int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb)
 {
     int saved = errno;
-    rb->path0 = path_key(ra->dirfd, ra->orig); /* without a channel: rank 0's name is taken for ours */
+    uint32_t mine = path_key(ra->dirfd, ra->orig);
+    rb->path0 = mine; /* without a channel: rank 0's name is taken for ours */
     if (wait_for_leader(rb) != 0) rb->rc0 = 0, rb->err0 = 0;
     /* A rename takes the source away. Under a name of this rank's own (a per-call temporary)
      * the source is this rank's file: it goes. Under rank 0's name it was rank 0's, renamed by
      * now, or a copy on a file system rank 0 does not see: left alone. */
-    if (rb->op == DPS_FOP_RENAME && rb->rc0 == 0 && !ra->gated && rb->path0 != path_key(ra->dirfd, ra->orig)) {
+    if (rb->op == DPS_FOP_RENAME && rb->rc0 == 0 && !ra->gated && rb->path0 != mine) {
         dps_in_shim++;
         DPS_REAL(unlinkat)(ra->dirfd, ra->path, 0);
         dps_in_shim--;

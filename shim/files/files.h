@@ -85,12 +85,12 @@ typedef struct dps_files_channel {
 } dps_files_channel_t;
 void dps_files_set_channel(const dps_files_channel_t *c);
 
-/* Classification (fills r): the open family with its flags; calls that change `path` (op:
- * UNLINK, MKDIR, RMDIR, SYMLINK, TRUNCATE, CHMOD); lookups (stat, access); two-path calls
- * (rename, link), gated when either path is, where rb gets the action and the new path. */
+/* Classification (fills r): the open family with its flags; calls on one path, which change it
+ * (op: UNLINK, MKDIR, RMDIR, SYMLINK, TRUNCATE, CHMOD) or look it up (LOOKUP: stat, access);
+ * two-path calls (rename, link), gated when either path is, where rb gets the action and the
+ * new path. */
 void dps_files_open(dps_redirect_t *r, int dirfd, const char *path, int flags);
-void dps_files_modify(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path);
-void dps_files_lookup(dps_redirect_t *r, int dirfd, const char *path);
+void dps_files_path(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path);
 void dps_files_pair(dps_redirect_t *ra, dps_redirect_t *rb, dps_file_op_t op, int fda, const char *a, int fdb,
                     const char *b);
 

@@ -60,7 +60,7 @@ DPS_REAL_DECLARE(int, close, (int));
         int saved_ = errno;                                                         \
         dps_redirect_t r_;                                                          \
         dps_in_shim++;                                                              \
-        dps_files_modify(&r_, op_, dirfd_, path_);                                  \
+        dps_files_path(&r_, op_, dirfd_, path_);                                    \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
         if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \

@@ -128,7 +128,7 @@ static void test_rank_path_3(void)
 static void expect_name(int dirfd, const char *path, const char *want)
 {
     dps_redirect_t r;
-    dps_files_lookup(&r, dirfd, path);
+    dps_files_path(&r, DPS_FOP_LOOKUP, dirfd, path);
     CHECK(r.action == DPS_FILE_PASS, "lookup %s: %s", path, action_name(r.action));
     CHECK(strcmp(r.path, want) == 0, "lookup %s: '%s', want '%s'", path, r.path, want);
     CHECK(!r.gated, "lookup %s: a per-rank path is gated", path);
@@ -137,7 +137,7 @@ static void expect_name(int dirfd, const char *path, const char *want)
 static void expect_gated(int dirfd, const char *path, int want)
 {
     dps_redirect_t r;
-    dps_files_lookup(&r, dirfd, path);
+    dps_files_path(&r, DPS_FOP_LOOKUP, dirfd, path);
     CHECK(r.gated == want, "%s (dirfd %d): gated %d, want %d", path, dirfd, r.gated, want);
     CHECK(r.path == path, "%s: a lookup of a path that is not per-rank changed it to '%s'", path, r.path);
     dps_file_action_t a = want ? gated_action() : DPS_FILE_PASS;
@@ -199,7 +199,7 @@ static void test_naming(int rank)
     snprintf(want, sizeof want, "ckpt/train.rank%d.log", rank);
     CHECK(r.action == DPS_FILE_PASS && strcmp(r.path, want) == 0 && r.flags == (O_WRONLY | O_CREAT | O_TRUNC),
           "open of a per-rank path: %s %s %#x", action_name(r.action), r.path, r.flags);
-    dps_files_modify(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/train.log");
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/train.log");
     CHECK(r.action == DPS_FILE_PASS && strcmp(r.path, want) == 0, "modify of a per-rank path: %s %s",
           action_name(r.action), r.path);
 }
@@ -266,9 +266,9 @@ static void test_classify(void)
     close(droot), close(dckpt), close(dother), close(dabs);
     /* nothing to decide */
     dps_redirect_t r;
-    dps_files_lookup(&r, AT_FDCWD, "");
+    dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, "");
     CHECK(r.action == DPS_FILE_PASS && !r.gated && r.path && !*r.path, "empty path");
-    dps_files_lookup(&r, AT_FDCWD, NULL);
+    dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, NULL);
     CHECK(r.action == DPS_FILE_PASS && !r.gated && r.path == NULL, "NULL path");
     dps_files_open(&r, AT_FDCWD, NULL, O_WRONLY | O_CREAT);
     CHECK(r.action == DPS_FILE_PASS && r.path == NULL, "open of a NULL path");
@@ -286,10 +286,10 @@ static void test_system_paths(void)
         CHECK(r.action == DPS_FILE_PASS && !r.gated && r.path == paths[i] &&
                   r.flags == (O_WRONLY | O_CREAT | O_TRUNC),
               "open %s: %s %s gated %d", paths[i], action_name(r.action), r.path, r.gated);
-        dps_files_modify(&r, DPS_FOP_UNLINK, AT_FDCWD, paths[i]);
+        dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, paths[i]);
         CHECK(r.action == DPS_FILE_PASS && !r.gated && r.path == paths[i], "modify %s: %s", paths[i],
               action_name(r.action));
-        dps_files_lookup(&r, AT_FDCWD, paths[i]);
+        dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, paths[i]);
         CHECK(r.path == paths[i], "lookup %s: '%s'", paths[i], r.path);
     }
 }
@@ -311,7 +311,7 @@ static void expect_open(int dirfd, const char *path, int flags, dps_file_action_
 static void expect_modify(const char *path, dps_file_action_t action)
 {
     dps_redirect_t r;
-    dps_files_modify(&r, DPS_FOP_UNLINK, AT_FDCWD, path);
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, path);
     CHECK(r.action == action, "modify %s: %s, want %s", path, action_name(r.action), action_name(action));
     CHECK(r.path == path, "modify %s: path '%s'", path, r.path);
 }
@@ -417,16 +417,16 @@ static void test_follower_alone(void)
     close(fd);
 
     /* changes: success, no effect */
-    dps_files_modify(&r, DPS_FOP_UNLINK, AT_FDCWD, "m.ckpt");
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "m.ckpt");
     CHECK(dps_files_follow(&r) == 0 && r.rc0 == 0, "unlink of an existing file");
     CHECK(access("m.ckpt", F_OK) == 0, "a follower's unlink removed m.ckpt");
-    dps_files_modify(&r, DPS_FOP_MKDIR, AT_FDCWD, "ckpt/new");
+    dps_files_path(&r, DPS_FOP_MKDIR, AT_FDCWD, "ckpt/new");
     CHECK(dps_files_follow(&r) == 0 && r.rc0 == 0, "mkdir");
     CHECK(access("ckpt/new", F_OK) != 0, "a follower's mkdir made ckpt/new");
     CHECK(atomic_load(&dps_diag_count.noops) - noops == 2, "noops counted %llu",
           (unsigned long long)(atomic_load(&dps_diag_count.noops) - noops));
     /* lookups and reads are made: the follower's own result unless rank 0 failed */
-    dps_files_lookup(&r, AT_FDCWD, "m.ckpt");
+    dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, "m.ckpt");
     CHECK(dps_files_follow(&r) == 1 && dps_files_done(&r, 1) == 1, "lookup of an existing file");
     r.rc0 = -1, r.err0 = ENOENT;
     CHECK(dps_files_done(&r, 1) == 0, "rank 0's failure is the follower's too");
@@ -487,7 +487,7 @@ static void test_channel(void)
     CHECK(dps_files_done(&r, 0) == 1 && errno == EEXIST, "the leader keeps its result and errno");
     dps_files_open(&r, AT_FDCWD, "ckpt/new", O_WRONLY | O_CREAT | O_EXCL);
     dps_files_done(&r, 1);
-    dps_files_modify(&r, DPS_FOP_MKDIR, AT_FDCWD, "ckpt/sub");
+    dps_files_path(&r, DPS_FOP_MKDIR, AT_FDCWD, "ckpt/sub");
     errno = EACCES; /* not what the follower's tree would say */
     dps_files_done(&r, 0);
     CHECK(queue.tail == 3, "%d outcomes posted, want 3", queue.tail);
@@ -500,24 +500,24 @@ static void test_channel(void)
     CHECK(dps_files_follow(&r) == 1 && r.sink >= 0, "rank 0's success: a sink");
     dps_files_done(&r, 1);
     CHECK(access("ckpt/new", F_OK) != 0, "the follower created ckpt/new");
-    dps_files_modify(&r, DPS_FOP_MKDIR, AT_FDCWD, "ckpt/sub");
+    dps_files_path(&r, DPS_FOP_MKDIR, AT_FDCWD, "ckpt/sub");
     CHECK(dps_files_follow(&r) == 0 && r.rc0 == -1 && r.err0 == EACCES, "rank 0's EACCES, err %d", r.err0);
     /* another kind of call than rank 0's: a warning, and the follower decides alone */
     configure_main(0);
-    dps_files_modify(&r, DPS_FOP_RMDIR, AT_FDCWD, "ckpt/sub");
+    dps_files_path(&r, DPS_FOP_RMDIR, AT_FDCWD, "ckpt/sub");
     dps_files_done(&r, 1);
     configure_main(1);
     printf("test_files: a WARN line about the order of gated operations is expected next\n");
     fflush(stdout);
-    dps_files_modify(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/none");
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/none");
     CHECK(dps_files_follow(&r) == 0 && r.rc0 == 0, "decided alone after a mismatch");
     CHECK(queue.head == queue.tail, "every outcome taken");
     /* a read: the follower reads after rank 0 and says so */
     configure_main(0);
-    dps_files_lookup(&r, AT_FDCWD, "ckpt/sub");
+    dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, "ckpt/sub");
     dps_files_done(&r, 1);
     configure_main(1);
-    dps_files_lookup(&r, AT_FDCWD, "ckpt/sub");
+    dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, "ckpt/sub");
     CHECK(dps_files_follow(&r) == 1 && dps_files_done(&r, 1) == 1 && acks_sent == 1, "lookup: %d acks", acks_sent);
     dps_files_set_channel(NULL);
 }
