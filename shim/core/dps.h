@@ -52,6 +52,7 @@ typedef struct dps_state {
     size_t bucket_bytes;
     int overlap; /* [comm] overlap = on */
     int32_t compress_dtype; /* DP_F16 or DP_BF16 for [comm] compress, else -1 */
+    int python_adapter; /* a Python rank process, the PyTorch adapter put on its path */
 } dps_state_t;
 
 extern dps_state_t dps_g;

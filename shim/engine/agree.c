@@ -111,7 +111,7 @@ static int spare_core(void)
 }
 
 /* The decisions' slots after the items': minimum over ranks. */
-enum { DECIDE_OVERLAP, DECIDE_NO_DIAG, NDECISIONS };
+enum { DECIDE_OVERLAP, DECIDE_NO_DIAG, DECIDE_DESYNC, NDECISIONS };
 
 /* --- when ranks differ -------------------------------------------------------------------- */
 
@@ -234,6 +234,9 @@ void dps_engine_agree(const dps_backend_t *be, const char *hook)
     int auto_overlap = DPS_POLICY_ENUM(&dps_g.policy, comm, overlap) == DPS_V_comm_overlap_auto;
     v[2 * n + DECIDE_OVERLAP] = auto_overlap && spare_core();
     v[2 * n + DECIDE_NO_DIAG] = !dps_diag_on;
+    /* desync = auto: full only where every rank runs the PyTorch adapter (step < full: the minimum) */
+    int auto_desync = DPS_POLICY_ENUM(&dps_g.policy, guard, desync) == DPS_V_guard_desync_auto;
+    v[2 * n + DECIDE_DESYNC] = dps_g.python_adapter ? DPS_V_guard_desync_full : DPS_V_guard_desync_step;
     dps_guard_mark_t mark = dps_guard_own_begin("start-up agreement");
     if (be->allreduce(v, 2 * n + NDECISIONS, DP_I64, DPS_RED_MIN) != 0)
         dps_fatal("%s: the ranks' start-up agreement failed: %s", hook, be->last_error());
@@ -246,6 +249,13 @@ void dps_engine_agree(const dps_backend_t *be, const char *hook)
         if (dps_g.eff_rank == 0)
             DPS_INFO("[comm] overlap = auto, for the job: %s", dps_g.overlap ? "on (every rank has a core to spare)"
                                                                             : "off (some rank has no core to spare)");
+    }
+    if (auto_desync) {
+        dps_guard_set_desync((int)v[2 * n + DECIDE_DESYNC]);
+        if (dps_g.eff_rank == 0)
+            DPS_INFO("[guard] desync = auto, for the job: %s", v[2 * n + DECIDE_DESYNC] == DPS_V_guard_desync_full
+                                                                   ? "full (every rank runs the PyTorch adapter)"
+                                                                   : "step");
     }
     char *hosts = gather_hosts(be);
     if (hosts) dps_guard_set_hosts(hosts);

@@ -51,6 +51,17 @@ void dps_guard_tensors(const dp_tensor *t, size_t n)
     next_shape = sh;
 }
 
+/* Where in the program the next collective comes from, as an adapter knows it ("train.py:57 in
+ * main"): named beside the call in desync reports, taken by the next call noted. Not a hook:
+ * hooks have no caller's place, and a C framework's debugger knows it better. */
+#define SITE_MAX 96
+static char next_site[SITE_MAX];
+
+DPS_EXPORT void dpshim_site(const char *where)
+{
+    snprintf(next_site, sizeof next_site, "%s", where ? where : "");
+}
+
 /* What a collective is, as a number every rank computes alike. */
 static uint64_t describe_call(const char *hook, int collective, int32_t dtype, uint64_t count, uint64_t shape)
 {
@@ -84,6 +95,7 @@ typedef struct call_info {
     uint32_t made; /* 0: no call at this place (this rank made fewer in the step) */
     shape_t shape;
     char hook[DPS_GUARD_HOOK_NAME];
+    char site[SITE_MAX];
 } call_info_t;
 
 /* [guard] desync = step: this step's calls (the first CALL_LOG_MAX of them; the fingerprint
@@ -95,6 +107,7 @@ typedef struct call_rec {
     const char *hook; /* hooks' names outlive the job */
     int32_t coll, dtype;
     shape_t shape;
+    char site[SITE_MAX];
 } call_rec_t;
 static struct {
     call_rec_t *rec;
@@ -102,15 +115,17 @@ static struct {
     uint64_t fingerprint;
 } step_calls;
 
-static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, uint64_t key, const shape_t *sh)
+static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, uint64_t key, const shape_t *sh,
+                     const char *site)
 {
     step_calls.fingerprint = dps_guard_mix(step_calls.fingerprint, key);
     size_t n = step_calls.n;
     if (n == CALL_LOG_MAX ||
         dps_grow((void **)&step_calls.rec, &step_calls.cap, n + 1, sizeof *step_calls.rec) != 0)
         return;
-    step_calls.rec[n] = (call_rec_t){key, step_calls.fingerprint, atomic_load(&dps_guard_pos.seq) + 1, count,
-                                     hook, coll, dtype, *sh};
+    call_rec_t *c = &step_calls.rec[n];
+    *c = (call_rec_t){key, step_calls.fingerprint, atomic_load(&dps_guard_pos.seq) + 1, count, hook, coll, dtype, *sh, ""};
+    snprintf(c->site, sizeof c->site, "%s", site);
     step_calls.n = n + 1;
 }
 
@@ -125,8 +140,9 @@ static void describe_info(const call_info_t *c, char *buf, size_t len)
         if (c->shape.n > 3 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - (size_t)o, ", ...");
     }
     if (o > 0 && (size_t)o < len)
-        snprintf(buf + o, len - (size_t)o, "), collective #%llu after step %llu", (unsigned long long)c->seq,
-                 (unsigned long long)c->step);
+        o += snprintf(buf + o, len - (size_t)o, "), collective #%llu after step %llu", (unsigned long long)c->seq,
+                      (unsigned long long)c->step);
+    if (o > 0 && (size_t)o < len && c->site[0]) snprintf(buf + o, len - (size_t)o, ", from %s", c->site);
 }
 
 /* For each of the n values gathered from the ranks, how many ranks have it; NULL when memory is
@@ -152,7 +168,7 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
         int *votes = keys ? tally(keys, conf->size) : NULL;
         DPS_ERROR("guard: %s; each rank's call:", headline);
         for (int r = 0; r < conf->size; r++) {
-            char d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
+            char d[DPS_GUARD_HOOK_NAME + SITE_MAX + 256], who[DPS_GUARD_HOST + 32];
             if (all[r].made) describe_info(&all[r], d, sizeof d);
             else snprintf(d, sizeof d, "no call here: it made fewer collective calls in the step");
             DPS_ERROR("guard:   %s: %s%s", dps_guard_who(r, who, sizeof who), d,
@@ -171,6 +187,7 @@ static call_info_t info_of(const call_rec_t *c)
     call_info_t i = {.key = c->key, .seq = c->seq, .step = atomic_load(&dps_guard_pos.step), .count = c->count,
                      .coll = c->coll, .dtype = c->dtype, .made = 1, .shape = c->shape};
     snprintf(i.hook, sizeof i.hook, "%s", c->hook);
+    snprintf(i.site, sizeof i.site, "%s", c->site);
     return i;
 }
 
@@ -191,15 +208,17 @@ static void check_call(const call_rec_t *c)
 
 uint64_t dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
-    shape_t sh = next_shape; /* the list's shape goes with its first collective only */
+    shape_t sh = next_shape; /* the list's shape and the site go with its first collective only */
     next_shape = (shape_t){0};
     uint64_t key = describe_call(hook, collective, dtype, count, sh.hash);
     if (dps_guard_conf.desync == DPS_V_guard_desync_full) {
-        call_rec_t c = {key, 0, atomic_load(&dps_guard_pos.seq) + 1, count, hook, collective, dtype, sh};
+        call_rec_t c = {key, 0, atomic_load(&dps_guard_pos.seq) + 1, count, hook, collective, dtype, sh, ""};
+        snprintf(c.site, sizeof c.site, "%s", next_site);
         check_call(&c);
     } else if (dps_guard_conf.desync == DPS_V_guard_desync_step) {
-        log_call(hook, collective, dtype, count, key, &sh);
+        log_call(hook, collective, dtype, count, key, &sh, next_site);
     }
+    next_site[0] = 0;
     return key;
 }
 

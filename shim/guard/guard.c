@@ -80,6 +80,11 @@ void dps_guard_own_end(dps_guard_mark_t prev)
     dps_guard_leave();
 }
 
+void dps_guard_set_desync(int desync)
+{
+    dps_guard_conf.desync = (dps_guard_desync_t)desync;
+}
+
 void dps_guard_set_hosts(const char *table)
 {
     char *copy = malloc((size_t)dps_guard_conf.size * DPS_GUARD_HOST);

@@ -74,6 +74,8 @@ void dps_guard_own_end(dps_guard_mark_t prev);
  * backend opens: the guard's tables and messages name each rank's host. */
 #define DPS_GUARD_HOST 64
 void dps_guard_set_hosts(const char *hosts);
+/* [guard] desync = auto, as the ranks agreed it (step or full) when the backend opened. */
+void dps_guard_set_desync(int desync);
 /* Rank r's host: the gathered name, this process's own for r == rank, else "". */
 const char *dps_guard_host(int r);
 /* "rank 3 (nodeB)", or "rank 3" where the host is unknown, into buf. */

@@ -61,6 +61,23 @@ static void gpu_lines(char *buf, size_t len, size_t *o)
     add(buf, len, o, "gpu path   %s\n", path);
 }
 
+/* A policy value as text ("whole" for section "data", key "eval"), for the Python adapter; NULL
+ * for a key that does not exist. */
+DPS_EXPORT const char *dpshim_policy_value(const char *section, const char *key)
+{
+    for (int i = 0; i < DPS_NKEYS; i++)
+        if (section && key && !strcmp(dps_keys[i].section, section) && !strcmp(dps_keys[i].key, key))
+            return dps_policy_text(&dps_g.policy, (dps_key_id_t)i);
+    return NULL;
+}
+
+/* 1 when gradients announced by dp_grad_ready are reduced in the background ([comm] overlap, as
+ * the ranks agreed it when the backend opened), for the Python adapter. */
+DPS_EXPORT int dpshim_overlap(void)
+{
+    return dps_g.overlap;
+}
+
 DPS_EXPORT int dpshim_describe(char *buf, size_t len)
 {
     size_t o = 0;

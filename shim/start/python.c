@@ -51,5 +51,6 @@ DPS_STARTUP void dps_python_inject(const dps_state_t *s)
     setenv(DPS_ENV_PYTHONPATH, saved, 1);
     setenv("PYTHONPATH", path, 1);
     free(saved), free(path);
+    dps_g.python_adapter = 1;
     DPS_DEBUG("[adapters] python: adapter directory %s put first on PYTHONPATH", dir);
 }

@@ -176,3 +176,86 @@ pytorch_case() {
 @test "a non-contiguous parameter with the drift check at every step: no false alarm" {
     DPSHIM_GUARD_DRIFT_EVERY=1 pytorch_case non_contiguous_parameter
 }
+
+# case_np N SCRIPT [ENV...]: a script of pytorch_cases/ on N ranks, each line tagged [rK].
+case_np() {
+    local n=$1 script=$SRC/tests/integration/pytorch_cases/$2.py
+    shift 2
+    mkdir -p "$BATS_TEST_TMPDIR/np$n"
+    cd "$BATS_TEST_TMPDIR/np$n" && run mpi "$n" env DPSHIM_OUTPUT_STDOUT=prefix DPSHIM_FILES_PER_RANK='*.pt' "$@" \
+        LD_PRELOAD="$SHIM" "$PY" "$script"
+    cd - >/dev/null
+}
+
+# lines_of RANK: that rank's lines, untagged, in order.
+lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
+
+@test "random state: every rank draws what rank 0 draws, whatever the script seeds with (pid, None, torch.seed, constants)" {
+    alone=$(cd "$BATS_TEST_TMPDIR" && "$PY" "$SRC/tests/integration/pytorch_cases/random_state.py")
+    for n in 2 3; do
+        case_np "$n" random_state
+        assert_success
+        for k in $(seq 1 $((n - 1))); do
+            assert_equal "$(lines_of "$k")" "$(lines_of 0)"
+        done
+        # a constant seed is the script's own: the draws after it are those of the run alone
+        assert_equal "$(lines_of 0 | grep '^constant seeds')" "$(grep '^constant seeds' <<<"$alone")"
+        assert_equal "$(lines_of 0 | grep -c .)" 5
+    done
+}
+
+@test "evaluation passes take the whole data set on every rank: each rank prints what the run alone prints" {
+    alone=$(cd "$BATS_TEST_TMPDIR" && "$PY" "$SRC/tests/integration/pytorch_cases/evaluation_passes.py")
+    for n in 2 3; do
+        case_np "$n" evaluation_passes
+        assert_success
+        for k in $(seq 0 $((n - 1))); do
+            # every evaluation line is alone's
+            assert_equal "$(lines_of "$k" | grep -v 'trained on')" "$(grep -v 'trained on' <<<"$alone")"
+        done
+        # training is sharded: the ranks' shares of each epoch's 90 samples add up to 90
+        assert_equal "$(sed -n 's/^\[r[0-9]*\] epoch 0: trained on \([0-9]*\) samples here$/\1/p' <<<"$output" |
+            awk '{ s += $1; k++ } END { print k, s }')" "$n 90"
+        r=$(rel "$BATS_TEST_TMPDIR/m.pt" "$BATS_TEST_TMPDIR/np$n/m.rank0.pt")
+        [ "$r" = bitwise ] || assert_le "$r" 1e-9
+    done
+}
+
+@test "[data] eval = sharded: evaluation passes are sharded as training is" {
+    case_np 2 evaluation_passes DPSHIM_DATA_EVAL=sharded
+    assert_success
+    # 33 validation samples in batches of 8: 4 + 4 + 4 + 4 each, and the last sample on both
+    assert_equal "$(lines_of 0 | grep -c '^validation under no_grad: 17 samples')" 2
+    assert_equal "$(lines_of 1 | grep -c '^the training loader under no_grad: 45 samples')" 2
+}
+
+@test "a branch only one rank takes: the job ends at the first differing call, naming each rank's script line" {
+    SECONDS=0
+    case_np 2 rank_dependent_branch
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+    assert_output --partial "desync: the ranks are about to make different collective calls"
+    assert_output --regexp "rank 1 \([^)]*\): dp_grads \(all-reduce f64 x 1\), collective #[0-9]+ after step 2, from rank_dependent_branch.py:12 in <module>"
+    assert_output --regexp "rank 0 \([^)]*\): dp_metric \(all-reduce f64 x 2\), collective #[0-9]+ after step 3, from rank_dependent_branch.py:9 in <module>"
+}
+
+@test "[comm] overlap = on: gradients reduced in the background during backward, weights bitwise those without" {
+    for ov in off on; do
+        DPSHIM_COMM_OVERLAP=$ov DPSHIM_DIAG_DIR=$BATS_TEST_TMPDIR/diag-$ov DPSHIM_FILES_RANK0_ONLY='*.pt' \
+            run torch_np 2 "$BATS_TEST_TMPDIR" --double --steps 20 --save $ov.pt
+        assert_success
+    done
+    assert_equal "$(rel "$BATS_TEST_TMPDIR/off.pt" "$BATS_TEST_TMPDIR/on.pt")" bitwise
+    assert_equal "$(sed -n 's/^bg_collectives //p' "$BATS_TEST_TMPDIR/diag-off/stats.rank0.txt")" 0
+    [ "$(sed -n 's/^bg_collectives //p' "$BATS_TEST_TMPDIR/diag-on/stats.rank0.txt")" -ge 20 ] || fail "no background reductions"
+}
+
+@test "[comm] overlap = on, a backward that reaches other parameters on one rank: a desync, not wrong weights" {
+    case_np 2 branch_on_one_rank DPSHIM_COMM_OVERLAP=on
+    assert_equal "$status" 75
+    assert_output --partial "desync: the ranks are about to make different collective calls"
+    # without overlap the parameter this rank's backward missed gets zeros: the job runs
+    case_np 2 branch_on_one_rank DPSHIM_COMM_OVERLAP=off
+    assert_success
+    assert_equal "$(lines_of 0)" "$(lines_of 1)"
+}

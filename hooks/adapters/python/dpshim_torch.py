@@ -18,7 +18,15 @@ the guard, diagnostics and policy apply as for a C framework. What it hooks:
   dp_seed); split mode keeps this rank's share of each batch (dp_batch), scale mode 1/N of each
   epoch (dp_epoch);
 - BatchNorm in training mode: batch statistics over all ranks (dp_bn_stats), exactly, also for
-  unequal local batches, in forward and backward.
+  unequal local batches, in forward and backward;
+- random state: when torch is imported, every rank takes rank 0's seeds for torch's global
+  generators, Python's random and NumPy's legacy global generator; later calls of
+  torch.manual_seed, torch.seed, random.seed and numpy.random.seed take rank 0's argument;
+- evaluation: a loader iterated under torch.no_grad()/inference_mode, or with every model that
+  ran in eval mode, gives every rank the whole data set ([data] eval = whole);
+- losses: a loss function's training loss is the global batch's value as soon as it returns, so
+  a script's own stop criteria and prints agree across ranks (its gradient is this rank's).
+Each collective names the script line it comes from for the guard's desync reports.
 """
 
 import collections
@@ -27,6 +35,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import os
+import struct
 import sys
 import threading
 
@@ -40,9 +49,8 @@ class _Tensor(ctypes.Structure):
                 ("device", ctypes.c_int32), ("name", ctypes.c_char_p)]
 
 
-def _library():
-    here = os.path.dirname(os.path.abspath(__file__))
-    return ctypes.CDLL(os.path.join(os.path.dirname(here), "libdpshim.so"))
+def _library_handle():
+    return ctypes.CDLL(os.path.join(os.path.dirname(_HERE), "libdpshim.so"))
 
 
 def _is_rank_process():
@@ -61,6 +69,7 @@ class _Shim:
                 ("dp_batch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dp_epoch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dp_grads", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
+                ("dp_grad_ready", ctypes.c_int, [ctypes.POINTER(_Tensor)]),
                 ("dp_bn_stats", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.POINTER(_Tensor),
                                                ctypes.POINTER(ctypes.c_uint64)]),
                 ("dp_metric", ctypes.c_int, [ctypes.POINTER(ctypes.c_double), ctypes.c_size_t, ctypes.c_int]),
@@ -68,10 +77,42 @@ class _Shim:
                 ("dp_set_stream", ctypes.c_int, [ctypes.c_int32, ctypes.c_void_p])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
-            setattr(self, name, f)
+            setattr(self, name, _sited(f) if name in _COLLECTIVES else f)
+        lib.dpshim_policy_value.restype = ctypes.c_char_p
+        lib.dpshim_policy_value.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        self.eval_whole = lib.dpshim_policy_value(b"data", b"eval") == b"whole"
+        self.split = lib.dpshim_policy_value(b"data", b"mode") == b"split"
+        lib.dpshim_overlap.restype, lib.dpshim_overlap.argtypes = ctypes.c_int, []
+        self.overlap = lib.dpshim_overlap  # the job's decision, known once the backend is open
         self.size = self.dp_world_size()
         self.rank = self.dp_rank()
         self.steps = 0
+
+
+_COLLECTIVES = ("dp_params", "dp_seed", "dp_grads", "dp_grad_ready", "dp_bn_stats", "dp_metric", "dp_step_end")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_DIRS = ()  # torch's package and Python's standard library: no script lines there
+
+
+def _script_line():
+    """file:line of the innermost frame that is the script's own, for the guard's reports."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
+            return ("%s:%d in %s" % (os.path.basename(name), f.f_lineno, f.f_code.co_name)).encode()
+        f = f.f_back
+    return b""
+
+
+def _sited(hook):
+    site = _library_handle().dpshim_site
+    site.restype, site.argtypes = None, [ctypes.c_char_p]
+
+    def call(*args):
+        site(_script_line())
+        return hook(*args)
+    return call
 
 
 _shim = None
@@ -269,10 +310,60 @@ def _after_backward(loss):
     # the loss value too, so that what the script does with it (a line search, a plateau
     # scheduler, a print) sees the global batch's loss, as alone
     import torch
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
+    if (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
+            and not getattr(loss, "_dpshim_global", False)):
         v = loss.detach().double().reshape(1).clone()
         _check(_shim.dp_grads(_tensors([v]), 1), "dp_grads")
         loss.data.copy_(v.reshape(loss.shape))
+
+
+# --- overlap ([comm] overlap on): gradients announced while backward goes on ---
+#
+# As DDP does: a hook on each parameter's gradient accumulator tells when its gradient is final.
+# Gradients are announced (dp_grad_ready) in one order on every rank, the parameters' reversed
+# (roughly the order backward produces them): each as soon as it and all before it are final,
+# so the engine's buckets fill alike everywhere and go to its progress thread while backward
+# computes the next ones. What was not announced (a parameter this backward did not reach, and
+# everything after it in the order) goes through dp_grads at the end. Every rank's backward must
+# then reach the same parameters, as with DDP; a rank that differs is reported as a desync.
+
+class _Announcing:
+    def __init__(self, params):
+        self.order = [p for p in reversed(params) if p.requires_grad]
+        self.final = set()
+        self.next = 0
+
+    def final_now(self, p):
+        self.final.add(id(p))
+        while self.next < len(self.order) and id(self.order[self.next]) in self.final:
+            g = self.order[self.next].grad
+            if g is None or g.is_sparse or not g.is_contiguous() or g.dtype not in _DTYPES:
+                self.next = len(self.order)  # alike on every rank: the rest goes through dp_grads
+                return
+            self.next += 1
+            _check(_shim.dp_grad_ready(_tensors([g])), "dp_grad_ready")
+
+
+_announcing = None  # during a backward with overlap on
+_accumulators = {}  # id(parameter) -> (a weak reference to it, its gradient accumulator, kept alive)
+
+
+def _watch_accumulators(params):
+    import weakref
+    for p in params:
+        entry = _accumulators.get(id(p))
+        if (entry is not None and entry[0]() is p) or not p.requires_grad:
+            continue
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        ref = weakref.ref(p)
+
+        def final(*_, ref=ref):
+            q = ref()
+            if _announcing is not None and q is not None:
+                _announcing.final_now(q)
+
+        acc.register_hook(final)
+        _accumulators[id(p)] = (ref, acc)
 
 
 def _before_step(optimizer):
@@ -328,7 +419,15 @@ def _hook_optimizers(torch):
 
     @functools.wraps(backward)
     def reducing_backward(*args, **kwargs):
-        result = backward(*args, **kwargs)
+        global _announcing
+        if os.getpid() == _rank_pid and _announcing is None and _shim.overlap():
+            params = _trained_parameters()
+            _watch_accumulators(params)
+            _announcing = _Announcing(params)
+        try:
+            result = backward(*args, **kwargs)
+        finally:
+            _announcing = None
         _after_backward(args[0] if args else kwargs.get("tensors"))
         return result
 
@@ -377,8 +476,10 @@ def _hook_samplers(torch):
 
     sampler.RandomSampler.__iter__ = agreed_random_iter
 
-    def shard(self):
+    def shard(self, whole):
         idx = list(iter(self.sampler))
+        if whole:
+            return idx
         arr = _index_array(idx)
         keep = _shim.dp_epoch(arr, len(idx))  # scale mode: 1/N of the epoch; split mode: all
         return [arr[i] for i in range(keep)] if keep != len(idx) else idx
@@ -397,15 +498,20 @@ def _hook_samplers(torch):
         if not sized(self.sampler):
             yield from batch_iter(self)
             return
-        idx = shard(self)
+        whole = self.__dict__["_dpshim_whole"] = _whole_data()
+        idx = shard(self, whole)
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
         for start in range(0, len(idx), self.batch_size):
             batch = idx[start:start + self.batch_size]
             if len(batch) < self.batch_size and self.drop_last:
                 break
+            if whole:  # evaluation: every rank the whole batch, weighted 1/N
+                pending.append((len(batch), _shim.size))
+                yield batch
+                continue
             arr = _index_array(batch)
             keep = _shim.dp_batch(arr, len(batch))  # split mode: this rank's share
-            if len(batch) < _shim.size and keep != len(batch):
+            if len(batch) < _shim.size and _shim.split:
                 # fewer samples than ranks: every rank takes them all, weighted 1/N (no rank
                 # may get an empty batch, which collate cannot build)
                 pending.append((len(batch), _shim.size))
@@ -418,7 +524,8 @@ def _hook_samplers(torch):
         if not sized(self.sampler):
             return batch_len(self)
         n = len(self.sampler)
-        if n:
+        whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
+        if n and not (_shim.eval_whole and _evaluating() if whole is None else whole):
             n = _shim.dp_epoch(_index_array(range(n)), n)
         return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
 
@@ -440,6 +547,77 @@ def _hook_samplers(torch):
         return data
 
     base_iter.__next__ = delivered
+
+
+def _evaluating():
+    """No backward can follow: gradients are off, or every model that ran is in eval mode."""
+    import torch
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        return True
+    models = [m for m in (r() for r in _forwarded) if m is not None]
+    return bool(models) and not any(m.training for m in models)
+
+
+def _whole_data():
+    """Whether a pass over a loader that starts now takes the whole data set on every rank:
+    an evaluation with [data] eval = whole, as rank 0 sees it (the number of batches each rank
+    takes shapes the collectives that follow)."""
+    if not _shim.eval_whole:
+        return False
+    flag = ctypes.c_uint64(_evaluating())
+    _check(_shim.dp_seed(ctypes.byref(flag)), "dp_seed")
+    return bool(flag.value)
+
+
+# --- losses: the global batch's value as soon as the loss function returns ---
+
+_LOSSES = ("l1_loss", "mse_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "smooth_l1_loss", "huber_loss", "kl_div",
+           "poisson_nll_loss", "gaussian_nll_loss", "cosine_embedding_loss", "margin_ranking_loss",
+           "hinge_embedding_loss", "multi_margin_loss", "multilabel_margin_loss",
+           "multilabel_soft_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+           "triplet_margin_with_distance_loss", "ctc_loss")
+
+
+def _hook_losses(torch):
+    class GlobalValue(torch.autograd.Function):
+        """The global value forward, this rank's loss's gradient backward."""
+
+        @staticmethod
+        def forward(ctx, loss, value):
+            return value.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+
+    functional = torch.nn.functional
+
+    def global_loss(loss_fn):
+        @functools.wraps(loss_fn)
+        def wrapped(*args, **kwargs):
+            depth = getattr(_state, "in_loss", 0)
+            _state.in_loss = depth + 1
+            try:
+                loss = loss_fn(*args, **kwargs)
+            finally:
+                _state.in_loss = depth
+            # a training loss of a sharded batch (taken whole, its value is already everyone's)
+            if (depth or os.getpid() != _rank_pid or not isinstance(loss, torch.Tensor) or not loss.requires_grad
+                    or loss.numel() != 1 or not loss.is_floating_point() or getattr(_state, "replicas", 1) != 1
+                    or _evaluating()):
+                return loss
+            v = loss.detach().double().reshape(1).clone()
+            _check(_shim.dp_grads(_tensors([v]), 1), "dp_grads")
+            out = GlobalValue.apply(loss, v.to(loss.dtype).reshape(loss.shape))
+            out._dpshim_global = True  # the backward that follows does not average it again
+            return out
+        return wrapped
+
+    for name in _LOSSES:
+        fn = getattr(functional, name, None)
+        if fn is not None:
+            setattr(functional, name, global_loss(fn))
 
 
 # --- BatchNorm: statistics of the global batch ---
@@ -504,15 +682,187 @@ def _hook_batchnorm(torch):
     norm.forward = synced_forward
 
 
+# --- random state: rank 0's everywhere ---
+#
+# At torch's import every rank takes rank 0's seeds (one agreed 64-bit value, from which torch's,
+# Python's and NumPy's seeds derive); a seeding call of the script takes rank 0's argument, so a
+# seed taken from the time or the pid is the same on every rank, and rank 0 seeds as alone.
+
+_MASK64 = (1 << 64) - 1
+_job_seed = None  # the agreed value, once torch is imported
+_early_seeds = {}  # "random"/"numpy" -> the argument of a seeding call made before torch's import
+
+
+def _agreeing():
+    return _job_seed is not None and os.getpid() == _rank_pid
+
+
+def _agree_bytes(data):
+    """Rank 0's bytes on every rank, 8 at a time through dp_seed (a broadcast from rank 0)."""
+    n = ctypes.c_uint64(len(data))
+    _check(_shim.dp_seed(ctypes.byref(n)), "dp_seed")
+    out = bytearray()
+    for off in range(0, n.value, 8):
+        v = ctypes.c_uint64(int.from_bytes(data[off:off + 8].ljust(8, b"\0"), "little"))
+        _check(_shim.dp_seed(ctypes.byref(v)), "dp_seed")
+        out += v.value.to_bytes(8, "little")
+    return bytes(out[:n.value])
+
+
+def _encode_seed(a):
+    """A seeding call's argument as bytes; None stands for rank 0's own fresh entropy."""
+    if a is None:
+        return b"n" + os.urandom(8)
+    if isinstance(a, int):
+        return b"i" + a.to_bytes(a.bit_length() // 8 + 1, "little", signed=True)
+    if isinstance(a, float):
+        return b"f" + struct.pack("<d", a)
+    if isinstance(a, str):
+        return b"s" + a.encode("utf-8", "surrogatepass")
+    if isinstance(a, (bytes, bytearray)):
+        return b"b" + bytes(a)
+    return b"x"  # another kind (a NumPy array): each rank keeps its own
+
+
+def _decode_seed(b, own):
+    tag, body = b[:1], b[1:]
+    if tag == b"n":
+        return int.from_bytes(body, "little")
+    if tag == b"i":
+        return int.from_bytes(body, "little", signed=True)
+    if tag == b"f":
+        return struct.unpack("<d", body)[0]
+    if tag == b"s":
+        return body.decode("utf-8", "surrogatepass")
+    if tag == b"b":
+        return body
+    return own
+
+
+def _agreed_seed_call(what, seed_fn, arg_of=lambda a: a):
+    """seed_fn wrapped so that every rank seeds with rank 0's argument."""
+    @functools.wraps(seed_fn)
+    def seed(*args, **kwargs):
+        a = args[0] if args else kwargs.pop("a", kwargs.pop("seed", None))
+        if not _agreeing() or (a is None and what == "torch"):  # torch.manual_seed(None) fails alone
+            if _job_seed is None and os.getpid() == _rank_pid:
+                _early_seeds[what] = a
+            return seed_fn(a, *args[1:], **kwargs)
+        return seed_fn(arg_of(_decode_seed(_agree_bytes(_encode_seed(a)), a)), *args[1:], **kwargs)
+    seed._dpshim = True
+    return seed
+
+
+def _numpy_seed(v):
+    return v & 0xFFFFFFFF if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def _seed_numpy(np_random, derived):
+    np_random.seed(derived & 0xFFFFFFFF)
+
+
+def _wrap_random(module):
+    if not getattr(module.seed, "_dpshim", False):
+        module.seed = _agreed_seed_call("random", module.seed)
+
+
+def _wrap_numpy(module):
+    r = getattr(module, "random", None)
+    if r is None or getattr(r.seed, "_dpshim", False):
+        return
+    if _agreeing():  # NumPy imported after torch: the job's seed now
+        r.seed(_derive(_job_seed, 2) & 0xFFFFFFFF)
+    r.seed = _agreed_seed_call("numpy", r.seed, _numpy_seed)
+
+
+def _derive(seed, k):
+    return (seed * 0x9E3779B97F4A7C15 + k * 0xBF58476D1CE4E5B9) & _MASK64
+
+
+def _agree_random_state(torch):
+    """At torch's import: rank 0's job seed, and rank 0's earlier seeding calls, everywhere."""
+    global _job_seed
+    early = b"".join(struct.pack("<I", len(e)) + e for e in (
+        _encode_seed(_early_seeds[k]) if k in _early_seeds else b"u" for k in ("random", "numpy")))
+    agreed = _agree_bytes(os.urandom(8) + early)
+    _job_seed = int.from_bytes(agreed[:8], "little")
+    torch.manual_seed(_job_seed)  # the original: the wrapper is installed below
+    off, rank0 = 8, []
+    for _ in range(2):
+        n = struct.unpack("<I", agreed[off:off + 4])[0]
+        rank0.append(agreed[off + 4:off + 4 + n])
+        off += 4 + n
+    random = sys.modules.get("random")
+    np_random = getattr(sys.modules.get("numpy"), "random", None)
+    for k, module, arg_of, derived in (("random", random, lambda v: v, _derive(_job_seed, 1)),
+                                       ("numpy", np_random, _numpy_seed, _derive(_job_seed, 2) & 0xFFFFFFFF)):
+        if module is None:
+            continue
+        seed = getattr(module.seed, "__wrapped__", module.seed)
+        if rank0[k == "numpy"] == b"u":
+            seed(derived)
+        elif k not in _early_seeds or _encode_seed(_early_seeds[k]) != rank0[k == "numpy"] or rank0[k == "numpy"][:1] == b"n":
+            # this rank seeded otherwise (a time or a pid): rank 0's argument, as rank 0 gave it
+            seed(arg_of(_decode_seed(rank0[k == "numpy"], _early_seeds.get(k))))
+    manual_seed = torch.random.manual_seed
+
+    def seed_now():
+        v = _decode_seed(_agree_bytes(_encode_seed(None)), None) if _agreeing() else None
+        if v is None:
+            return torch_seed()
+        manual_seed(v)
+        return v
+
+    torch_seed = torch.random.seed
+    agreed_manual_seed = _agreed_seed_call("torch", manual_seed)
+    torch.manual_seed = torch.random.manual_seed = agreed_manual_seed
+    seed_now = functools.wraps(torch_seed)(seed_now)
+    torch.seed = torch.random.seed = seed_now
+
+
+def _on_import(name, after):
+    """after(module) once the module `name` has been imported (now, if it already has been)."""
+    if name in sys.modules:
+        after(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _ModuleWatcher(name, after))
+
+
+class _ModuleWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; when the module's own loader has run, calls after(module)."""
+
+    def __init__(self, name, after):
+        self.name, self.after, self.done = name, after, False
+
+    def find_spec(self, name, path, target=None):
+        if name != self.name or self.done:
+            return None
+        self.done = True
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module, after = spec.loader.exec_module, self.after
+
+        def exec_then_after(module):
+            exec_module(module)
+            after(module)
+
+        spec.loader.exec_module = exec_then_after
+        return spec
+
+
 # --- installation, when the script imports torch ---
 
 def _install(torch):
     global _shim, _synced
     if _shim is not None:
         return
-    _shim = _Shim(_library())
+    _shim = _Shim(_library_handle())
     if _shim.size < 2:
         return  # world size 1: the script runs exactly as it would alone
+    global _LIBRARY_DIRS
+    _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, os)) + (_HERE + os.sep,)
+    _agree_random_state(torch)
     import weakref
     _DTYPES.update({torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,
                     torch.int32: 4, torch.int64: 5, torch.uint8: 6})
@@ -531,27 +881,11 @@ def _install(torch):
     _hook_optimizers(torch)
     _hook_samplers(torch)
     _hook_batchnorm(torch)
-
-
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; when torch's own loader has run, installs the adapter."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_then_install(module):
-            exec_module(module)
-            _install(module)
-
-        spec.loader.exec_module = exec_then_install
-        return spec
+    _hook_losses(torch)
 
 
 def install_import_hook():
-    if _is_rank_process() and "torch" not in sys.modules:
-        sys.meta_path.insert(0, _TorchWatcher())
+    if _is_rank_process() and "torch" not in sys.modules and _library_handle().dp_world_size() > 1:
+        _on_import("random", _wrap_random)  # seeding calls before torch's import are recorded
+        _on_import("numpy", _wrap_numpy)
+        _on_import("torch", _install)
