@@ -211,6 +211,66 @@ bench_scale() {
         printf "  np=2 vs np=1: %.2fx (overlap off), %.2fx (on); overlap on vs off: %.3fx\n", a / b, a / c, b / c }'
 }
 
+# ddp_run MODEL KIND BATCH STEPS: global samples/s of one np=2 run of tests/bench/: KIND scale or
+# split runs the plain script under dpshim in that mode (BATCH: the script's batch), ddp runs
+# torch_ddp.py (BATCH per rank). Debian's interpreter: python3-torch is installed for it, and a
+# python3 first on PATH (a virtual environment) may lack torch.
+ddp_run() {
+    local model=$1 kind=$2 batch=$3 steps=$4 global out port
+    local args=(--model "$model" --steps "$steps" --warmup 3 --batch-size "$batch")
+    if [ "$kind" = ddp ]; then
+        port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+            /usr/bin/python3 tests/bench/torch_ddp.py "${args[@]}" 2>/dev/null) || true
+        global=$((2 * batch))
+    else
+        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE="$kind" DPSHIM_OUTPUT_STDOUT=rank0 \
+            LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py "${args[@]}" 2>/dev/null) || true
+        global=$([ "$kind" = scale ] && echo $((2 * batch)) || echo "$batch")
+    fi
+    sed -n 's/^steps_per_s //p' <<<"$out" | awk -v b="$global" '{ print $1 * b }'
+}
+
+# The plain script under dpshim against the same model converted to DDP, at np=2 with the same
+# global batch: scale mode against DDP at the script's batch per rank, split mode against DDP at
+# half of it. DDP's BatchNorm keeps per-rank statistics (SyncBatchNorm needs CUDA in PyTorch
+# 1.13); dpshim's are the global batch's.
+bench_ddp() {
+    local rounds=5 row
+    echo "PyTorch: the plain script under dpshim vs DistributedDataParallel (gloo), np=2, one thread per rank,"
+    echo "global samples/s, median of $rounds alternating rounds, and the median and range of the rounds' ratios:"
+    for row in "cnn|64|20|small CNN with BatchNorm, 0.3M parameters, SGD with momentum" \
+               "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam"; do
+        local model batch steps label kind v
+        IFS='|' read -r model batch steps label <<<"$row"
+        local -A got=()
+        for _ in $(seq "$rounds"); do
+            for kind in scale ddp-scale split ddp-split; do
+                case $kind in
+                ddp-scale) v=$(ddp_run "$model" ddp "$batch" "$steps") ;;
+                ddp-split) v=$(ddp_run "$model" ddp $((batch / 2)) "$steps") ;;
+                *) v=$(ddp_run "$model" "$kind" "$batch" "$steps") ;;
+                esac
+                [ -n "$v" ] || { echo "bench_ddp: $model $kind printed no steps_per_s" >&2; return 1; }
+                got[$kind]+="$v "
+            done
+        done
+        echo "  $model ($label), script batch $batch, $steps steps timed:"
+        for kind in scale split; do
+            local shim ddp ratios
+            shim=$(xargs -n1 <<<"${got[$kind]}" | median)
+            ddp=$(xargs -n1 <<<"${got[ddp-$kind]}" | median)
+            ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[ddp-$kind]}") |
+                awk '{ print $1 / $2 }' | sort -g)
+            awk -v k="$kind" -v b="$batch" -v s="$shim" -v d="$ddp" -v m="$(median <<<"$ratios")" \
+                -v lo="$(head -1 <<<"$ratios")" -v hi="$(tail -1 <<<"$ratios")" 'BEGIN {
+                what = (k == "scale") ? sprintf("scale (%d per rank, global %d; DDP %d per rank)", b, 2 * b, b) \
+                                      : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
+                printf "    %-51s dpshim %7.0f  DDP %7.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", what, s, d, m, lo, hi }'
+        done
+    done
+}
+
 # What gpu-check runs, built here with nvcc for Hopper and Ampere, and the shared libraries a
 # GPU machine may lack beside them (build-gpu/carry-lib, used there only for what it lacks).
 gpu_pack() {
@@ -245,7 +305,7 @@ demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh ;;
 gpu-pack) gpu_pack "${2:-}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard && bench_ddp ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -3,8 +3,8 @@
 # BatchNorm, Linear, Adadelta + StepLR, a shuffling DataLoader over torchvision's FashionMNIST,
 # torch.save) under the shim, against the same script run alone.
 load helpers
+load torch_helpers
 
-PY=/usr/bin/python3 # Debian's interpreter, the one python3-torch belongs to
 SCRIPT=$SRC/examples/pytorch/train_fmnist.py
 
 setup_file() {
@@ -22,19 +22,6 @@ torch_np() {
     shift 2
     mkdir -p "$dir"
     (cd "$dir" && mpi "$n" env LD_PRELOAD="$SHIM" "$PY" "$SCRIPT" --data "$DATA" --no-eval "$@")
-}
-
-# rel A B: max over tensors of max|a-b| / max|a|; "bitwise" when all are equal.
-rel() {
-    "$PY" - "$1" "$2" <<'PYEOF'
-import sys, torch
-a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
-assert a.keys() == b.keys()
-worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-30)).item()
-            for k in a if a[k].dtype.is_floating_point)
-same = all(torch.equal(a[k], b[k]) for k in a)
-print("bitwise" if same else "%.3e" % worst)
-PYEOF
 }
 
 # equal_alone N ARGS...: rank 0's weights after the run on N ranks vs the run alone, within 1e-9.
@@ -144,7 +131,8 @@ print("PYTHONPATH=%s torch=%s adapter-on-path=%s." % (os.environ.get("PYTHONPATH
 }
 
 # tests/integration/pytorch_cases/*.py: small float64 scripts of what user scripts do (synthetic
-# data), each saving m.pt. Alone vs. np=2 and np=3: rank 0 within 1e-9, all ranks bitwise equal.
+# data). pytorch_case: the ones that save m.pt, alone vs. np=2 and np=3: rank 0 within 1e-9, all
+# ranks bitwise equal. The others are run by tests of their own further down.
 pytorch_case() {
     local script=$SRC/tests/integration/pytorch_cases/$1.py dir=$BATS_TEST_TMPDIR
     mkdir -p "$dir/alone"
@@ -200,7 +188,7 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
         done
         # a constant seed is the script's own: the draws after it are those of the run alone
         assert_equal "$(lines_of 0 | grep '^constant seeds')" "$(grep '^constant seeds' <<<"$alone")"
-        assert_equal "$(lines_of 0 | grep -c .)" 5
+        assert_equal "$(lines_of 0 | grep -c .)" 6
     done
 }
 
@@ -213,9 +201,12 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
             # every evaluation line is alone's
             assert_equal "$(lines_of "$k" | grep -v 'trained on')" "$(grep -v 'trained on' <<<"$alone")"
         done
-        # training is sharded: the ranks' shares of each epoch's 90 samples add up to 90
-        assert_equal "$(sed -n 's/^\[r[0-9]*\] epoch 0: trained on \([0-9]*\) samples here$/\1/p' <<<"$output" |
-            awk '{ s += $1; k++ } END { print k, s }')" "$n 90"
+        # training is sharded: the ranks' shares of each epoch's 90 samples add up to 90; so is
+        # fine-tuning in eval mode once a pass over its loader ran backward
+        for e in "epoch 0" "fine-tuning epoch 1"; do
+            assert_equal "$(sed -n "s/^\[r[0-9]*\] $e: trained on \([0-9]*\) samples here$/\1/p" <<<"$output" |
+                awk '{ s += $1; k++ } END { print k, s }')" "$n 90"
+        done
         r=$(rel "$BATS_TEST_TMPDIR/m.pt" "$BATS_TEST_TMPDIR/np$n/m.rank0.pt")
         [ "$r" = bitwise ] || assert_le "$r" 1e-9
     done

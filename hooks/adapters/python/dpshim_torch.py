@@ -1,7 +1,7 @@
 """dpshim's PyTorch adapter: makes an unmodified PyTorch script data-parallel.
 
-Loaded by dpshim's sitecustomize into a Python rank process; it does nothing until the script
-imports torch, and nothing at all at world size 1. All collectives are the shim's hook ABI
+Loaded by dpshim's sitecustomize into a Python rank process; at world size 1 it does nothing at
+all, else it agrees the random state at once and the rest when the script imports torch. All collectives are the shim's hook ABI
 (hooks/include/dpshim/hooks.h), called through ctypes on the already loaded libdpshim.so, so
 the guard, diagnostics and policy apply as for a C framework. What it hooks:
 
@@ -19,9 +19,10 @@ the guard, diagnostics and policy apply as for a C framework. What it hooks:
   epoch (dp_epoch);
 - BatchNorm in training mode: batch statistics over all ranks (dp_bn_stats), exactly, also for
   unequal local batches, in forward and backward;
-- random state: when torch is imported, every rank takes rank 0's seeds for torch's global
-  generators, Python's random and NumPy's legacy global generator; later calls of
-  torch.manual_seed, torch.seed, random.seed and numpy.random.seed take rank 0's argument;
+- random state: at interpreter start every rank takes rank 0's seeds for Python's random,
+  NumPy's legacy global generator and torch's global generators (the latter two when imported);
+  calls of torch.manual_seed, torch.seed, random.seed and numpy.random.seed take rank 0's
+  argument;
 - evaluation: a loader iterated under torch.no_grad()/inference_mode, or with every model that
   ran in eval mode, gives every rank the whole data set ([data] eval = whole);
 - losses: a loss function's training loss is the global batch's value as soon as it returns, so
@@ -82,6 +83,7 @@ class _Shim:
         lib.dpshim_policy_value.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         self.eval_whole = lib.dpshim_policy_value(b"data", b"eval") == b"whole"
         self.split = lib.dpshim_policy_value(b"data", b"mode") == b"split"
+        self.bn_sync = lib.dpshim_policy_value(b"bn", b"sync") == b"on"
         lib.dpshim_overlap.restype, lib.dpshim_overlap.argtypes = ctypes.c_int, []
         self.overlap = lib.dpshim_overlap  # the job's decision, known once the backend is open
         self.size = self.dp_world_size()
@@ -91,7 +93,8 @@ class _Shim:
 
 _COLLECTIVES = ("dp_params", "dp_seed", "dp_grads", "dp_grad_ready", "dp_bn_stats", "dp_metric", "dp_step_end")
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_LIBRARY_DIRS = ()  # torch's package and Python's standard library: no script lines there
+# Python's standard library, the adapter, and torch's package once imported: no script lines there
+_LIBRARY_DIRS = (os.path.dirname(os.__file__) + os.sep, _HERE + os.sep)
 
 
 def _script_line():
@@ -302,8 +305,10 @@ def _trained_parameters():
 
 
 def _after_backward(loss):
+    global _backwards
     if os.getpid() != _rank_pid:
         return
+    _backwards += 1
     params = _trained_parameters()
     _reduce_gradients(params)
     _reduced.update(id(p) for p in params)
@@ -498,9 +503,10 @@ def _hook_samplers(torch):
         if not sized(self.sampler):
             yield from batch_iter(self)
             return
-        whole = self.__dict__["_dpshim_whole"] = _whole_data()
+        whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
         idx = shard(self, whole)
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
+        self.__dict__["_dpshim_backwards"] = _backwards
         for start in range(0, len(idx), self.batch_size):
             batch = idx[start:start + self.batch_size]
             if len(batch) < self.batch_size and self.drop_last:
@@ -525,7 +531,8 @@ def _hook_samplers(torch):
             return batch_len(self)
         n = len(self.sampler)
         whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
-        if n and not (_shim.eval_whole and _evaluating() if whole is None else whole):
+        if n and not (_shim.eval_whole and _evaluating(self.__dict__.get("_dpshim_trained_on", False))
+                      if whole is None else whole):
             n = _shim.dp_epoch(_index_array(range(n)), n)
         return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
 
@@ -538,7 +545,14 @@ def _hook_samplers(torch):
     next_batch = base_iter.__next__
 
     def delivered(self):
-        data = next_batch(self)
+        try:
+            data = next_batch(self)
+        except StopIteration:  # the loop's pass is over
+            batches = self._index_sampler
+            if _backwards != getattr(batches, "_dpshim_backwards", _backwards):
+                batches.__dict__["_dpshim_trained_on"] = True
+            _state.replicas = 1  # batches made by hand after it are the script's own
+            raise
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
         if pending:
             n, replicas = pending.popleft()
@@ -549,22 +563,27 @@ def _hook_samplers(torch):
     base_iter.__next__ = delivered
 
 
-def _evaluating():
-    """No backward can follow: gradients are off, or every model that ran is in eval mode."""
+def _evaluating(trained_on=False):
+    """No backward can follow: gradients are off, or every model that ran is in eval mode and
+    the loader was not trained on in an earlier pass (fine-tuning with frozen BatchNorm and
+    Dropout keeps the model in eval mode)."""
     import torch
     if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return True
     models = [m for m in (r() for r in _forwarded) if m is not None]
-    return bool(models) and not any(m.training for m in models)
+    return bool(models) and not any(m.training for m in models) and not trained_on
 
 
-def _whole_data():
+_backwards = 0  # backward passes so far: a pass over a loader that saw some was trained on
+
+
+def _whole_data(batch_sampler):
     """Whether a pass over a loader that starts now takes the whole data set on every rank:
     an evaluation with [data] eval = whole, as rank 0 sees it (the number of batches each rank
     takes shapes the collectives that follow)."""
     if not _shim.eval_whole:
         return False
-    flag = ctypes.c_uint64(_evaluating())
+    flag = ctypes.c_uint64(_evaluating(batch_sampler.__dict__.get("_dpshim_trained_on", False)))
     _check(_shim.dp_seed(ctypes.byref(flag)), "dp_seed")
     return bool(flag.value)
 
@@ -631,25 +650,55 @@ def _bn_sums(a, b, n):
 
 
 def _hook_batchnorm(torch):
-    class SumOverRanks(torch.autograd.Function):
-        """Per-channel sums over all ranks (and the total sample count), and their gradients the
-        same way. Local gradients are of this rank's loss over its n samples; scaled by n they are
-        per-sample and add up across ranks with unequal n, and dividing by n again returns to this
-        rank's convention (as examples/nn/dpnn.c does)."""
+    shape_of = lambda x: [1, x.shape[1]] + [1] * (x.dim() - 2)  # noqa: E731 (a channel's broadcast)
+
+    class SyncedBatchNorm(torch.autograd.Function):
+        """BatchNorm over the global batch on PyTorch's own kernels: per-channel sums of x and x*x
+        accumulated in float64 and summed over ranks (dp_bn_stats, with the sample count),
+        normalization by the native kernel with the global statistics; backward by the native
+        kernel for the direct term and the affine gradients, plus the statistics' terms from
+        per-channel sums over ranks, in one pass. Local gradients are of this rank's loss over its n samples: scaled by n they are
+        per-sample and add up across ranks with unequal n, and dividing by n again returns to
+        this rank's convention (as examples/nn/dpnn.c does)."""
 
         @staticmethod
-        def forward(ctx, s, ss, n):
-            s, ss = s.clone(), ss.clone()
-            ctx.n = n
-            total = torch.tensor(float(_bn_sums(s, ss, n)), dtype=torch.float64)
-            ctx.mark_non_differentiable(total)
-            return s, ss, total
+        def forward(ctx, x, weight, bias, eps):
+            dims = [0] + list(range(2, x.dim()))
+            n = x.numel() // x.shape[1] if x.shape[1] else 0
+            s = x.sum(dims, dtype=torch.float64).contiguous()
+            ss = (x * x).sum(dims, dtype=torch.float64).contiguous()
+            total = _bn_sums(s, ss, n)
+            mean = s / total if total else s
+            var = (ss / total - mean * mean).clamp(min=0) if total else ss
+            m, v = mean.to(x.dtype), var.to(x.dtype)
+            y = torch.batch_norm(x, weight, bias, m, v, False, 0.0, eps, False)
+            ctx.save_for_backward(x, weight, m, v)
+            ctx.eps, ctx.n, ctx.total, ctx.dims = eps, n, total, dims
+            ctx.mark_non_differentiable(mean, var)
+            return y, mean, var, torch.tensor(float(total), dtype=torch.float64)
 
         @staticmethod
-        def backward(ctx, gs, gss, gtotal):
-            gs, gss = (gs * ctx.n).contiguous(), (gss * ctx.n).contiguous()
-            _bn_sums(gs, gss, ctx.n)
-            return (gs / ctx.n, gss / ctx.n, None) if ctx.n else (gs * 0, gss * 0, None)
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, dy, _mean, _var, _total):
+            x, weight, m, v = ctx.saved_tensors
+            dy = dy.contiguous()
+            gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+                dy, x, weight, m, v, None, None, False, ctx.eps, [True, True, True])
+            # gb = sum(dy), gw = sum(dy * xhat) = invstd * sum(dy * (x - mean)), per channel
+            invstd = torch.rsqrt(v.double() + ctx.eps)
+            n, total, shape = ctx.n, ctx.total, shape_of(x)
+            a = (gb.double() * n).contiguous()
+            b = (gw.double() / invstd * n).contiguous()
+            _bn_sums(a, b, n)
+            if not n or not total:
+                return gx, (gw if weight is not None else None), (gb if weight is not None else None), None
+            gamma = weight.double() if weight is not None else torch.ones_like(invstd)
+            k = gamma * invstd / (n * total)  # a and b back to this rank's convention, over the total
+            # gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
+            slope = -k * invstd * invstd * b
+            offset = -k * a - slope * m.double()
+            gx.addcmul_(x, slope.to(x.dtype).view(shape)).add_(offset.to(x.dtype).view(shape))
+            return gx, (gw if weight is not None else None), (gb if weight is not None else None), None
 
     norm = torch.nn.modules.batchnorm._BatchNorm
     forward = norm.forward
@@ -659,16 +708,8 @@ def _hook_batchnorm(torch):
         if not self.training and not (self.running_mean is None and self.running_var is None):
             return forward(self, x)
         self._check_input_dim(x)
-        dims = [0] + list(range(2, x.dim()))
-        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-        n = x.numel() // x.shape[1] if x.shape[1] else 0
-        xd = x.double()
-        s, ss, total = SumOverRanks.apply(xd.sum(dims), (xd * xd).sum(dims), n)
-        mean = s / total
-        var = (ss / total - mean * mean).clamp(min=0)
-        y = ((xd - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)).to(x.dtype)
-        if self.affine:
-            y = y * self.weight.view(shape) + self.bias.view(shape)
+        y, mean, var, total = SyncedBatchNorm.apply(x, self.weight if self.affine else None,
+                                                    self.bias if self.affine else None, self.eps)
         if self.training and self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
@@ -684,13 +725,13 @@ def _hook_batchnorm(torch):
 
 # --- random state: rank 0's everywhere ---
 #
-# At torch's import every rank takes rank 0's seeds (one agreed 64-bit value, from which torch's,
-# Python's and NumPy's seeds derive); a seeding call of the script takes rank 0's argument, so a
-# seed taken from the time or the pid is the same on every rank, and rank 0 seeds as alone.
+# At interpreter start, before the script runs, one value agreed from rank 0 seeds Python's
+# random at once, NumPy's legacy global generator and torch's global generators when they are
+# imported; a seeding call of the script takes rank 0's argument, so a seed taken from the time
+# or the pid is the same on every rank, and rank 0 seeds as it would alone.
 
 _MASK64 = (1 << 64) - 1
-_job_seed = None  # the agreed value, once torch is imported
-_early_seeds = {}  # "random"/"numpy" -> the argument of a seeding call made before torch's import
+_job_seed = None  # the agreed value
 
 
 def _agreeing():
@@ -739,85 +780,63 @@ def _decode_seed(b, own):
     return own
 
 
-def _agreed_seed_call(what, seed_fn, arg_of=lambda a: a):
+def _agreed_seed_call(seed_fn, arg_of=lambda a: a):
     """seed_fn wrapped so that every rank seeds with rank 0's argument."""
     @functools.wraps(seed_fn)
     def seed(*args, **kwargs):
         a = args[0] if args else kwargs.pop("a", kwargs.pop("seed", None))
-        if not _agreeing() or (a is None and what == "torch"):  # torch.manual_seed(None) fails alone
-            if _job_seed is None and os.getpid() == _rank_pid:
-                _early_seeds[what] = a
+        if not _agreeing() or (a is None and seed_fn is _torch_manual_seed):  # that one fails alone
             return seed_fn(a, *args[1:], **kwargs)
         return seed_fn(arg_of(_decode_seed(_agree_bytes(_encode_seed(a)), a)), *args[1:], **kwargs)
     seed._dpshim = True
     return seed
 
 
-def _numpy_seed(v):
-    return v & 0xFFFFFFFF if isinstance(v, int) and not isinstance(v, bool) else v
+_torch_manual_seed = None
 
 
-def _seed_numpy(np_random, derived):
-    np_random.seed(derived & 0xFFFFFFFF)
+def _derive(k):
+    return (_job_seed * 0x9E3779B97F4A7C15 + k * 0xBF58476D1CE4E5B9) & _MASK64
 
 
-def _wrap_random(module):
+def _seed_random(module):
     if not getattr(module.seed, "_dpshim", False):
-        module.seed = _agreed_seed_call("random", module.seed)
+        module.seed(_derive(1))
+        module.seed = _agreed_seed_call(module.seed)
 
 
-def _wrap_numpy(module):
+def _seed_numpy(module):
     r = getattr(module, "random", None)
-    if r is None or getattr(r.seed, "_dpshim", False):
-        return
-    if _agreeing():  # NumPy imported after torch: the job's seed now
-        r.seed(_derive(_job_seed, 2) & 0xFFFFFFFF)
-    r.seed = _agreed_seed_call("numpy", r.seed, _numpy_seed)
+    if r is not None and not getattr(r.seed, "_dpshim", False):
+        r.seed(_derive(2) & 0xFFFFFFFF)
+        r.seed = _agreed_seed_call(r.seed, lambda v: v & 0xFFFFFFFF if type(v) is int else v)
 
 
-def _derive(seed, k):
-    return (seed * 0x9E3779B97F4A7C15 + k * 0xBF58476D1CE4E5B9) & _MASK64
+def _seed_torch(torch):
+    global _torch_manual_seed
+    _torch_manual_seed = manual_seed = torch.random.manual_seed
+    torch_seed = torch.random.seed
+    manual_seed(_job_seed)  # CPU and CUDA
 
-
-def _agree_random_state(torch):
-    """At torch's import: rank 0's job seed, and rank 0's earlier seeding calls, everywhere."""
-    global _job_seed
-    early = b"".join(struct.pack("<I", len(e)) + e for e in (
-        _encode_seed(_early_seeds[k]) if k in _early_seeds else b"u" for k in ("random", "numpy")))
-    agreed = _agree_bytes(os.urandom(8) + early)
-    _job_seed = int.from_bytes(agreed[:8], "little")
-    torch.manual_seed(_job_seed)  # the original: the wrapper is installed below
-    off, rank0 = 8, []
-    for _ in range(2):
-        n = struct.unpack("<I", agreed[off:off + 4])[0]
-        rank0.append(agreed[off + 4:off + 4 + n])
-        off += 4 + n
-    random = sys.modules.get("random")
-    np_random = getattr(sys.modules.get("numpy"), "random", None)
-    for k, module, arg_of, derived in (("random", random, lambda v: v, _derive(_job_seed, 1)),
-                                       ("numpy", np_random, _numpy_seed, _derive(_job_seed, 2) & 0xFFFFFFFF)):
-        if module is None:
-            continue
-        seed = getattr(module.seed, "__wrapped__", module.seed)
-        if rank0[k == "numpy"] == b"u":
-            seed(derived)
-        elif k not in _early_seeds or _encode_seed(_early_seeds[k]) != rank0[k == "numpy"] or rank0[k == "numpy"][:1] == b"n":
-            # this rank seeded otherwise (a time or a pid): rank 0's argument, as rank 0 gave it
-            seed(arg_of(_decode_seed(rank0[k == "numpy"], _early_seeds.get(k))))
-    manual_seed = torch.random.manual_seed
-
-    def seed_now():
+    @functools.wraps(torch_seed)
+    def seed_now():  # torch.seed(): a fresh seed, rank 0's
         v = _decode_seed(_agree_bytes(_encode_seed(None)), None) if _agreeing() else None
         if v is None:
             return torch_seed()
         manual_seed(v)
         return v
 
-    torch_seed = torch.random.seed
-    agreed_manual_seed = _agreed_seed_call("torch", manual_seed)
-    torch.manual_seed = torch.random.manual_seed = agreed_manual_seed
-    seed_now = functools.wraps(torch_seed)(seed_now)
+    torch.manual_seed = torch.random.manual_seed = _agreed_seed_call(manual_seed)
     torch.seed = torch.random.seed = seed_now
+
+
+def _agree_random_state():
+    """At interpreter start: rank 0's job seed everywhere, and the generators seeded from it."""
+    global _job_seed
+    _job_seed = int.from_bytes(_agree_bytes(os.urandom(8)), "little")
+    import random
+    _seed_random(random)
+    _on_import("numpy", _seed_numpy)
 
 
 def _on_import(name, after):
@@ -854,15 +873,11 @@ class _ModuleWatcher(importlib.abc.MetaPathFinder):
 # --- installation, when the script imports torch ---
 
 def _install(torch):
-    global _shim, _synced
-    if _shim is not None:
+    global _synced, _LIBRARY_DIRS
+    if _synced is not None:
         return
-    _shim = _Shim(_library_handle())
-    if _shim.size < 2:
-        return  # world size 1: the script runs exactly as it would alone
-    global _LIBRARY_DIRS
-    _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, os)) + (_HERE + os.sep,)
-    _agree_random_state(torch)
+    _LIBRARY_DIRS += (os.path.dirname(torch.__file__) + os.sep,)
+    _seed_torch(torch)
     import weakref
     _DTYPES.update({torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3,
                     torch.int32: 4, torch.int64: 5, torch.uint8: 6})
@@ -880,12 +895,14 @@ def _install(torch):
     torch.nn.Module.load_state_dict = load_state_dict
     _hook_optimizers(torch)
     _hook_samplers(torch)
-    _hook_batchnorm(torch)
+    if _shim.bn_sync:
+        _hook_batchnorm(torch)
     _hook_losses(torch)
 
 
 def install_import_hook():
+    global _shim
     if _is_rank_process() and "torch" not in sys.modules and _library_handle().dp_world_size() > 1:
-        _on_import("random", _wrap_random)  # seeding calls before torch's import are recorded
-        _on_import("numpy", _wrap_numpy)
+        _shim = _Shim(_library_handle())
+        _agree_random_state()
         _on_import("torch", _install)

@@ -28,4 +28,13 @@ for epoch in range(2):
         measure("the training loader under no_grad", loader)
     model.eval()
     measure("eval mode, gradients on", val)
+# fine-tuning with the model in eval mode: a new loader's first pass looks like an evaluation
+# (taken whole), the passes after it, having run backward, are training again (sharded)
+tune = DataLoader(data, batch_size=30, shuffle=True)
+model.eval()
+for epoch in range(2):
+    seen = 0
+    for x, y in tune:
+        opt.zero_grad(); F.mse_loss(model(x), y).backward(); opt.step(); seen += len(x)
+    print("fine-tuning epoch %d: trained on %d samples here" % (epoch, seen))
 torch.save(model.state_dict(), "m.pt")

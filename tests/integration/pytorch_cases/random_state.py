@@ -1,9 +1,10 @@
 # seeds from the pid (also before torch's import), None, torch.seed(), constants; prints what
 # each generator draws after each
 import os, random, sys
+import numpy as np  # before torch, as a data module may do
+print("before torch: random %.17g numpy %.17g" % (random.random(), np.random.rand()))
 random.seed(os.getpid())  # before torch's import, rank-dependent
 import torch
-import numpy as np
 print("at import: torch %.17g random %.17g numpy %.17g" % (torch.rand(1).item(), random.random(), np.random.rand()))
 torch.manual_seed(os.getpid() + 7)
 random.seed(); np.random.seed(None)
