@@ -227,7 +227,7 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
     [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
     assert_output --partial "desync: the ranks are about to make different collective calls"
     assert_output --regexp "rank 1 \([^)]*\): dp_grads \(all-reduce f64 x 1\), collective #[0-9]+ after step 2, from rank_dependent_branch.py:12 in <module>"
-    assert_output --regexp "rank 0 \([^)]*\): dp_metric \(all-reduce f64 x 2\), collective #[0-9]+ after step 3, from rank_dependent_branch.py:9 in <module>"
+    assert_output --regexp "rank 0 \([^)]*\): dp_grads \(all-reduce f32 x 5 in 3 tensors: 4, 1, 2\), collective #[0-9]+ after step 3, from rank_dependent_branch.py:9 in <module>"
 }
 
 @test "[comm] overlap = on: gradients reduced in the background during backward, weights bitwise those without" {

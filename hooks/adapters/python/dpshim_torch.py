@@ -268,20 +268,48 @@ def _reduce_gradients(params):
     import torch
     if not params:
         return
-    # which parameters have a gradient anywhere: one small all-reduce, so every rank reduces the
-    # same list even when some rank's backward never reached a parameter
-    have = (ctypes.c_double * len(params))(*[0.0 if p.grad is None else 1.0 for p in params])
-    _check(_shim.dp_metric(have, len(params), DP_MAX), "dp_metric")
+    key = tuple(map(id, params))
+    anywhere = _anywhere.get(key)
+    if anywhere is None or _shim.overlap():
+        # which parameters have a gradient anywhere: one small all-reduce, so every rank reduces
+        # the same list even when some rank's backward never reached a parameter
+        have = (ctypes.c_double * len(params))(*[0.0 if p.grad is None else 1.0 for p in params])
+        _check(_shim.dp_metric(have, len(params), DP_MAX), "dp_metric")
+        _anywhere[key] = anywhere = [bool(h) for h in have]
+        _in_place(_shim.dp_grads, "dp_grads", _with_zeros(params, anywhere))
+        return
+    # the same parameters as last time, most likely: their gradients go at once, and which ones
+    # each rank has rides along as a small tensor (its weighted sum is positive where any rank
+    # has one); where that differs from last time, every rank sees it alike and fixes it up
+    flags = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], dtype=torch.float64)
+    zeroed = [i for i, (p, a) in enumerate(zip(params, anywhere)) if a and p.grad is None]
+    _in_place(_shim.dp_grads, "dp_grads", _with_zeros(params, anywhere) + [flags])
+    now = [f > 0 for f in flags.tolist()]
+    if now != anywhere:
+        _anywhere[key] = now
+        for i in zeroed:
+            if not now[i]:
+                params[i].grad = None  # no rank had it: left alone, as without the shim
+        late = [p for p, a, n in zip(params, anywhere, now) if n and not a]
+        _in_place(_shim.dp_grads, "dp_grads", _with_zeros(late, [True] * len(late)))
+
+
+_anywhere = {}  # the parameter list's ids -> which of them had a gradient on some rank last time
+
+
+def _with_zeros(params, anywhere):
+    """The gradients to reduce: those a gradient exists for on some rank, zeros where not here."""
+    import torch
     grads = []
-    for p, anywhere in zip(params, have):
-        if not anywhere:
+    for p, a in zip(params, anywhere):
+        if not a:
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         if p.grad.is_sparse:
             raise RuntimeError("dpshim: sparse gradients are not supported; use dense embeddings")
         grads.append(p.grad)
-    _in_place(_shim.dp_grads, "dp_grads", grads)
+    return grads
 
 
 _reduced = set()  # ids of parameters averaged by a backward since their optimizer's last step
@@ -465,7 +493,7 @@ def _hook_samplers(torch):
     random_iter = sampler.RandomSampler.__iter__
 
     def agreed_random_iter(self):
-        if self.generator is not None:
+        if self.generator is not None or os.getpid() != _rank_pid:
             yield from random_iter(self)
             return
         # RandomSampler's own draw from the global generator, then rank 0's value everywhere
@@ -500,7 +528,7 @@ def _hook_samplers(torch):
             return False
 
     def batches(self):
-        if not sized(self.sampler):
+        if not sized(self.sampler) or os.getpid() != _rank_pid:  # a child's loader: as alone
             yield from batch_iter(self)
             return
         whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
@@ -527,7 +555,7 @@ def _hook_samplers(torch):
             yield [arr[i] for i in range(keep)]
 
     def length(self):
-        if not sized(self.sampler):
+        if not sized(self.sampler) or os.getpid() != _rank_pid:
             return batch_len(self)
         n = len(self.sampler)
         whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
@@ -554,7 +582,7 @@ def _hook_samplers(torch):
             _state.replicas = 1  # batches made by hand after it are the script's own
             raise
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
-        if pending:
+        if pending and os.getpid() == _rank_pid:  # a forked child's copy is not this pass's
             n, replicas = pending.popleft()
             _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
             _state.replicas = replicas
@@ -653,8 +681,8 @@ def _hook_batchnorm(torch):
     shape_of = lambda x: [1, x.shape[1]] + [1] * (x.dim() - 2)  # noqa: E731 (a channel's broadcast)
 
     class SyncedBatchNorm(torch.autograd.Function):
-        """BatchNorm over the global batch on PyTorch's own kernels: per-channel sums of x and x*x
-        accumulated in float64 and summed over ranks (dp_bn_stats, with the sample count),
+        """BatchNorm over the global batch on PyTorch's own kernels: per-channel sums of x and x*x,
+        summed over ranks in float64 (dp_bn_stats, with the sample count),
         normalization by the native kernel with the global statistics; backward by the native
         kernel for the direct term and the affine gradients, plus the statistics' terms from
         per-channel sums over ranks, in one pass. Local gradients are of this rank's loss over its n samples: scaled by n they are
@@ -665,8 +693,9 @@ def _hook_batchnorm(torch):
         def forward(ctx, x, weight, bias, eps):
             dims = [0] + list(range(2, x.dim()))
             n = x.numel() // x.shape[1] if x.shape[1] else 0
-            s = x.sum(dims, dtype=torch.float64).contiguous()
-            ss = (x * x).sum(dims, dtype=torch.float64).contiguous()
+            # summed in x's dtype (PyTorch's cascade sums; float64 accumulation costs 6x here)
+            s = x.sum(dims).double().contiguous()
+            ss = (x * x).sum(dims).double().contiguous()
             total = _bn_sums(s, ss, n)
             mean = s / total if total else s
             var = (ss / total - mean * mean).clamp(min=0) if total else ss
