@@ -212,8 +212,8 @@ bench_scale() {
 }
 
 # ddp_run MODEL KIND BATCH STEPS: global samples/s of one np=2 run of tests/bench/: KIND scale or
-# split runs the plain script under dpshim in that mode (BATCH: the script's batch), ddp runs
-# torch_ddp.py (BATCH per rank). Debian's interpreter: python3-torch is installed for it, and a
+# split runs the plain script under dpshim in that mode (BATCH: the script's batch), nosync scale
+# mode with [bn] sync = off (per-rank BatchNorm, as DDP's), ddp runs torch_ddp.py (BATCH per rank). Debian's interpreter: python3-torch is installed for it, and a
 # python3 first on PATH (a virtual environment) may lack torch.
 ddp_run() {
     local model=$1 kind=$2 batch=$3 steps=$4 global out port
@@ -224,9 +224,12 @@ ddp_run() {
             /usr/bin/python3 tests/bench/torch_ddp.py "${args[@]}" 2>/dev/null) || true
         global=$((2 * batch))
     else
-        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE="$kind" DPSHIM_OUTPUT_STDOUT=rank0 \
-            LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py "${args[@]}" 2>/dev/null) || true
-        global=$([ "$kind" = scale ] && echo $((2 * batch)) || echo "$batch")
+        local mode=${kind/nosync/scale} sync=on
+        [ "$kind" != nosync ] || sync=off
+        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE="$mode" DPSHIM_BN_SYNC="$sync" \
+            DPSHIM_OUTPUT_STDOUT=rank0 LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py \
+            "${args[@]}" 2>/dev/null) || true
+        global=$([ "$mode" = scale ] && echo $((2 * batch)) || echo "$batch")
     fi
     sed -n 's/^steps_per_s //p' <<<"$out" | awk -v b="$global" '{ print $1 * b }'
 }
@@ -234,18 +237,18 @@ ddp_run() {
 # The plain script under dpshim against the same model converted to DDP, at np=2 with the same
 # global batch: scale mode against DDP at the script's batch per rank, split mode against DDP at
 # half of it. DDP's BatchNorm keeps per-rank statistics (SyncBatchNorm needs CUDA in PyTorch
-# 1.13); dpshim's are the global batch's.
+# 1.13); dpshim's are the global batch's, and with [bn] sync = off per rank as DDP's.
 bench_ddp() {
     local rounds=5 row
     echo "PyTorch: the plain script under dpshim vs DistributedDataParallel (gloo), np=2, one thread per rank,"
     echo "global samples/s, median of $rounds alternating rounds, and the median and range of the rounds' ratios:"
-    for row in "cnn|64|20|small CNN with BatchNorm, 0.3M parameters, SGD with momentum" \
-               "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam"; do
-        local model batch steps label kind v
-        IFS='|' read -r model batch steps label <<<"$row"
+    for row in "cnn|64|40|small CNN with BatchNorm, 0.3M parameters, SGD with momentum|scale nosync split" \
+               "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam|scale split"; do
+        local model batch steps label kinds kind v
+        IFS='|' read -r model batch steps label kinds <<<"$row"
         local -A got=()
         for _ in $(seq "$rounds"); do
-            for kind in scale ddp-scale split ddp-split; do
+            for kind in ddp-scale $kinds ddp-split; do
                 case $kind in
                 ddp-scale) v=$(ddp_run "$model" ddp "$batch" "$steps") ;;
                 ddp-split) v=$(ddp_run "$model" ddp $((batch / 2)) "$steps") ;;
@@ -256,16 +259,17 @@ bench_ddp() {
             done
         done
         echo "  $model ($label), script batch $batch, $steps steps timed:"
-        for kind in scale split; do
-            local shim ddp ratios
+        for kind in $kinds; do
+            local shim ddp ratios peer=ddp-${kind/nosync/scale}
             shim=$(xargs -n1 <<<"${got[$kind]}" | median)
-            ddp=$(xargs -n1 <<<"${got[ddp-$kind]}" | median)
-            ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[ddp-$kind]}") |
+            ddp=$(xargs -n1 <<<"${got[$peer]}" | median)
+            ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[$peer]}") |
                 awk '{ print $1 / $2 }' | sort -g)
             awk -v k="$kind" -v b="$batch" -v s="$shim" -v d="$ddp" -v m="$(median <<<"$ratios")" \
                 -v lo="$(head -1 <<<"$ratios")" -v hi="$(tail -1 <<<"$ratios")" 'BEGIN {
                 what = (k == "scale") ? sprintf("scale (%d per rank, global %d; DDP %d per rank)", b, 2 * b, b) \
-                                      : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
+                     : (k == "nosync") ? sprintf("scale, [bn] sync = off (BatchNorm per rank, as DDP)") \
+                                       : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
                 printf "    %-51s dpshim %7.0f  DDP %7.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", what, s, d, m, lo, hi }'
         done
     done
