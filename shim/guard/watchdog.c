@@ -103,7 +103,11 @@ static void describe(const guard_msg_t *m, char *buf, size_t len)
 static uint64_t place(const guard_msg_t *m)
 {
     uint64_t p = m->seq << 1 | (m->in_coll != 0);
-    return m->in_coll ? dps_guard_mix(p, m->call) : p;
+    if (!m->in_coll) return p;
+    p = dps_guard_mix(p, m->call);
+    /* the shim's own waits (a desync check, a wait for rank 0's file operation) keep the last
+     * collective's fingerprint: what they are tells them apart */
+    return m->coll < 0 ? dps_guard_mix(p, dps_fnv1a(DPS_FNV_SEED, m->hook, strnlen(m->hook, sizeof m->hook))) : p;
 }
 
 /* The most common place among the answers (the lowest such rank's on a tie); -1 when memory
