@@ -25,6 +25,7 @@ typedef struct dps_guard_pos {
     atomic_uint_fast64_t count;
     atomic_uint_fast64_t call; /* the current or last collective's fingerprint (dps_guard_note) */
     atomic_int leaving; /* the program is exiting */
+    atomic_int before_next; /* in the desync check of collective #seq + 1, which it is part of */
 } dps_guard_pos_t;
 extern dps_guard_pos_t dps_guard_pos;
 

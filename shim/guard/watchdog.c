@@ -284,7 +284,7 @@ static void tick(void)
     receive();
     if (!watch.reporting && atomic_load(&failed)) start_report(WHY_FAILED, -1);
     if (!watch.reporting && atomic_load_explicit(&pos->in_coll, memory_order_acquire)) {
-        uint64_t seq = atomic_load(&pos->seq);
+        uint64_t seq = atomic_load(&pos->seq) + (uint64_t)atomic_load(&pos->before_next);
         for (int r = 0; known(r); r++)
             if (watch.peers[r].left && watch.peers[r].left_seq < seq) {
                 start_report(WHY_PEER_LEFT, r);

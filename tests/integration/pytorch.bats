@@ -250,3 +250,12 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
     assert_success
     assert_equal "$(lines_of 0)" "$(lines_of 1)"
 }
+
+@test "one backward more on one rank while rank 0 finishes: the job ends at once (not after [guard] timeout), naming who left" {
+    SECONDS=0
+    case_np 2 extra_backward_on_one_rank
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+    assert_output --partial "rank 0 left the program after step 0"
+    assert_output --regexp "rank 0 \([^)]*\): left the program \(exit\) after step 0 and collective #[0-9]+  <-- culprit"
+}

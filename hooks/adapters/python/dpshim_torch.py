@@ -1,15 +1,18 @@
 """dpshim's PyTorch adapter: makes an unmodified PyTorch script data-parallel.
 
 Loaded by dpshim's sitecustomize into a Python rank process; at world size 1 it does nothing at
-all, else it agrees the random state at once and the rest when the script imports torch. All collectives are the shim's hook ABI
-(hooks/include/dpshim/hooks.h), called through ctypes on the already loaded libdpshim.so, so
-the guard, diagnostics and policy apply as for a C framework. What it hooks:
+all, else it agrees the random state at once and hooks the rest when the script imports torch.
+All collectives are the shim's hook ABI (hooks/include/dpshim/hooks.h), called through ctypes on
+the already loaded libdpshim.so, so the guard, diagnostics and policy apply as for a C
+framework. What it hooks:
 
 - the end of every backward pass (torch.autograd.backward, which Tensor.backward calls): the
   gradients of every optimizer's parameters are averaged (dp_grads, weighted by each rank's share
   of the global batch in split mode), so gradient clipping, GradScaler's inf checks and anything
   else between backward and step see the global gradient, as with DDP; a parameter without a
   gradient on some ranks gets zeros there, one without a gradient on every rank is left alone;
+  with [comm] overlap on, hooks on the gradient accumulators announce gradients during backward
+  (dp_grad_ready);
 - every torch.optim optimizer's step: the same averaging if no backward did it since the last
   step (gradients set by hand), and dp_step_end after;
 - the first forward of a module (and the first after its load_state_dict): its parameters and
@@ -102,7 +105,7 @@ def _script_line():
     f = sys._getframe(2)
     while f is not None:
         name = f.f_code.co_filename
-        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
+        if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<frozen"):
             return ("%s:%d in %s" % (os.path.basename(name), f.f_lineno, f.f_code.co_name)).encode()
         f = f.f_back
     return b""
@@ -120,7 +123,9 @@ def _sited(hook):
 
 _shim = None
 _rank_pid = os.getpid()
-_state = threading.local()  # nesting depth of optimizer steps on this thread
+# per thread: the nesting depth of optimizer steps and of loss functions, and how many ranks share
+# the batch the loop got last (1, or all of them for a batch every rank takes whole)
+_state = threading.local()
 
 
 def _check(rc, what):
