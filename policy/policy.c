@@ -205,7 +205,7 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
     return 0;
 }
 
-static int find_key(const char *sec, size_t slen, const char *key, size_t klen)
+int dps_policy_find_key(const char *sec, size_t slen, const char *key, size_t klen)
 {
     for (int i = 0; i < DPS_NKEYS; i++)
         if (strlen(dps_keys[i].section) == slen && memcmp(dps_keys[i].section, sec, slen) == 0 &&
@@ -407,7 +407,7 @@ static int policy_parse(dps_policy_t *p, hook_section_t *hs, const char *text, s
         }
         if (!sec)
             return fail(e, "%s:%d: key '%s' before any [section]", fname, lineno, show(&sv, ks, (size_t)(ke - ks)));
-        int id = find_key(sec, slen, ks, (size_t)(ke - ks));
+        int id = dps_policy_find_key(sec, slen, ks, (size_t)(ke - ks));
         if (id < 0)
             return fail(e, "%s:%d: unknown key '%s' in [%.*s]%s", fname, lineno, show(&sv, ks, (size_t)(ke - ks)),
                         (int)slen, sec, hint(h, sizeof h, suggest_key(sec, slen, ks, (size_t)(ke - ks))));

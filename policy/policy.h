@@ -138,6 +138,8 @@ static inline const char *dps_policy_text(const dps_policy_t *p, dps_key_id_t id
 const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len);
 /* "file.conf:12", "env DPSHIM_X" or "default", into buf. */
 const char *dps_policy_source(const dps_policy_t *p, dps_key_id_t id, char *buf, size_t len);
+/* The id of key `key` of section `sec` (lengths given), or -1. */
+int dps_policy_find_key(const char *sec, size_t slen, const char *key, size_t klen);
 /* Closest candidate within a small edit distance, or NULL. */
 const char *dps_suggest(const char *word, size_t wlen, const char *const *cands, size_t n);
 

@@ -65,10 +65,8 @@ static void gpu_lines(char *buf, size_t len, size_t *o)
  * for a key that does not exist. */
 DPS_EXPORT const char *dpshim_policy_value(const char *section, const char *key)
 {
-    for (int i = 0; i < DPS_NKEYS; i++)
-        if (section && key && !strcmp(dps_keys[i].section, section) && !strcmp(dps_keys[i].key, key))
-            return dps_policy_text(&dps_g.policy, (dps_key_id_t)i);
-    return NULL;
+    int id = section && key ? dps_policy_find_key(section, strlen(section), key, strlen(key)) : -1;
+    return id < 0 ? NULL : dps_policy_text(&dps_g.policy, (dps_key_id_t)id);
 }
 
 /* 1 when gradients announced by dp_grad_ready are reduced in the background ([comm] overlap, as

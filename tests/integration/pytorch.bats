@@ -175,6 +175,14 @@ case_np() {
     cd - >/dev/null
 }
 
+# guard_ends N CASE: the case on N ranks, ended by the guard (status 75) within 30 s.
+guard_ends() {
+    SECONDS=0
+    case_np "$1" "$2"
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+}
+
 # lines_of RANK: that rank's lines, untagged, in order.
 lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
 
@@ -221,10 +229,7 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
 }
 
 @test "a branch only one rank takes: the job ends at the first differing call, naming each rank's script line" {
-    SECONDS=0
-    case_np 2 rank_dependent_branch
-    assert_equal "$status" 75
-    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+    guard_ends 2 rank_dependent_branch
     assert_output --partial "desync: the ranks are about to make different collective calls"
     assert_output --regexp "rank 1 \([^)]*\): dp_grads \(all-reduce f64 x 1\), collective #[0-9]+ after step 2, from rank_dependent_branch.py:12 in <module>"
     assert_output --regexp "rank 0 \([^)]*\): dp_grads \(all-reduce f32 x 5 in 3 tensors: 4, 1, 2\), collective #[0-9]+ after step 3, from rank_dependent_branch.py:9 in <module>"
@@ -252,10 +257,7 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
 }
 
 @test "one backward more on one rank while rank 0 finishes: the job ends at once (not after [guard] timeout), naming who left" {
-    SECONDS=0
-    case_np 2 extra_backward_on_one_rank
-    assert_equal "$status" 75
-    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+    guard_ends 2 extra_backward_on_one_rank
     assert_output --partial "rank 0 left the program after step 0"
     assert_output --regexp "rank 0 \([^)]*\): left the program \(exit\) after step 0 and collective #[0-9]+  <-- culprit"
 }

@@ -81,7 +81,7 @@ class _Shim:
                 ("dp_set_stream", ctypes.c_int, [ctypes.c_int32, ctypes.c_void_p])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
-            setattr(self, name, _sited(f) if name in _COLLECTIVES else f)
+            setattr(self, name, _sited(f, lib.dpshim_site) if name in _COLLECTIVES else f)
         lib.dpshim_policy_value.restype = ctypes.c_char_p
         lib.dpshim_policy_value.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         self.eval_whole = lib.dpshim_policy_value(b"data", b"eval") == b"whole"
@@ -111,8 +111,7 @@ def _script_line():
     return b""
 
 
-def _sited(hook):
-    site = _library_handle().dpshim_site
+def _sited(hook, site):
     site.restype, site.argtypes = None, [ctypes.c_char_p]
 
     def call(*args):
@@ -350,9 +349,14 @@ def _after_backward(loss):
     import torch
     if (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
             and not getattr(loss, "_dpshim_global", False)):
-        v = loss.detach().double().reshape(1).clone()
-        _check(_shim.dp_grads(_tensors([v]), 1), "dp_grads")
-        loss.data.copy_(v.reshape(loss.shape))
+        loss.data.copy_(_global_value(loss))
+
+
+def _global_value(loss):
+    """A scalar loss's value averaged over ranks as the gradients are (dp_grads), in its dtype."""
+    v = loss.detach().double().reshape(1).clone()
+    _check(_shim.dp_grads(_tensors([v]), 1), "dp_grads")
+    return v.to(loss.dtype).reshape(loss.shape)
 
 
 # --- overlap ([comm] overlap on): gradients announced while backward goes on ---
@@ -564,8 +568,7 @@ def _hook_samplers(torch):
             return batch_len(self)
         n = len(self.sampler)
         whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
-        if n and not (_shim.eval_whole and _evaluating(self.__dict__.get("_dpshim_trained_on", False))
-                      if whole is None else whole):
+        if n and not (_evaluation_now(self) if whole is None else whole):
             n = _shim.dp_epoch(_index_array(range(n)), n)
         return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
 
@@ -610,13 +613,18 @@ def _evaluating(trained_on=False):
 _backwards = 0  # backward passes so far: a pass over a loader that saw some was trained on
 
 
+def _evaluation_now(batch_sampler):
+    """This rank's reading: a pass over the loader starting now is an evaluation that takes the
+    whole data set ([data] eval = whole)."""
+    return _shim.eval_whole and _evaluating(batch_sampler.__dict__.get("_dpshim_trained_on", False))
+
+
 def _whole_data(batch_sampler):
-    """Whether a pass over a loader that starts now takes the whole data set on every rank:
-    an evaluation with [data] eval = whole, as rank 0 sees it (the number of batches each rank
-    takes shapes the collectives that follow)."""
+    """Whether a pass over a loader that starts now takes the whole data set on every rank, as
+    rank 0 reads it (the number of batches each rank takes shapes the collectives that follow)."""
     if not _shim.eval_whole:
         return False
-    flag = ctypes.c_uint64(_evaluating(batch_sampler.__dict__.get("_dpshim_trained_on", False)))
+    flag = ctypes.c_uint64(_evaluation_now(batch_sampler))
     _check(_shim.dp_seed(ctypes.byref(flag)), "dp_seed")
     return bool(flag.value)
 
@@ -659,9 +667,7 @@ def _hook_losses(torch):
                     or loss.numel() != 1 or not loss.is_floating_point() or getattr(_state, "replicas", 1) != 1
                     or _evaluating()):
                 return loss
-            v = loss.detach().double().reshape(1).clone()
-            _check(_shim.dp_grads(_tensors([v]), 1), "dp_grads")
-            out = GlobalValue.apply(loss, v.to(loss.dtype).reshape(loss.shape))
+            out = GlobalValue.apply(loss, _global_value(loss))
             out._dpshim_global = True  # the backward that follows does not average it again
             return out
         return wrapped
@@ -690,9 +696,9 @@ def _hook_batchnorm(torch):
         summed over ranks in float64 (dp_bn_stats, with the sample count),
         normalization by the native kernel with the global statistics; backward by the native
         kernel for the direct term and the affine gradients, plus the statistics' terms from
-        per-channel sums over ranks, in one pass. Local gradients are of this rank's loss over its n samples: scaled by n they are
-        per-sample and add up across ranks with unequal n, and dividing by n again returns to
-        this rank's convention (as examples/nn/dpnn.c does)."""
+        per-channel sums over ranks, in one pass. Local gradients are of this rank's loss over
+        its n samples: scaled by n they are per-sample and add up across ranks with unequal n,
+        and dividing by n again returns to this rank's convention (as examples/nn/dpnn.c does)."""
 
         @staticmethod
         def forward(ctx, x, weight, bias, eps):
@@ -707,7 +713,7 @@ def _hook_batchnorm(torch):
             m, v = mean.to(x.dtype), var.to(x.dtype)
             y = torch.batch_norm(x, weight, bias, m, v, False, 0.0, eps, False)
             ctx.save_for_backward(x, weight, m, v)
-            ctx.eps, ctx.n, ctx.total, ctx.dims = eps, n, total, dims
+            ctx.eps, ctx.n, ctx.total = eps, n, total
             ctx.mark_non_differentiable(mean, var)
             return y, mean, var, torch.tensor(float(total), dtype=torch.float64)
 
@@ -724,15 +730,15 @@ def _hook_batchnorm(torch):
             a = (gb.double() * n).contiguous()
             b = (gw.double() / invstd * n).contiguous()
             _bn_sums(a, b, n)
-            if not n or not total:
-                return gx, (gw if weight is not None else None), (gb if weight is not None else None), None
-            gamma = weight.double() if weight is not None else torch.ones_like(invstd)
-            k = gamma * invstd / (n * total)  # a and b back to this rank's convention, over the total
-            # gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
-            slope = -k * invstd * invstd * b
-            offset = -k * a - slope * m.double()
-            gx.addcmul_(x, slope.to(x.dtype).view(shape)).add_(offset.to(x.dtype).view(shape))
-            return gx, (gw if weight is not None else None), (gb if weight is not None else None), None
+            if n and total:
+                gamma = weight.double() if weight is not None else torch.ones_like(invstd)
+                k = gamma * invstd / (n * total)  # a and b back to this rank's convention, over the total
+                # gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
+                slope = -k * invstd * invstd * b
+                offset = -k * a - slope * m.double()
+                gx.addcmul_(x, slope.to(x.dtype).view(shape)).add_(offset.to(x.dtype).view(shape))
+            affine = weight is not None
+            return gx, gw if affine else None, gb if affine else None, None
 
     norm = torch.nn.modules.batchnorm._BatchNorm
     forward = norm.forward
@@ -814,19 +820,17 @@ def _decode_seed(b, own):
     return own
 
 
-def _agreed_seed_call(seed_fn, arg_of=lambda a: a):
-    """seed_fn wrapped so that every rank seeds with rank 0's argument."""
+def _agreed_seed_call(seed_fn, arg_of=lambda a: a, none_fails=False):
+    """seed_fn wrapped so that every rank seeds with rank 0's argument; with none_fails, a None
+    argument goes to seed_fn as it is (torch.manual_seed(None) fails alone, and so here)."""
     @functools.wraps(seed_fn)
     def seed(*args, **kwargs):
         a = args[0] if args else kwargs.pop("a", kwargs.pop("seed", None))
-        if not _agreeing() or (a is None and seed_fn is _torch_manual_seed):  # that one fails alone
+        if not _agreeing() or (a is None and none_fails):
             return seed_fn(a, *args[1:], **kwargs)
         return seed_fn(arg_of(_decode_seed(_agree_bytes(_encode_seed(a)), a)), *args[1:], **kwargs)
     seed._dpshim = True
     return seed
-
-
-_torch_manual_seed = None
 
 
 def _derive(k):
@@ -847,8 +851,7 @@ def _seed_numpy(module):
 
 
 def _seed_torch(torch):
-    global _torch_manual_seed
-    _torch_manual_seed = manual_seed = torch.random.manual_seed
+    manual_seed = torch.random.manual_seed
     torch_seed = torch.random.seed
     manual_seed(_job_seed)  # CPU and CUDA
 
@@ -860,7 +863,7 @@ def _seed_torch(torch):
         manual_seed(v)
         return v
 
-    torch.manual_seed = torch.random.manual_seed = _agreed_seed_call(manual_seed)
+    torch.manual_seed = torch.random.manual_seed = _agreed_seed_call(manual_seed, none_fails=True)
     torch.seed = torch.random.seed = seed_now
 
 
@@ -936,7 +939,8 @@ def _install(torch):
 
 def install_import_hook():
     global _shim
-    if _is_rank_process() and "torch" not in sys.modules and _library_handle().dp_world_size() > 1:
-        _shim = _Shim(_library_handle())
+    lib = _library_handle() if _is_rank_process() and "torch" not in sys.modules else None
+    if lib is not None and lib.dp_world_size() > 1:
+        _shim = _Shim(lib)
         _agree_random_state()
         _on_import("torch", _install)
