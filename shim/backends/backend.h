@@ -14,8 +14,12 @@ typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
 
 typedef struct dps_backend {
     const char *name;
-    /* All in place on host memory; 0 on success, -1 with last_error() set. dtype: DP_* */
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op);
+    /* All in place on host memory; 0 on success, -1 with last_error() set. dtype: DP_* . With
+     * DPS_RED_SUM, a weighted sum: each rank's elements multiplied by `pre` before the reduction,
+     * the result by `post` after it (dps_scale_in_place; 1: as they are). Large buffers are
+     * weighted piece by piece, each piece as it goes in or comes out, so that a weight costs no
+     * pass over memory of its own. */
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post);
     int (*bcast)(void *buf, size_t bytes, int root);
     int (*barrier)(void);
     const char *(*last_error)(void);
@@ -39,7 +43,7 @@ typedef struct dps_backend {
     /* The background channel: allreduce on a communicator of its own, called only from the
      * engine's progress thread while the main thread may run the other collectives; NULL when
      * the backend has none (then gradients are reduced synchronously). */
-    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op);
+    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post);
     const char *(*last_error_bg)(void);
     /* The file policy's channel, from any thread: rank 0 posts a message to every other rank
      * (never blocking), the others wait for rank 0's next one, in the order posted. NULL when

@@ -102,7 +102,7 @@ static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
     if (!all) dps_fatal("GPU set-up: out of memory for %zu ranks' device information", n);
     all[dps_g.eff_rank] = *mine;
     dp_tensor t = {all, n * sizeof *all, DP_U8, DP_HOST, "device info"};
-    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
+    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
     return all;
 }
 
@@ -142,7 +142,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
         if (!id[128]) snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
     }
     dp_tensor t = {id, sizeof id, DP_U8, DP_HOST, "NCCL id"};
-    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM);
+    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
     if (!id[128] && dps_g.eff_rank != 0)
         snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
@@ -253,12 +253,12 @@ static _Noreturn void failed(const char *hook)
 }
 
 /* One NCCL collective on buf (in the bucket or a tensor in place). */
-static void enqueue(const char *hook, void *buf, size_t count, int32_t dtype, dps_fuse_t kind, double scale,
+static void enqueue(const char *hook, void *buf, size_t count, int32_t dtype, dps_fuse_t kind, dps_weight_t w,
                     dps_redop_t op)
 {
     /* the plugin weighs floats only: integers are summed as they are, as on the host */
     int rc = kind == DPS_FUSE_BCAST ? dv.gpu->bcast(buf, count * dps_dtype_size(dtype), 0)
-                                    : dv.gpu->allreduce(buf, count, dtype, op, scale);
+                                    : dv.gpu->allreduce(buf, count, dtype, op, w.scale);
     if (rc) failed(hook);
 }
 
@@ -269,7 +269,7 @@ static void copy(const char *hook, void *dst, const void *src, size_t bytes, dps
 
 /* t[0..n) through NCCL: large tensors in place, the others packed into the device bucket in
  * runs of one dtype. Everything is queued on the communication stream. */
-static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_t kind, double scale, dps_redop_t op)
+static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     if (kind == DPS_FUSE_GRADS && dps_g.compress_dtype >= 0 && dps_g.eff_rank == 0)
         DPS_WARN_ONCE("[comm] compress is not applied to GPU tensors on NCCL: they travel in their own dtype");
@@ -283,7 +283,7 @@ static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_
             continue;
         }
         if (t[i].count >= room / 2 || t[i].count * es >= DPS_INPLACE_MIN_BYTES) {
-            enqueue(hook, t[i].data, t[i].count, t[i].dtype, kind, scale, op);
+            enqueue(hook, t[i].data, t[i].count, t[i].dtype, kind, w, op);
             i++;
             continue;
         }
@@ -293,7 +293,7 @@ static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_
             copy(hook, bucket + used * es, t[i].data, t[i].count * es, DPS_COPY_D2D);
             used += t[i].count, i++;
         }
-        enqueue(hook, bucket, used, t[first].dtype, kind, scale, op);
+        enqueue(hook, bucket, used, t[first].dtype, kind, w, op);
         for (size_t j = first, off = 0; j < i; off += t[j].count, j++)
             copy(hook, t[j].data, bucket + off * es, t[j].count * es, DPS_COPY_D2D);
     }
@@ -351,7 +351,7 @@ static void chunk_copies(const char *hook, const chunk_t *c, const dp_tensor *t,
 
 /* Device -> pinned -> host path -> device, two chunks in flight. */
 static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                         double scale, dps_redop_t op)
+                         dps_weight_t w, dps_redop_t op)
 {
     static chunk_t chunks[2];
     size_t i = 0;
@@ -369,7 +369,7 @@ static void staged_fused(const char *hook, const dps_backend_t *be, const dp_ten
         chunk_copies(hook, next, t, DPS_COPY_D2H);
         void *next_ready = next->n ? dv.gpu->mark() : NULL;
         if (!ready || dv.gpu->wait(ready)) failed(hook);
-        if (dps_fused_host(hook, be, c->host, c->n, kind, scale, op)) dps_fatal("%s: GPU staging failed (see above)", hook);
+        if (dps_fused_host(hook, be, c->host, c->n, kind, w, op)) dps_fatal("%s: GPU staging failed (see above)", hook);
         chunk_copies(hook, c, t, DPS_COPY_H2D);
         ready = next_ready;
     }
@@ -483,12 +483,12 @@ static void end(const char *hook, int prev, int wait)
 
 /* Queues t[0..n) and, with `wait`, returns when they are done (or queued for a named stream). */
 static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-               double scale, dps_redop_t op, int wait)
+               dps_weight_t w, dps_redop_t op, int wait)
 {
     int prev = begin(hook, be, t, n);
     dps_guard_tensors(t, n);
     if (dv.mode == MODE_STAGED) {
-        staged_fused(hook, be, t, n, kind, scale, op);
+        staged_fused(hook, be, t, n, kind, w, op);
         end(hook, prev, wait);
         return 0;
     }
@@ -497,13 +497,13 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
     if (!wait) {
         /* queued now, waited for in dp_grads: compared across ranks like the main thread's own */
         dps_guard_note(hook, coll, t[0].dtype, count);
-        nccl_fused(hook, t, n, kind, scale, op);
+        nccl_fused(hook, t, n, kind, w, op);
         end(hook, prev, 0);
         return 0;
     }
     dps_guard_enter(hook, coll, t[0].dtype, count);
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
-    nccl_fused(hook, t, n, kind, scale, op);
+    nccl_fused(hook, t, n, kind, w, op);
     end(hook, prev, 1);
     if (dps_diag_on) dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     dps_guard_leave();
@@ -511,24 +511,24 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
 }
 
 int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                     double scale, dps_redop_t op)
+                     dps_weight_t w, dps_redop_t op)
 {
-    return n ? run(hook, be, t, n, kind, scale, op, 1) : 0;
+    return n ? run(hook, be, t, n, kind, w, op, 1) : 0;
 }
 
 /* --- gradients announced during backward ------------------------------------------------------ */
 
-static void flush_pending(const dps_backend_t *be, double scale)
+static void flush_pending(const dps_backend_t *be, dps_weight_t w)
 {
     if (!dv.npending) return;
     if (dps_grow((void **)&dv.queued, &dv.cap_queued, dv.nqueued + dv.npending, sizeof *dv.queued))
         dps_fatal("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.nqueued + dv.npending);
-    run("dp_grad_ready", be, dv.pending, dv.npending, DPS_FUSE_GRADS, scale, DPS_RED_SUM, dv.mode == MODE_STAGED);
+    run("dp_grad_ready", be, dv.pending, dv.npending, DPS_FUSE_GRADS, w, DPS_RED_SUM, dv.mode == MODE_STAGED);
     for (size_t i = 0; i < dv.npending; i++) dv.queued[dv.nqueued++] = dv.pending[i].data;
     dv.npending = dv.pending_bytes = 0;
 }
 
-int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, double scale)
+int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weight_t w)
 {
     if (dps_check_tensors("dp_grad_ready", t, 1, 1)) return -1;
     if (dps_grow((void **)&dv.pending, &dv.cap_pending, dv.npending + 1, sizeof *dv.pending)) {
@@ -540,7 +540,7 @@ int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, double sc
     dv.pending_bytes += bytes;
     /* a full bucket, or a tensor that travels alone, is queued now: the GPU reduces it while the
      * framework's backward goes on */
-    if (dv.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) flush_pending(be, scale);
+    if (dv.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) flush_pending(be, w);
     return 0;
 }
 
@@ -553,7 +553,7 @@ int dps_device_announced(const void *data)
     return 0;
 }
 
-int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, double scale)
+int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_weight_t w)
 {
     if (dps_check_tensors("dp_grads", t, n, 1)) return -1;
     size_t m = 0;
@@ -564,7 +564,7 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, doub
         if (!dps_device_announced(t[i].data)) dv.rest[m++] = t[i];
     int any_queued = dv.nqueued > 0;
     dv.npending = dv.pending_bytes = dv.nqueued = 0;
-    if (m) run("dp_grads", be, dv.rest, m, DPS_FUSE_GRADS, scale, DPS_RED_SUM, 1);
+    if (m) run("dp_grads", be, dv.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM, 1);
     else if (any_queued) {
         /* everything went during backward: wait for it here, as the guard's collective */
         int prev = dv.gpu->use(dv.dev);

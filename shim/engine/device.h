@@ -16,15 +16,15 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
 /* dps_fused for device tensors (all on one device). 0, or fatal: a failed collective leaves
  * ranks with different values. */
 int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                     double scale, dps_redop_t op);
+                     dps_weight_t w, dps_redop_t op);
 
 /* dp_grad_ready with a device tensor: full buckets are queued at once and not waited for. */
-int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, double scale);
+int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weight_t w);
 /* Whether dp_grad_ready saw this device gradient in this step. */
 int dps_device_announced(const void *data);
 /* dp_grads's device tensors t[0..n): the ones not yet announced and the pending ones queued,
  * then everything of this step waited for. */
-int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, double scale);
+int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_weight_t w);
 /* Device gradients announced in this step and not yet waited for by dp_grads. */
 int dps_device_outstanding(void);
 

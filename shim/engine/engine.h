@@ -46,6 +46,16 @@ const dps_backend_t *dps_comm(const char *hook);
  * for them each call's latency is what counts. */
 #define DPS_INPLACE_MIN_BYTES (256u << 10)
 
+/* The weight of each rank's elements in a sum. One every rank shares multiplies the reduced sum,
+ * once, piece by piece while each piece is in cache (as Horovod's postscale): no pass over the
+ * input, and one rounding. A rank's own weight (split mode's unequal shares of a batch) must
+ * multiply its elements before the reduction. Integers are summed as they are. */
+typedef struct dps_weight {
+    double scale;
+    int per_rank;
+} dps_weight_t;
+#define DPS_UNWEIGHTED ((dps_weight_t){1.0, 0})
+
 /* GRADS: an all-reduce that [comm] compress may send in half precision. BARRIER: no data. */
 typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST, DPS_FUSE_BARRIER } dps_fuse_t;
 /* A tensor's name for messages. */
@@ -63,20 +73,20 @@ static inline uint64_t dps_total_count(const dp_tensor *t, size_t n)
  * any collective starts: 0, or -1 after logging. */
 int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok);
 
-/* Reduce (each float element first multiplied by scale; 0 gives exact zeros) or broadcast from
+/* Reduce (float elements weighted by w; scale 0 gives exact zeros) or broadcast from
  * rank 0 the tensors t[0..n) in place, packed into buckets of [comm] bucket_mb; tensors of a
  * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-              dps_fuse_t kind, double scale, dps_redop_t op);
+              dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
 /* dps_fused for a list already known to be in host memory (no look for GPU tensors). */
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                   dps_fuse_t kind, double scale, dps_redop_t op);
+                   dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
 
 /* The same for gradients on the backend's background channel, from the progress thread only:
  * no guard position (the main thread waiting in dp_grads is the guarded one), and a failure is
  * described in err and returned rather than ending the process. */
 int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                         double scale, char *err, size_t errlen);
+                         dps_weight_t w, char *err, size_t errlen);
 
 /* A barrier of the main thread, watched by the guard like any collective. 0, or fatal. */
 int dps_barrier(const char *hook, const dps_backend_t *be);

@@ -14,7 +14,7 @@
  * background channel. Each lane has its own bucket, so both can pack at once. */
 typedef struct lane {
     int background;
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op);
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post);
     const char *(*last_error)(void);
     unsigned char *bucket;
     uint64_t seq;          /* background collectives so far (the main lane's are the guard's) */
@@ -28,8 +28,6 @@ static int in_place(const dp_tensor *t, int32_t rd, size_t es, size_t room)
 {
     return rd == t->dtype && (t->count >= room / 2 || t->count * es >= DPS_INPLACE_MIN_BYTES);
 }
-
-static double scaled(double x, double scale) { return scale == 0.0 ? 0.0 : x * scale; }
 
 static float load_float(const unsigned char *src, int32_t dtype, uint64_t j)
 {
@@ -45,60 +43,50 @@ static void store_half(unsigned char *dst, int32_t dtype, uint64_t j, float x)
     ((uint16_t *)dst)[j] = dtype == DP_F16 ? dps_f32_to_f16(x) : dps_f32_to_bf16(x);
 }
 
-/* Tensor elements [off, off+k) -> bucket (in the reduction dtype rd), scaled for a reduction. */
+/* Tensor elements [off, off+k) -> bucket (in the reduction dtype rd), times `pre` for a reduction. */
 static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t k, dps_fuse_t kind,
-                 double scale, int32_t rd)
+                 double pre, int32_t rd)
 {
     size_t es = dps_dtype_size(t->dtype);
     const unsigned char *src = (const unsigned char *)t->data + off * es;
     float *f = (float *)dst;
     if (kind != DPS_FUSE_BCAST && (rd == DP_F16 || rd == DP_BF16)) { /* [comm] compress */
-        for (uint64_t j = 0; j < k; j++) store_half(dst, rd, j, (float)scaled(load_float(src, t->dtype, j), scale));
+        for (uint64_t j = 0; j < k; j++) store_half(dst, rd, j, (float)dps_scaled(load_float(src, t->dtype, j), pre));
         return;
     }
-    if (kind == DPS_FUSE_BCAST || (scale == 1.0 && t->dtype != DP_F16 && t->dtype != DP_BF16)) {
+    if (kind == DPS_FUSE_BCAST || (t->dtype != DP_F16 && t->dtype != DP_BF16)) {
         memcpy(dst, src, k * es);
+        if (kind != DPS_FUSE_BCAST) dps_scale_in_place(dst, k, t->dtype, pre); /* just written: in cache */
         return;
     }
-    switch (t->dtype) {
-    case DP_F32:
-        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(((const float *)src)[j], scale);
-        break;
-    case DP_F64:
-        for (uint64_t j = 0; j < k; j++) ((double *)dst)[j] = scaled(((const double *)src)[j], scale);
-        break;
-    case DP_F16:
-    case DP_BF16:
-        for (uint64_t j = 0; j < k; j++) f[j] = (float)scaled(load_float(src, t->dtype, j), scale);
-        break;
-    default: /* integers are summed as they are */
-        memcpy(dst, src, k * es);
-    }
+    for (uint64_t j = 0; j < k; j++) f[j] = (float)dps_scaled(load_float(src, t->dtype, j), pre); /* halves in f32 */
 }
 
+/* Bucket -> tensor elements [off, off+k), the reduced values times `post`. */
 static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, uint64_t k, dps_fuse_t kind,
-                   int32_t rd)
+                   int32_t rd, double post)
 {
     size_t es = dps_dtype_size(t->dtype);
     unsigned char *dst = (unsigned char *)t->data + off * es;
     const float *f = (const float *)src;
-    if (kind != DPS_FUSE_BCAST && (rd == DP_F16 || rd == DP_BF16) && rd != t->dtype) { /* compressed */
+    if (kind == DPS_FUSE_BCAST) {
+        memcpy(dst, src, k * es);
+        return;
+    }
+    if ((rd == DP_F16 || rd == DP_BF16) && rd != t->dtype) { /* compressed */
         for (uint64_t j = 0; j < k; j++) {
-            float x = load_float(src, rd, j);
+            float x = (float)dps_scaled(load_float(src, rd, j), post);
             if (t->dtype == DP_F32) ((float *)dst)[j] = x;
             else store_half(dst, t->dtype, j, x);
         }
         return;
     }
-    /* a broadcast moves bytes as they are, and so does a bucket of the tensor's own dtype (a half
-     * tensor under [comm] compress of its own type); half tensors otherwise come back from f32 */
-    switch (kind == DPS_FUSE_BCAST || rd == t->dtype ? -1 : t->dtype) {
-    case DP_F16:
-    case DP_BF16:
-        for (uint64_t j = 0; j < k; j++) store_half(dst, t->dtype, j, f[j]);
-        break;
-    default: memcpy(dst, src, k * es);
+    if (rd == t->dtype) { /* a bucket of the tensor's own dtype */
+        memcpy(dst, src, k * es);
+        dps_scale_in_place(dst, k, t->dtype, post); /* just written: in cache */
+        return;
     }
+    for (uint64_t j = 0; j < k; j++) store_half(dst, t->dtype, j, (float)dps_scaled(f[j], post)); /* from f32 */
 }
 
 int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok)
@@ -122,14 +110,15 @@ int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device
     return 0;
 }
 
+/* One collective on buf; a reduction weights what goes in by `pre` and what comes out by `post`. */
 static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
-               int32_t dtype, dps_redop_t op)
+               int32_t dtype, dps_redop_t op, double pre, double post)
 {
     uint64_t bytes = count * dps_dtype_size(dtype);
     if (L->background) {
         /* the guard watches the main thread, which waits for this in dp_grads */
         uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
-        int rc = L->allreduce(buf, count, dtype, op);
+        int rc = L->allreduce(buf, count, dtype, op, pre, post);
         ++L->seq;
         if (dps_diag_on) dps_diag_background(hook, bytes, t0, dps_diag_now(), L->seq, dps_e.step);
         if (rc != 0) snprintf(L->err, L->errlen, "%s (background reduction #%llu): %s", hook,
@@ -141,7 +130,7 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
     int rc = coll == DPS_COLL_BARRIER ? be->barrier()
              : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, 0)
-                                      : be->allreduce(buf, count, dtype, op);
+                                      : be->allreduce(buf, count, dtype, op, pre, post);
     if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
@@ -165,9 +154,12 @@ static int32_t bucket_dtype(const dp_tensor *t, dps_fuse_t kind)
 }
 
 static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                dps_fuse_t kind, double scale, dps_redop_t op)
+                dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     size_t cap = dps_g.bucket_bytes;
+    /* a weight every rank shares goes on the result, a rank's own on what it sends */
+    double pre = kind == DPS_FUSE_BCAST || !w.per_rank ? 1.0 : w.scale;
+    double post = kind == DPS_FUSE_BCAST || w.per_rank ? 1.0 : w.scale;
     if (dps_check_tensors(hook, t, n, 0)) return -1;
     if (!L->bucket && !(L->bucket = malloc(cap))) {
         DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
@@ -184,9 +176,8 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         int32_t rd = bucket_dtype(&t[i], kind);
         size_t es = dps_dtype_size(rd), room = cap / es;
         if (off == 0 && in_place(&t[i], rd, es, room)) {
-            /* large enough to travel alone: no copy */
-            if (kind != DPS_FUSE_BCAST && scale != 1.0) pack(t[i].data, &t[i], 0, t[i].count, kind, scale, rd);
-            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op)) return -1;
+            /* large enough to travel alone: no copy, and the backend weights it piece by piece */
+            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post)) return -1;
             i++;
             continue;
         }
@@ -201,13 +192,13 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
             if (bucket_dtype(y, kind) != rd || (off == 0 && in_place(y, rd, es, room) && used))
                 break;
             uint64_t k = y->count - off < room - used ? y->count - off : room - used;
-            pack(bucket + used * es, y, off, k, kind, scale, rd);
+            pack(bucket + used * es, y, off, k, kind, pre, rd);
             used += k, off += k;
         }
-        if (run(L, hook, be, kind, bucket, used, rd, op)) return -1;
+        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0)) return -1; /* packing and unpacking weigh */
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
-            if (k) unpack(&t[j], first_off, bucket + done * es, k, kind, rd); /* an empty tensor may have no data */
+            if (k) unpack(&t[j], first_off, bucket + done * es, k, kind, rd, post); /* an empty tensor may have no data */
             done += k, first_off += k;
             if (first_off == t[j].count) j++, first_off = 0;
         }
@@ -217,38 +208,38 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
 
 int dps_barrier(const char *hook, const dps_backend_t *be)
 {
-    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM);
+    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0);
 }
 
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-              dps_fuse_t kind, double scale, dps_redop_t op)
+              dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     dp_tensor *host, *device;
     size_t nhost, ndevice;
     dps_guard_tensors(t, n);
     int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
-    if (DPS_LIKELY(split == 0)) return fuse(&main_lane, hook, be, t, n, kind, scale, op);
+    if (DPS_LIKELY(split == 0)) return fuse(&main_lane, hook, be, t, n, kind, w, op);
     if (split < 0) return -1;
     /* every tensor is checked before the first collective, GPU ones too */
     if (dps_check_tensors(hook, t, n, 1)) return -1;
     /* host tensors first, then the GPU's: the same order on every rank */
-    if (nhost && fuse(&main_lane, hook, be, host, nhost, kind, scale, op)) return -1;
-    return dps_device_fused(hook, be, device, ndevice, kind, scale, op);
+    if (nhost && fuse(&main_lane, hook, be, host, nhost, kind, w, op)) return -1;
+    return dps_device_fused(hook, be, device, ndevice, kind, w, op);
 }
 
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                   dps_fuse_t kind, double scale, dps_redop_t op)
+                   dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     dps_guard_tensors(t, n);
-    return fuse(&main_lane, hook, be, t, n, kind, scale, op);
+    return fuse(&main_lane, hook, be, t, n, kind, w, op);
 }
 
 int dps_fused_background(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                         double scale, char *err, size_t errlen)
+                         dps_weight_t w, char *err, size_t errlen)
 {
     bg_lane.allreduce = be->allreduce_bg, bg_lane.last_error = be->last_error_bg;
     bg_lane.err = err, bg_lane.errlen = errlen;
-    int rc = fuse(&bg_lane, hook, be, t, n, DPS_FUSE_GRADS, scale, DPS_RED_SUM);
+    int rc = fuse(&bg_lane, hook, be, t, n, DPS_FUSE_GRADS, w, DPS_RED_SUM);
     if (rc && !err[0]) snprintf(err, errlen, "%s: a tensor cannot be reduced (see the message above)", hook);
     return rc;
 }

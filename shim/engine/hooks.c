@@ -38,7 +38,7 @@ static int params_(dp_tensor *t, size_t n)
     if (null_list("dp_params", t, n)) return -1;
     dps_guard_params(t, n);
     const dps_backend_t *be = dps_comm("dp_params");
-    return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) : 0;
+    return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;
 }
 
 static int seed_(uint64_t *seed)
@@ -47,7 +47,7 @@ static int seed_(uint64_t *seed)
     const dps_backend_t *be = dps_comm("dp_seed");
     if (!be) return 0;
     dp_tensor t = {seed, 1, DP_I64, DP_HOST, "seed"};
-    return dps_fused("dp_seed", be, &t, 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM);
+    return dps_fused("dp_seed", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
 }
 
 static size_t batch_(uint64_t *idx, size_t n)
@@ -79,12 +79,16 @@ static size_t epoch_(uint64_t *idx, size_t n)
     return keep;
 }
 
-/* Weight of this rank's gradient in the reduced one. */
-static double grad_scale(void)
+/* Weight of this rank's gradient in the reduced one. Every rank shares it unless split mode cut
+ * the batch into unequal shares; each rank knows that from the batch size alone, so all take the
+ * same side (a shared weight goes on the reduced sum, a rank's own on what it sends). */
+static dps_weight_t grad_weight(void)
 {
-    if (dps_g.reduce_sum) return 1.0;
-    if (dps_g.split_mode && dps_e.have_batch) return dps_split_weight(dps_e.batch_share, dps_e.batch_n);
-    return 1.0 / dps_g.eff_size;
+    if (dps_g.reduce_sum) return DPS_UNWEIGHTED;
+    if (dps_g.split_mode && dps_e.have_batch)
+        return (dps_weight_t){dps_split_weight(dps_e.batch_share, dps_e.batch_n),
+                              dps_e.batch_n % (uint64_t)dps_g.eff_size != 0};
+    return (dps_weight_t){1.0 / dps_g.eff_size, 0};
 }
 
 /* Gradients announced by dp_grad_ready in this step: pending (not yet reduced) and done. Grown
@@ -107,7 +111,7 @@ static int submit(const dp_tensor *t, size_t n)
     dps_guard_tensors(t, n);
     dps_guard_note("dp_grad_ready", DPS_COLL_ALLREDUCE, t[0].dtype, count);
     ready.submitted++, ready.submitted_count += count;
-    return dps_progress_submit(t, n, grad_scale());
+    return dps_progress_submit(t, n, grad_weight());
 }
 
 static int flush_pending(const dps_backend_t *be, int background)
@@ -117,7 +121,7 @@ static int flush_pending(const dps_backend_t *be, int background)
         return no_memory("dp_grad_ready", ready.ndone + ready.npending);
     int rc = background ? submit(ready.pending, ready.npending)
                         : dps_fused_host("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
-                                         grad_scale(), DPS_RED_SUM);
+                                         grad_weight(), DPS_RED_SUM);
     if (rc) return rc; /* a bucket that failed stays pending: dp_grads reduces (or reports) it */
     for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
     ready.npending = ready.pending_bytes = 0;
@@ -132,7 +136,7 @@ static int grad_ready_(const dp_tensor *t)
     dp_tensor *host, *device;
     size_t nhost, ndevice;
     int split = dps_device_split(t, 1, &host, &nhost, &device, &ndevice);
-    if (split) return split < 0 ? -1 : dps_device_grad_ready(be, device, grad_scale());
+    if (split) return split < 0 ? -1 : dps_device_grad_ready(be, device, grad_weight());
     if (dps_grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending))
         return no_memory("dp_grad_ready", ready.npending + 1);
     ready.pending[ready.npending++] = *t;
@@ -168,7 +172,7 @@ static int grads_(dp_tensor *t, size_t n)
     int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
     if (split < 0) return -1;
     if (split || dps_device_outstanding()) {
-        if (dps_device_grads(be, split ? device : NULL, split ? ndevice : 0, grad_scale())) return -1;
+        if (dps_device_grads(be, split ? device : NULL, split ? ndevice : 0, grad_weight())) return -1;
         if (split) t = host, n = nhost;
     }
     size_t m = 0;
@@ -176,7 +180,7 @@ static int grads_(dp_tensor *t, size_t n)
     for (size_t i = 0; i < n; i++)
         if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
     ready.npending = ready.pending_bytes = ready.ndone = 0;
-    if (!ready.submitted) return dps_fused_host("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_scale(), DPS_RED_SUM);
+    if (!ready.submitted) return dps_fused_host("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_weight(), DPS_RED_SUM);
     /* [comm] overlap: the rest joins the queue, and the wait is what the guard watches */
     if (m && submit(ready.rest, m)) return -1;
     dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);
@@ -205,12 +209,12 @@ static int bn_stats_(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
         /* one bucket: the count rides along as a double (exact below 2^53) */
         double c = (double)*count;
         dp_tensor t[3] = {*sum, *sumsq, {&c, 1, DP_F64, DP_HOST, "count"}};
-        int rc = dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
+        int rc = dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
         *count = (uint64_t)c;
         return rc;
     }
     dp_tensor t[3] = {*sum, *sumsq, {count, 1, DP_I64, DP_HOST, "count"}};
-    return dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM);
+    return dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
 }
 
 static dps_redop_t redop_of(int op)
@@ -228,7 +232,7 @@ static int metric_(double *v, size_t n, int op)
     const dps_backend_t *be = dps_comm("dp_metric");
     if (!be) return 0;
     dp_tensor t = {v, n, DP_F64, DP_HOST, "metric"};
-    int rc = dps_fused("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, 1.0, redop_of(op));
+    int rc = dps_fused("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, redop_of(op));
     if (rc == 0 && op == DP_MEAN)
         for (size_t i = 0; i < n; i++) v[i] /= dps_g.eff_size;
     return rc;
@@ -238,7 +242,7 @@ static int hook_allreduce_(const char *where, dp_tensor *t, int op)
 {
     const dps_backend_t *be = dps_comm(where);
     if (!be) return 0;
-    return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0,
+    return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, (dps_weight_t){op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, 0},
                      redop_of(op));
 }
 

@@ -16,7 +16,7 @@
 
 typedef struct group {
     size_t first, n; /* tensors queue.t[first .. first+n) */
-    double scale;
+    dps_weight_t w;
 } group_t;
 
 static struct {
@@ -56,7 +56,7 @@ static void *progress_main(void *arg)
         queue.busy = 1;
         pthread_mutex_unlock(&queue.lock);
         char err[sizeof queue.err] = "";
-        int rc = dps_fused_background("dp_grad_ready", queue.be, mine, g.n, g.scale, err, sizeof err);
+        int rc = dps_fused_background("dp_grad_ready", queue.be, mine, g.n, g.w, err, sizeof err);
         pthread_mutex_lock(&queue.lock);
         queue.busy = 0;
         queue.next++;
@@ -89,7 +89,7 @@ int dps_progress_available(const dps_backend_t *be)
     return ok;
 }
 
-int dps_progress_submit(const dp_tensor *t, size_t n, double scale)
+int dps_progress_submit(const dp_tensor *t, size_t n, dps_weight_t w)
 {
     pthread_mutex_lock(&queue.lock);
     int rc = -1;
@@ -97,7 +97,7 @@ int dps_progress_submit(const dp_tensor *t, size_t n, double scale)
         dps_grow((void **)&queue.g, &queue.cap_g, queue.ng + 1, sizeof *queue.g))
         goto out;
     memcpy(queue.t + queue.nt, t, n * sizeof *t);
-    queue.g[queue.ng++] = (group_t){queue.nt, n, scale};
+    queue.g[queue.ng++] = (group_t){queue.nt, n, w};
     queue.nt += n;
     pthread_cond_signal(&queue.work);
     rc = 0;

@@ -28,6 +28,7 @@ typedef struct call {
     size_t count; /* elements; bcast: bytes */
     int dtype;    /* bcast, barrier: -1 */
     dps_redop_t op;
+    double pre, post; /* the weights the backend was asked to apply */
     unsigned char data[1 << 12]; /* the buffer as the backend received it (its head) */
 } call_t;
 
@@ -45,9 +46,11 @@ static void record(char kind, void *buf, size_t count, int dtype, dps_redop_t op
 
 /* NRANKS identical ranks: a sum is NRANKS times the value (half types added in f32 and rounded
  * back, as the mpi backend's reduction does); MIN and MAX leave it. */
-static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_t op)
+static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
 {
+    if (op == DPS_RED_SUM) dps_scale_in_place(buf, count, dtype, pre); /* as the mpi backend, per piece */
     record(kind, buf, count, dtype, op, count * dps_dtype_size(dtype));
+    calls[ncalls - 1].pre = pre, calls[ncalls - 1].post = post;
     if (fail_calls) return -1;
     if (op != DPS_RED_SUM) return 0;
     for (size_t j = 0; j < count; j++)
@@ -76,15 +79,16 @@ static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_
         default:
             abort();
         }
+    dps_scale_in_place(buf, count, dtype, post);
     return 0;
 }
-static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
+static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
 {
-    return stub_reduce('a', buf, count, dtype, op);
+    return stub_reduce('a', buf, count, dtype, op, pre, post);
 }
-static int stub_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op)
+static int stub_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
 {
-    return stub_reduce('g', buf, count, dtype, op);
+    return stub_reduce('g', buf, count, dtype, op, pre, post);
 }
 
 /* Rank 0's bytes as another rank receives them: ours, each XORed with BCAST_XOR, so that what
@@ -124,6 +128,9 @@ static void reset(void)
 }
 
 /* --- helpers ------------------------------------------------------------------------------- */
+
+/* A rank's own weight: applied to what it sends, before the reduction. */
+static dps_weight_t per_rank(double scale) { return (dps_weight_t){scale, 1}; }
 
 static dp_tensor tensor(void *data, uint64_t count, int32_t dtype, const char *name)
 {
@@ -199,6 +206,45 @@ static void in_child(const char *name, size_t bucket, void (*fn)(void))
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: child status %#x", name, status);
 }
 
+/* A weight every rank shares goes on the reduced sum: the backend gets the elements as they are
+ * (no pass over them before the reduction) and `post`, and each result is the sum times the
+ * weight, rounded once; in a bucket (applied at unpack) and in place, f32 and a half tensor. */
+static void test_shared_weight(void)
+{
+    float a[3], e[20];
+    uint16_t h[4];
+    dp_tensor t[] = {tensor(a, 3, DP_F32, "a"), tensor(e, 20, DP_F32, "e"), tensor(h, 4, DP_F16, "h")};
+    enum { N = sizeof t / sizeof *t };
+    unsigned char orig[N][80];
+    for (int k = 0; k < N; k++)
+        fill(&t[k], k), memcpy(orig[k], t[k].data, t[k].count * dps_dtype_size(t[k].dtype));
+    const double scale = 1.0 / 3.0; /* not a power of two: before and after round differently */
+    reset();
+    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, (dps_weight_t){scale, 0}, DPS_RED_SUM) == 0,
+          "dps_fused failed");
+    CHECK(ncalls == 3, "%zu calls, want 3 (a, e in place, h)", ncalls);
+    if (ncalls != 3) return;
+    CHECK(calls[1].buf == e && calls[1].pre == 1.0 && calls[1].post == scale,
+          "e in place: pre %g post %g, want 1 and the weight", calls[1].pre, calls[1].post);
+    CHECK(calls[0].pre == 1.0 && calls[0].post == 1.0 && calls[2].pre == 1.0 && calls[2].post == 1.0,
+          "a bucket is weighted at unpack, not by the backend");
+    CHECK(same_bits(calls[0].data, orig[0], 3 * 4) && same_bits(calls[1].data, orig[1], 20 * 4),
+          "the elements were weighted before the reduction");
+    for (size_t j = 0; j < 3; j++) {
+        float want = (float)(((float *)orig[0])[j] * NRANKS * scale);
+        CHECK(same_bits(&a[j], &want, 4), "a[%zu] = %g, want the sum times the weight %g", j, a[j], want);
+    }
+    for (size_t j = 0; j < 20; j++) {
+        float want = (float)(((float *)orig[1])[j] * NRANKS * scale);
+        CHECK(same_bits(&e[j], &want, 4), "e[%zu] = %g, want %g", j, e[j], want);
+    }
+    for (size_t j = 0; j < 4; j++) {
+        float sum = dps_f16_to_f32(((uint16_t *)orig[2])[j]) * NRANKS; /* reduced in f32 */
+        uint16_t want = dps_f32_to_f16((float)(sum * scale));
+        CHECK(h[j] == want, "h[%zu] = %#x, want %#x", j, h[j], want);
+    }
+}
+
 /* --- bucket planning ----------------------------------------------------------------------- */
 
 static void test_planning(void)
@@ -214,7 +260,7 @@ static void test_planning(void)
     const double scale = 0.5;
     reset();
     uint64_t seq = dps_guard_seq();
-    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, scale, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
     /* a b c and d's first element fill a bucket of 16; the rest of d; e in place (>= 8, half a
      * bucket), which also closes the bucket before it; f and g */
     CHECK(ncalls == 4, "%zu calls, want 4", ncalls);
@@ -228,6 +274,11 @@ static void test_planning(void)
               calls[i].dtype, counts[i]);
     }
     CHECK(calls[2].buf == e, "e (20 elements, more than half a bucket) not reduced in place");
+    /* a tensor in place is weighted by the backend, piece by piece (no pass of its own); a bucket
+     * was weighted while packed */
+    CHECK(calls[2].pre == scale && calls[0].pre == 1.0 && calls[1].pre == 1.0 && calls[3].pre == 1.0,
+          "weights handed to the backend: %g %g %g %g, want 1 1 %g 1", calls[0].pre, calls[1].pre, calls[2].pre,
+          calls[3].pre, scale);
     CHECK(calls[0].buf == calls[1].buf && calls[1].buf == calls[3].buf, "the buckets are not one buffer");
     for (int k = 0; k < N; k++)
         CHECK((unsigned char *)calls[0].buf < (unsigned char *)t[k].data ||
@@ -273,7 +324,7 @@ static void test_half_bucket(void)
     for (int k = 0; k < 5; k++)
         fill(&t[k], k);
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 5, "%zu calls, want 5", ncalls);
     if (ncalls != 5) return;
     CHECK(calls[0].count == 7 && calls[0].buf != a, "a: packed alone (b goes in place)");
@@ -304,7 +355,7 @@ static void test_dtype_change(void)
     uint16_t h0[3], bf0[4]; /* as rounded to their type by fill */
     memcpy(h0, h, sizeof h), memcpy(bf0, bf, sizeof bf);
     reset();
-    CHECK(dps_fused("dp_metric", &stub, t, N, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_metric", &stub, t, N, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     static const struct {
         size_t count;
         int dtype;
@@ -341,7 +392,7 @@ static void test_half_types(void)
     memcpy(h0, h, sizeof h), memcpy(bf0, bf, sizeof bf);
     const double scale = 1.0 / 3.0;
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 2, DPS_FUSE_GRADS, scale, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 2, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
     /* 40 + 5 halves as f32, 16 a bucket: 16, 16, 8 + 5 */
     CHECK(ncalls == 3, "%zu calls, want 3", ncalls);
     for (size_t i = 0; i < ncalls; i++)
@@ -381,7 +432,7 @@ static void test_scale_zero(void)
                      tensor(b, 7, DP_F64, "b"), tensor(bigd, 4, DP_F64, "bigd"),
                      tensor(h, 7, DP_F16, "h"), tensor(bf, 7, DP_BF16, "bf")};
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 6, DPS_FUSE_GRADS, 0.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 6, DPS_FUSE_GRADS, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls >= 4 && calls[1].buf == big && calls[3].buf == bigd,
           "big and bigd were not reduced in place");
     /* exact +0: no NaN, no infinity, no -0 */
@@ -409,7 +460,7 @@ static void test_scale_one_and_ops(void)
     dp_tensor t[] = {tensor(a, 4, DP_F32, "a"), tensor(big, 12, DP_F32, "big")};
     for (int op = DPS_RED_MIN; op <= DPS_RED_MAX; op++) {
         reset();
-        CHECK(dps_fused("dp_metric", &stub, t, 2, DPS_FUSE_ALLREDUCE, 1.0, (dps_redop_t)op) == 0,
+        CHECK(dps_fused("dp_metric", &stub, t, 2, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, (dps_redop_t)op) == 0,
               "dps_fused failed");
         CHECK(ncalls == 2 && calls[0].op == (dps_redop_t)op && calls[1].op == (dps_redop_t)op,
               "op %d not passed on", op);
@@ -420,7 +471,7 @@ static void test_scale_one_and_ops(void)
     }
     /* a plain all-reduce with a scale (dp_metric's mean) scales like gradients */
     reset();
-    CHECK(dps_fused("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, 0.25, DPS_RED_SUM) == 0,
+    CHECK(dps_fused("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, per_rank(0.25), DPS_RED_SUM) == 0,
           "dps_fused failed");
     CHECK(a[0] == 1.5f && a[1] == -2.0f && isnan(a[2]) && a[3] == INFINITY,
           "mean of identical ranks: %g %g %g %g", a[0], a[1], a[2], a[3]);
@@ -441,7 +492,7 @@ static void test_integers(void)
     uint8_t c0[5];
     memcpy(a0, a, sizeof a), memcpy(b0, b, sizeof b), memcpy(c0, c, sizeof c), memcpy(big0, big, sizeof big);
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 4, DPS_FUSE_GRADS, 0.5, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 4, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 4, "%zu calls, want 4", ncalls);
     if (ncalls == 4) {
         CHECK(calls[0].dtype == DP_I32 && same_bits(calls[0].data, a0, sizeof a0), "a was scaled");
@@ -483,7 +534,7 @@ static void test_broadcast(void)
     reset();
     uint64_t seq = dps_guard_seq();
     /* the scale never applies to a broadcast (0 would zero every float) */
-    CHECK(dps_fused("dp_params", &stub, t, N, DPS_FUSE_BCAST, 0.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_params", &stub, t, N, DPS_FUSE_BCAST, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
     /* every dtype its own bucket (f16 and bf16 included: bytes are not widened), big in place */
     CHECK(ncalls == N, "%zu calls, want %d", ncalls, N);
     CHECK(guard_calls(seq) == ncalls, "the guard saw %llu collectives", (unsigned long long)guard_calls(seq));
@@ -507,7 +558,7 @@ static void test_broadcast(void)
     float p0[10], q0[10];
     memcpy(p0, p, sizeof p), memcpy(q0, q, sizeof q);
     reset();
-    CHECK(dps_fused("dp_params", &stub, pq, 4, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_params", &stub, pq, 4, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 2 && calls[0].count == 64 && calls[1].count == 16, "%zu calls: %zu, %zu bytes", ncalls,
           ncalls ? calls[0].count : 0, ncalls > 1 ? calls[1].count : 0);
     for (int j = 0; j < 10; j++) {
@@ -549,7 +600,7 @@ static void test_compress(int32_t cd)
         memcpy(orig[k], t[k].data, t[k].count * dps_dtype_size(t[k].dtype));
     const double scale = 0.5;
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, scale, DPS_RED_SUM) == 0, "%s: dps_fused failed",
+    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "%s: dps_fused failed",
           cn);
     /* a | d | i | e o big[0..24) (32 halves) | big[24..40) | own in place (20 >= 16) | small */
     static const struct {
@@ -610,10 +661,10 @@ static void test_compress(int32_t cd)
     for (int k = 0; k < N; k++)
         fill(&t[k], k);
     reset();
-    CHECK(dps_fused("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].dtype == DP_F32, "%s: a plain all-reduce was compressed", cn);
     reset();
-    CHECK(dps_fused("dp_params", &stub, &t[5], 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_params", &stub, &t[5], 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].count == 160 && calls[0].buf == big, "%s: a broadcast was compressed", cn);
     dps_g.compress_dtype = -1;
 }
@@ -630,17 +681,17 @@ static void test_zero_counts(void)
                      tensor(b, 2, DP_F32, "b"),       tensor(unused, 0, DP_I32, "z3"),
                      tensor(c, 8, DP_F32, "c"),       tensor(NULL, 0, DP_U8, "z4")};
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 8, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 8, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     /* the empty f64 and i32 tensors do not split the f32 bucket */
     CHECK(ncalls == 2 && calls[0].count == 5 && calls[0].dtype == DP_F32 && calls[1].buf == c, "%zu calls",
           ncalls);
     CHECK(a[2] == 12 && b[0] == 16 && b[1] == 20 && c[7] == 8 && unused[0] == 9,
           "results of the non-empty tensors");
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 0, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM) == 0, "empty list");
+    CHECK(dps_fused("dp_grads", &stub, t, 0, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty list");
     dp_tensor empty[] = {tensor(NULL, 0, DP_F32, "z"), tensor(NULL, 0, DP_BF16, "z")};
-    CHECK(dps_fused("dp_grads", &stub, empty, 2, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM) == 0, "empty tensors");
-    CHECK(dps_fused("dp_params", &stub, empty, 2, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM) == 0, "empty broadcast");
+    CHECK(dps_fused("dp_grads", &stub, empty, 2, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty tensors");
+    CHECK(dps_fused("dp_params", &stub, empty, 2, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty broadcast");
     CHECK(ncalls == 0, "%zu calls for nothing", ncalls);
 }
 
@@ -660,7 +711,7 @@ static void test_background(void)
     char err[256] = "";
     reset();
     uint64_t seq = dps_guard_seq();
-    CHECK(dps_fused_background("dp_grad_ready", &stub, t, 2, 0.25, err, sizeof err) == 0, "background: %s",
+    CHECK(dps_fused_background("dp_grad_ready", &stub, t, 2, per_rank(0.25), err, sizeof err) == 0, "background: %s",
           err);
     CHECK(ncalls == 2 && calls[0].kind == 'g' && calls[1].kind == 'g' && calls[1].buf == b,
           "background: %zu calls on the wrong channel", ncalls);
@@ -670,7 +721,7 @@ static void test_background(void)
     /* a failure is described, not fatal */
     reset();
     fail_calls = 1;
-    CHECK(dps_fused_background("dp_grad_ready", &stub, t, 1, 1.0, err, sizeof err) == -1,
+    CHECK(dps_fused_background("dp_grad_ready", &stub, t, 1, DPS_UNWEIGHTED, err, sizeof err) == -1,
           "background failure");
     CHECK(strstr(err, "dp_grad_ready") && strstr(err, "background reduction") &&
               strstr(err, "stub backend failure"),
@@ -679,7 +730,7 @@ static void test_background(void)
     err[0] = '\0';
     dp_tensor bad = tensor(a, 3, 42, "bad");
     dps_test_capture_begin();
-    int rc = dps_fused_background("dp_grad_ready", &stub, &bad, 1, 1.0, err, sizeof err);
+    int rc = dps_fused_background("dp_grad_ready", &stub, &bad, 1, DPS_UNWEIGHTED, err, sizeof err);
     dps_test_capture_end();
     CHECK(rc == -1 && strstr(err, "dp_grad_ready") && ncalls == 0, "background bad tensor: %d '%s'", rc, err);
 }
@@ -693,7 +744,7 @@ static void expect_bad(dp_tensor bad, const char *frag)
     reset();
     uint64_t seq = dps_guard_seq();
     dps_test_capture_begin();
-    int rc = dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, 0.5, DPS_RED_SUM);
+    int rc = dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM);
     const char *msg = dps_test_capture_end();
     CHECK(rc == -1, "%s: returned %d", frag, rc);
     CHECK(ncalls == 0 && guard_calls(seq) == 0, "%s: %zu collectives before the error", frag, ncalls);
@@ -723,7 +774,7 @@ static void fail_allreduce(void)
     float a[3] = {1, 2, 3};
     dp_tensor t = tensor(a, 3, DP_F32, "a");
     fail_calls = 1;
-    dps_fused("dp_grads", &stub, &t, 1, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM);
+    dps_fused("dp_grads", &stub, &t, 1, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM);
     _exit(0); /* not reached */
 }
 static void fail_bcast(void)
@@ -731,7 +782,7 @@ static void fail_bcast(void)
     float a[30] = {0};
     dp_tensor t = tensor(a, 30, DP_F32, "a");
     fail_calls = 1;
-    dps_fused("dp_params", &stub, &t, 1, DPS_FUSE_BCAST, 1.0, DPS_RED_SUM);
+    dps_fused("dp_params", &stub, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
     _exit(0);
 }
 
@@ -776,7 +827,7 @@ static void big_bucket(void)
                      tensor(a, ELEMS, DP_F32, "a")};
     fill(&t[0], 0);
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     /* 1 MiB bucket, half is 512 KiB: b (256 KiB - 4) is packed with c, a (256 KiB) goes in place */
     CHECK(ncalls == 2, "%zu calls, want 2", ncalls);
     if (ncalls == 2) {
@@ -795,7 +846,7 @@ static void bucket_256(void)
     for (int k = 0; k < 60; k++)
         v[k][0] = (float)k, t[k] = tensor(v[k], 1, DP_F32, "v");
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 60, DPS_FUSE_GRADS, 1.0, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused("dp_grads", &stub, t, 60, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].count == 60, "%zu calls", ncalls);
     for (int k = 0; k < 60; k++)
         CHECK(v[k][0] == (float)(k * NRANKS), "v[%d] = %g", k, v[k][0]);
@@ -811,6 +862,7 @@ int main(void)
 
     dps_g.bucket_bytes = BUCKET;
     test_planning();
+    test_shared_weight();
     test_half_bucket();
     test_dtype_change();
     test_half_types();

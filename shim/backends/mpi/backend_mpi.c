@@ -21,12 +21,15 @@
  * interleave with the main thread's collectives on one communicator. */
 typedef struct channel {
     MPI_Comm comm;
+    int rank, size;
     size_t piece_bytes; /* large reductions go in pieces of this size; 0: not chosen yet */
+    void *block;        /* the ring's receive buffer, block_bytes long */
+    size_t block_bytes;
     char err[512];
     char tuning[256]; /* how piece_bytes was chosen; written only by the channel's own thread */
 } channel_t;
 
-static channel_t main_ch = {MPI_COMM_NULL, 0, "", ""}, bg_ch = {MPI_COMM_NULL, 0, "", ""};
+static channel_t main_ch = {.comm = MPI_COMM_NULL}, bg_ch = {.comm = MPI_COMM_NULL};
 static MPI_Comm guard_comm = MPI_COMM_NULL, files_comm = MPI_COMM_NULL;
 static int initialized_by_us;
 
@@ -92,29 +95,93 @@ static MPI_Datatype mpi_dtype(int dtype)
     }
 }
 
-/* Large reductions go in pieces: Open MPI reduces a 64 MiB buffer about 3 times faster in
- * pieces of a few hundred KiB to a few MiB (the pieces stay in cache) than in one call. Which
- * size is fastest depends on the machine, so it is measured once, on a scratch buffer, at the
- * first reduction that is large enough to care; every rank then uses the same size. */
-#define PIECE_MIN_BUFFER (8u << 20)
+/* Large sums go as a ring, in pieces. The ring (a reduce-scatter, then an all-gather, by
+ * point-to-point messages on the channel's communicator) reduces each block on one rank with Open
+ * MPI's own reduction (MPI_Reduce_local, vectorized), and that rank weights the block (`post`)
+ * right there, while it is in cache: Open MPI's MPI_Allreduce would need a pass over memory of its
+ * own for the weight, which cost more than the reduction here. Each element is reduced on one rank
+ * only, so every rank ends with the same bits. The pieces keep each ring's working set in cache;
+ * their size is measured once, on a scratch buffer, at the first sum large enough to care, and
+ * every rank uses the same size. Smaller buffers, and minima and maxima, go to MPI_Allreduce. */
+#define RING_MIN_BUFFER (256u << 10)
 #define CALIBRATION_BYTES (16u << 20)
+enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
 
-static int reduce_whole(channel_t *ch, void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es)
+/* MPI counts are int: buffers above INT_MAX elements go as several calls */
+static int reduce_whole(channel_t *ch, void *buf, size_t count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                        double pre, double post)
 {
-    for (size_t off = 0; off < count;) { /* MPI counts are int */
+    for (size_t off = 0; off < count;) {
         int n = count - off > (size_t)INT_MAX ? INT_MAX : (int)(count - off);
-        if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, n, t, o, ch->comm), "MPI_Allreduce"))
-            return -1;
+        char *p = (char *)buf + off * es;
+        dps_scale_in_place(p, (size_t)n, dtype, pre);
+        if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, p, n, t, o, ch->comm), "MPI_Allreduce")) return -1;
+        dps_scale_in_place(p, (size_t)n, dtype, post);
         off += (size_t)n;
     }
     return 0;
 }
 
-static int reduce_pieces(channel_t *ch, void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es, size_t piece)
+/* One message of the ring: n elements to the right neighbour, as many from the left one. */
+static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr, MPI_Datatype t, int tag)
+{
+    int right = (ch->rank + 1) % ch->size, left = (ch->rank + ch->size - 1) % ch->size, got = -1;
+    MPI_Status st;
+    if (check(ch, PMPI_Sendrecv(send, ns, t, right, tag, recv, nr, t, left, tag, ch->comm, &st), "MPI_Sendrecv"))
+        return -1;
+    PMPI_Get_count(&st, t, &got);
+    if (got != nr) { /* a larger message fails in MPI_Sendrecv itself */
+        snprintf(ch->err, sizeof ch->err,
+                 "rank %d sent %d elements of a ring all-reduce where %d were due (ranks are reducing buffers of "
+                 "different sizes: a desync)", left, got, nr);
+        return -1;
+    }
+    return 0;
+}
+
+static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double post)
+{
+    int p = ch->size, r = ch->rank, block = (count + p - 1) / p;
+    if ((size_t)block * es > ch->block_bytes) {
+        void *b = realloc(ch->block, (size_t)block * es);
+        if (!b) {
+            snprintf(ch->err, sizeof ch->err, "out of memory for a %zu-byte ring block", (size_t)block * es);
+            return -1;
+        }
+        ch->block = b, ch->block_bytes = (size_t)block * es;
+    }
+#define RING_AT(b) ((b) * block < count ? (b) * block : count)
+#define RING_LEN(b) (RING_AT((b) + 1) - RING_AT(b))
+    for (int s = 0; s < p - 1; s++) { /* after step s, block r-s-1 holds s+2 ranks' sum */
+        int out = (r - s + p) % p, in = (r - s - 1 + 2 * p) % p;
+        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t, TAG_SCATTER) ||
+            check(ch, PMPI_Reduce_local(ch->block, buf + (size_t)RING_AT(in) * es, RING_LEN(in), t, o),
+                  "MPI_Reduce_local"))
+            return -1;
+    }
+    int own = (r + 1) % p; /* complete here, and in cache */
+    dps_scale_in_place(buf + (size_t)RING_AT(own) * es, (size_t)RING_LEN(own), dtype, post);
+    for (int s = 0; s < p - 1; s++) {
+        int out = (r + 1 - s + p) % p, in = (r - s + p) % p;
+        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), buf + (size_t)RING_AT(in) * es,
+                      RING_LEN(in), t, TAG_GATHER))
+            return -1;
+    }
+#undef RING_AT
+#undef RING_LEN
+    return 0;
+}
+
+static int ring_pieces(channel_t *ch, void *buf, size_t count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                       double pre, double post, size_t piece)
 {
     size_t per = piece / es ? piece / es : 1;
-    for (size_t off = 0; off < count; off += per)
-        if (reduce_whole(ch, (char *)buf + off * es, count - off < per ? count - off : per, t, o, es)) return -1;
+    for (size_t off = 0; off < count; off += per) {
+        size_t n = count - off < per ? count - off : per;
+        char *p = (char *)buf + off * es;
+        dps_scale_in_place(p, n, dtype, pre); /* a rank's own weight: before anything is sent */
+        if (ring(ch, p, (int)n, dtype, t, o, es, post)) return -1;
+    }
     return 0;
 }
 
@@ -122,18 +189,22 @@ static int reduce_pieces(channel_t *ch, void *buf, size_t count, MPI_Datatype t,
  * communicator, so the two threads never need to agree on who measures. */
 static void calibrate(channel_t *ch)
 {
-    /* no "whole buffer" candidate: at 16 MiB one call can still win, at 64 MiB it loses 3x */
-    static const size_t candidates[] = {256u << 10, 1u << 20, 4u << 20};
+    /* no "whole buffer" candidate: at 16 MiB one call can still win, at 64 MiB it loses 2x */
+    static const size_t candidates[] = {256u << 10, 512u << 10, 1u << 20, 2u << 20, 4u << 20};
     enum { N = sizeof candidates / sizeof *candidates };
-    float *scratch = calloc(CALIBRATION_BYTES / sizeof(float), sizeof(float)); /* zeros stay zeros */
+    float *scratch = malloc(CALIBRATION_BYTES);
     double best[N];
     ch->piece_bytes = 1u << 20; /* if measuring is impossible */
     if (!scratch) return;
+    memset(scratch, 0, CALIBRATION_BYTES); /* zeros stay zeros; and no page is first touched while timed */
     for (int c = 0; c < N; c++) {
         best[c] = 1e30;
         for (int rep = 0; rep < 3; rep++) {
             double t = PMPI_Wtime();
-            reduce_pieces(ch, scratch, CALIBRATION_BYTES / sizeof(float), MPI_FLOAT, MPI_SUM, sizeof(float), candidates[c]);
+            /* weighted, as gradients are by default: a piece whose own block outgrows the cache
+             * pays for the weight */
+            ring_pieces(ch, scratch, CALIBRATION_BYTES / sizeof(float), DP_F32, MPI_FLOAT, MPI_SUM, sizeof(float),
+                        1.0, 0.5, candidates[c]);
             t = PMPI_Wtime() - t;
             if (t < best[c]) best[c] = t;
         }
@@ -145,9 +216,12 @@ static void calibrate(channel_t *ch)
     for (int c = 1; c < N; c++)
         if (best[c] < best[pick]) pick = c;
     ch->piece_bytes = candidates[pick];
-    snprintf(ch->tuning, sizeof ch->tuning,
-             "all-reduce pieces of %zu KiB (measured on %u MiB: 256 KiB %.1f ms, 1 MiB %.1f ms, 4 MiB %.1f ms)",
-             ch->piece_bytes >> 10, CALIBRATION_BYTES >> 20, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3);
+    int len = snprintf(ch->tuning, sizeof ch->tuning, "all-reduce pieces of %zu KiB (measured on %u MiB:",
+                       ch->piece_bytes >> 10, CALIBRATION_BYTES >> 20);
+    for (int c = 0; c < N && len > 0 && (size_t)len < sizeof ch->tuning; c++)
+        len += snprintf(ch->tuning + len, sizeof ch->tuning - (size_t)len, "%s %zu KiB %.1f ms", c ? "," : "",
+                        candidates[c] >> 10, best[c] * 1e3);
+    if (len > 0 && (size_t)len < sizeof ch->tuning) snprintf(ch->tuning + len, sizeof ch->tuning - (size_t)len, ")");
 }
 
 static void mpi_set_piece(size_t bytes)
@@ -165,7 +239,8 @@ static const char *mpi_tuning(void)
     return text;
 }
 
-static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op)
+static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op, double pre,
+                             double post)
 {
     MPI_Datatype t = mpi_dtype(dtype);
     int half = dtype == DP_F16 || dtype == DP_BF16;
@@ -180,19 +255,20 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
         snprintf(ch->err, sizeof ch->err, "mpi backend: dtype %d cannot be reduced", dtype);
         return -1;
     }
-    if (count * es < PIECE_MIN_BUFFER) return reduce_whole(ch, buf, count, t, o, es);
+    if (op != DPS_RED_SUM) return reduce_whole(ch, buf, count, dtype, t, o, es, 1.0, 1.0);
+    if (count * es < RING_MIN_BUFFER) return reduce_whole(ch, buf, count, dtype, t, o, es, pre, post);
     if (!ch->piece_bytes) calibrate(ch);
-    return reduce_pieces(ch, buf, count, t, o, es, ch->piece_bytes);
+    return ring_pieces(ch, buf, count, dtype, t, o, es, pre, post, ch->piece_bytes);
 }
 
-static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op)
+static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
 {
-    return channel_allreduce(&main_ch, buf, count, dtype, op);
+    return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post);
 }
 
-static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op)
+static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
 {
-    return channel_allreduce(&bg_ch, buf, count, dtype, op);
+    return channel_allreduce(&bg_ch, buf, count, dtype, op, pre, post);
 }
 
 static int mpi_bcast(void *buf, size_t bytes, int root)
@@ -398,6 +474,8 @@ static void mpi_release(void)
     PMPI_Finalized(&fin);
     if (guard_comm != MPI_COMM_NULL && !fin) drop_guard_sends();
     if (files_comm != MPI_COMM_NULL && !fin) drop_files_sends();
+    free(main_ch.block), free(bg_ch.block);
+    main_ch.block = bg_ch.block = NULL, main_ch.block_bytes = bg_ch.block_bytes = 0;
     MPI_Comm *comms[] = {&main_ch.comm, &bg_ch.comm, &guard_comm, &files_comm};
     for (size_t i = 0; i < sizeof comms / sizeof *comms; i++) {
         if (*comms[i] != MPI_COMM_NULL && !fin) PMPI_Comm_free(comms[i]);
@@ -455,6 +533,7 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     if (bg) PMPI_Comm_set_errhandler(bg_ch.comm, MPI_ERRORS_RETURN);
     PMPI_Comm_rank(main_ch.comm, &rank);
     PMPI_Comm_size(main_ch.comm, &size);
+    main_ch.rank = bg_ch.rank = rank, main_ch.size = bg_ch.size = size; /* the dups keep MPI_COMM_WORLD's ranks */
     if (rank != expect_rank || size != expect_size) {
         snprintf(err, errlen,
                  "mpi backend: MPI says rank %d of %d, the launcher said rank %d of %d; start the "
