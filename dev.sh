@@ -292,13 +292,34 @@ gpu_pack() {
     echo "dev.sh: carry build-gpu (run's carry list) and start ./dev.sh gpu-check there"
 }
 
+# The shim's all-reduce against plain MPI_Allreduce calls in each kind of program: one that calls
+# MPI_Init itself, one that never calls MPI (the shim initializes it), and a Python process with
+# torch loaded. The sweep's ratio per size side by side, then the named sets.
 bench_allreduce() {
-    for set in sweep 64 resnet50 small overlap; do
-        for np in 2 4; do
-            timeout 600 mpirun --oversubscribe -np $np env DPSHIM_DIAG_LOG=info \
-                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/dpshim-diag" bench $set 2>&1 |
-                grep -v 'INFO rank\|INFO mpi backend opened\|INFO \[comm\] overlap = auto'
+    local np world set out
+    out=$(mktemp -d)
+    for np in 2 3 4; do
+        for world in program shim python; do
+            timeout 600 mpirun --oversubscribe -np $np env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+                "$BUILD_DIR/bin/dpshim-diag" bench --init $world sweep >"$out/$world" 2>&1 ||
+                { cat "$out/$world"; return 1; }
         done
+        echo "all-reduce of one f32 buffer at np=$np, plain/dpshim time (median of 7 alternating rounds; above 1: dpshim faster; * where a result differed)"
+        awk 'FNR == 1 { w++ } $1 ~ /^[0-9]+$/ && NF == 9 { r[$1, w] = $8 ($9 == "yes" ? " " : "*"); if (w == 1) b[++n] = $1 }
+             END { printf "%12s  %-18s %-18s %-18s\n", "bytes", "MPI_Init by program", "MPI by the shim", "Python with torch"
+                   for (i = 1; i <= n; i++) printf "%12s  %-18s %-18s %-18s\n", b[i], r[b[i], 1], r[b[i], 2], r[b[i], 3] }' \
+            "$out/program" "$out/shim" "$out/python"
+        for set in 64 resnet50 small; do
+            for world in program shim python; do
+                timeout 600 mpirun --oversubscribe -np $np env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+                    "$BUILD_DIR/bin/dpshim-diag" bench --init $world $set 2>&1 | grep -v 'WARN guard'
+            done
+        done
+    done
+    rm -rf "$out"
+    for np in 2 4; do
+        timeout 600 mpirun --oversubscribe -np $np env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+            "$BUILD_DIR/bin/dpshim-diag" bench overlap 2>&1 | grep -v 'WARN guard'
     done
 }
 

@@ -3,8 +3,10 @@
  *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
  *   keys            the policy reference as a Markdown table (the README's comes from it)
  *   env             what the shim detects here (host, launcher, ranks, backends, GPUs, versions)
- *   bench [SET]     (under mpirun, with the shim preloaded) all-reduce through the shim
- *                   against plain MPI: dpshim-bench beside this program does the work
+ *   bench [--init WORLD] [SET]
+ *                   (under mpirun, with the shim preloaded) all-reduce through the shim
+ *                   against plain MPI: dpshim-bench beside this program does the work, in a
+ *                   program that initialized MPI itself or not, or in a Python process
  *   report DIR [--trace OUT.json] [--svg OUT.svg]
  *                   merge the per-rank files of a [diag] dir */
 #define _GNU_SOURCE
@@ -116,17 +118,26 @@ static int cmd_env(void)
     return 0;
 }
 
+/* Runs dpshim-bench beside this program, or with --init python the same benchmark inside a Python
+ * process with torch loaded (bench_torch.py, run by Debian's system interpreter, which has torch). */
 static int cmd_bench(char **argv)
 {
     char self[4096], bench[4200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return 1;
     self[n] = '\0';
-    snprintf(bench, sizeof bench, "%s/dpshim-bench", dirname(self));
-    /* [comm] reduce = sum makes the shim's result comparable bit for bit with plain MPI */
-    setenv("DPSHIM_COMM_REDUCE", "sum", 1);
+    int python = argv[2] && argv[3] && !strcmp(argv[2], "--init") && !strcmp(argv[3], "python");
+    const char *set = argv[2] && !strcmp(argv[2], "--init") ? (argv[3] ? argv[4] : NULL) : argv[2];
     /* the overlap set measures the progress thread: on unless the user says otherwise */
-    if (argv[2] && !strcmp(argv[2], "overlap")) setenv("DPSHIM_COMM_OVERLAP", "on", 0);
+    if (set && !strcmp(set, "overlap")) setenv("DPSHIM_COMM_OVERLAP", "on", 0);
+    if (python) {
+        snprintf(bench, sizeof bench, "%s/bench_torch.py", dirname(self));
+        char *args[] = {"/usr/bin/python3", bench, set ? (char *)set : "sweep", NULL};
+        execv(args[0], args);
+        fprintf(stderr, "dpshim-diag: cannot run %s %s: %s\n", args[0], bench, strerror(errno));
+        return 1;
+    }
+    snprintf(bench, sizeof bench, "%s/dpshim-bench", dirname(self));
     argv[1] = bench;
     execv(bench, argv + 1);
     fprintf(stderr, "dpshim-diag: cannot run %s\n", bench);
@@ -156,7 +167,7 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
     if (argc >= 2 && !strcmp(argv[1], "model")) return dps_diag_model(argc - 2, argv + 2);
-    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | bench [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n"
+    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | bench [--init program|program-mt|shim|python] [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n"
                     "       | model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [options]\n");
     return 2;
 }

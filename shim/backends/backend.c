@@ -12,8 +12,9 @@
 #include "core/dtype.h"
 #include "device.h"
 
-static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
 {
+    (void)one_tensor;
     if (op == DPS_RED_SUM) dps_scale_in_place(buf, count, dtype, pre), dps_scale_in_place(buf, count, dtype, post);
     return 0;
 }

@@ -18,8 +18,10 @@ typedef struct dps_backend {
      * DPS_RED_SUM, a weighted sum: each rank's elements multiplied by `pre` before the reduction,
      * the result by `post` after it (dps_scale_in_place; 1: as they are). Large buffers are
      * weighted piece by piece, each piece as it goes in or comes out, so that a weight costs no
-     * pass over memory of its own. */
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post);
+     * pass over memory of its own. `one_tensor`: buf is one tensor, not a bucket of several, so
+     * an algorithm whose summation order follows an element's offset in buf (a ring) gives the
+     * same bits however the framework grouped its tensors. */
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor);
     int (*bcast)(void *buf, size_t bytes, int root);
     int (*barrier)(void);
     const char *(*last_error)(void);
@@ -43,7 +45,7 @@ typedef struct dps_backend {
     /* The background channel: allreduce on a communicator of its own, called only from the
      * engine's progress thread while the main thread may run the other collectives; NULL when
      * the backend has none (then gradients are reduced synchronously). */
-    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post);
+    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor);
     const char *(*last_error_bg)(void);
     /* The file policy's channel, from any thread: rank 0 posts a message to every other rank
      * (never blocking), the others wait for rank 0's next one, in the order posted. NULL when

@@ -167,7 +167,7 @@ static _Noreturn void report_differences(const dps_backend_t *be, const item_t *
     if (texts) {
         for (size_t i = 0; i < nbad; i++)
             item_text(&items[bad[i]], (char *)texts + i * slot + (size_t)dps_g.eff_rank * ITEM_TEXT, ITEM_TEXT);
-        if (be->allreduce(texts, nbad * slot, DP_U8, DPS_RED_SUM, 1.0, 1.0) != 0) free(texts), texts = NULL;
+        if (be->allreduce(texts, nbad * slot, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0) free(texts), texts = NULL;
     }
     char names[512] = "";
     for (size_t i = 0; i < nbad; i++) {
@@ -194,7 +194,7 @@ static char *gather_hosts(const dps_backend_t *be)
     char *table = calloc((size_t)dps_g.eff_size, DPS_GUARD_HOST);
     if (!table) return NULL;
     snprintf(table + (size_t)dps_g.eff_rank * DPS_GUARD_HOST, DPS_GUARD_HOST, "%s", dps_guard_host(dps_g.eff_rank));
-    if (be->allreduce(table, (size_t)dps_g.eff_size * DPS_GUARD_HOST, DP_U8, DPS_RED_SUM, 1.0, 1.0) != 0) {
+    if (be->allreduce(table, (size_t)dps_g.eff_size * DPS_GUARD_HOST, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0) {
         free(table);
         return NULL;
     }
@@ -238,7 +238,7 @@ void dps_engine_agree(const dps_backend_t *be, const char *hook)
     int auto_desync = DPS_POLICY_ENUM(&dps_g.policy, guard, desync) == DPS_V_guard_desync_auto;
     v[2 * n + DECIDE_DESYNC] = dps_g.python_adapter ? DPS_V_guard_desync_full : DPS_V_guard_desync_step;
     dps_guard_mark_t mark = dps_guard_own_begin("start-up agreement");
-    if (be->allreduce(v, 2 * n + NDECISIONS, DP_I64, DPS_RED_MIN, 1.0, 1.0) != 0)
+    if (be->allreduce(v, 2 * n + NDECISIONS, DP_I64, DPS_RED_MIN, 1.0, 1.0, 0) != 0)
         dps_fatal("%s: the ranks' start-up agreement failed: %s", hook, be->last_error());
     size_t bad[DPS_NKEYS + 2], nbad = 0;
     for (size_t i = 0; i < n; i++)

@@ -14,7 +14,7 @@
  * background channel. Each lane has its own bucket, so both can pack at once. */
 typedef struct lane {
     int background;
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post);
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor);
     const char *(*last_error)(void);
     unsigned char *bucket;
     uint64_t seq;          /* background collectives so far (the main lane's are the guard's) */
@@ -110,15 +110,16 @@ int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device
     return 0;
 }
 
-/* One collective on buf; a reduction weights what goes in by `pre` and what comes out by `post`. */
+/* One collective on buf (one tensor, or a bucket); a reduction weights what goes in by `pre` and
+ * what comes out by `post`. */
 static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
-               int32_t dtype, dps_redop_t op, double pre, double post)
+               int32_t dtype, dps_redop_t op, double pre, double post, int one_tensor)
 {
     uint64_t bytes = count * dps_dtype_size(dtype);
     if (L->background) {
         /* the guard watches the main thread, which waits for this in dp_grads */
         uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
-        int rc = L->allreduce(buf, count, dtype, op, pre, post);
+        int rc = L->allreduce(buf, count, dtype, op, pre, post, one_tensor);
         ++L->seq;
         if (dps_diag_on) dps_diag_background(hook, bytes, t0, dps_diag_now(), L->seq, dps_e.step);
         if (rc != 0) snprintf(L->err, L->errlen, "%s (background reduction #%llu): %s", hook,
@@ -130,7 +131,7 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
     int rc = coll == DPS_COLL_BARRIER ? be->barrier()
              : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, 0)
-                                      : be->allreduce(buf, count, dtype, op, pre, post);
+                                      : be->allreduce(buf, count, dtype, op, pre, post, one_tensor);
     if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
@@ -177,7 +178,7 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         size_t es = dps_dtype_size(rd), room = cap / es;
         if (off == 0 && in_place(&t[i], rd, es, room)) {
             /* large enough to travel alone: no copy, and the backend weights it piece by piece */
-            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post)) return -1;
+            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post, 1)) return -1;
             i++;
             continue;
         }
@@ -195,7 +196,7 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
             pack(bucket + used * es, y, off, k, kind, pre, rd);
             used += k, off += k;
         }
-        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0)) return -1; /* packing and unpacking weigh */
+        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0)) return -1; /* packing and unpacking weigh */
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
             if (k) unpack(&t[j], first_off, bucket + done * es, k, kind, rd, post); /* an empty tensor may have no data */
@@ -208,7 +209,7 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
 
 int dps_barrier(const char *hook, const dps_backend_t *be)
 {
-    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0);
+    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0);
 }
 
 int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,

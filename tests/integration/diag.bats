@@ -255,13 +255,34 @@ lanes() {
     assert_equal "$(count "host       $(hostname)")" 2
 }
 
-@test "dpshim-diag bench: the shim's sums equal plain MPI's, bit for bit" {
-    for set in small 1 resnet50; do
-        run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench $set
-        echo "$output"
-        assert_success
-        assert_output --partial "results bitwise equal: yes"
+@test "dpshim-diag bench: the shim's averages equal plain MPI's sums weighted alike, bit for bit, in every kind of program" {
+    # np=3: the weight 1/3 is not exact, and blocks of the ring do not divide the buffers evenly
+    for world in program program-mt shim; do
+        for set in small 1 resnet50; do
+            run mpi 3 env LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench --init $world $set
+            echo "$output"
+            assert_success
+            assert_output --partial "MPI initialized by the ${world%-mt}"
+            assert_output --partial "dpshim dp_grads (mean)"
+            assert_output --partial "results bitwise equal: yes"
+        done
     done
+    run mpi 2 env DPSHIM_COMM_REDUCE=sum LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench 1
+    assert_success
+    assert_output --partial "dpshim dp_grads (sum)"
+    assert_output --partial "results bitwise equal: yes"
+    run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench --init nobody 1
+    assert_failure
+    assert_output --partial "--init nobody: say program, program-mt, shim or python"
+}
+
+@test "dpshim-diag bench --init python: the same benchmark inside a Python process with torch loaded" {
+    /usr/bin/python3 -c "import torch" 2>/dev/null || skip "no torch for /usr/bin/python3"
+    run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench --init python small
+    echo "$output"
+    assert_success
+    assert_output --partial "MPI initialized by the shim, in a Python process with torch"
+    assert_output --partial "results bitwise equal: yes"
 }
 
 @test "dpshim-diag bench overlap: announced gradients give bitwise the same sums as dp_grads alone" {

@@ -199,6 +199,15 @@ on_rank() {
     assert_output --regexp "rank 0 \($HOST\): in dp_grads \(all-reduce f32 x 1000\)"
 }
 
+@test "a large gradient of another size on one rank, without desync checks: the ring all-reduce names the culprit at once" {
+    SECONDS=0
+    run mpi 3 env GUARD_FAULTS_LARGE=1 DPSHIM_GUARD_DESYNC=off DPSHIM_GUARD_TIMEOUT=5 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 count 1 3
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 25 ] || fail "took $SECONDS s"
+    assert_output --regexp "dp_grads \(collective #4 after step 2\): .*(a desync|different sizes)"
+    assert_output --regexp "rank 1 \($HOST\): in dp_grads \(all-reduce f32 x 68000\), collective #4 after step 2, .*  <-- culprit"
+}
+
 @test "two threads calling hooks at once: a clear error naming the hook and both threads, never wrong sums" {
     run mpi 3 env LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 3 threads 1 2
     assert_failure

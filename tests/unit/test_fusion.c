@@ -29,6 +29,7 @@ typedef struct call {
     int dtype;    /* bcast, barrier: -1 */
     dps_redop_t op;
     double pre, post; /* the weights the backend was asked to apply */
+    int one_tensor;
     unsigned char data[1 << 12]; /* the buffer as the backend received it (its head) */
 } call_t;
 
@@ -46,11 +47,12 @@ static void record(char kind, void *buf, size_t count, int dtype, dps_redop_t op
 
 /* NRANKS identical ranks: a sum is NRANKS times the value (half types added in f32 and rounded
  * back, as the mpi backend's reduction does); MIN and MAX leave it. */
-static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                       int one_tensor)
 {
     if (op == DPS_RED_SUM) dps_scale_in_place(buf, count, dtype, pre); /* as the mpi backend, per piece */
     record(kind, buf, count, dtype, op, count * dps_dtype_size(dtype));
-    calls[ncalls - 1].pre = pre, calls[ncalls - 1].post = post;
+    calls[ncalls - 1].pre = pre, calls[ncalls - 1].post = post, calls[ncalls - 1].one_tensor = one_tensor;
     if (fail_calls) return -1;
     if (op != DPS_RED_SUM) return 0;
     for (size_t j = 0; j < count; j++)
@@ -82,13 +84,13 @@ static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_
     dps_scale_in_place(buf, count, dtype, post);
     return 0;
 }
-static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
 {
-    return stub_reduce('a', buf, count, dtype, op, pre, post);
+    return stub_reduce('a', buf, count, dtype, op, pre, post, one_tensor);
 }
-static int stub_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int stub_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
 {
-    return stub_reduce('g', buf, count, dtype, op, pre, post);
+    return stub_reduce('g', buf, count, dtype, op, pre, post, one_tensor);
 }
 
 /* Rank 0's bytes as another rank receives them: ours, each XORed with BCAST_XOR, so that what
@@ -279,6 +281,10 @@ static void test_planning(void)
     CHECK(calls[2].pre == scale && calls[0].pre == 1.0 && calls[1].pre == 1.0 && calls[3].pre == 1.0,
           "weights handed to the backend: %g %g %g %g, want 1 1 %g 1", calls[0].pre, calls[1].pre, calls[2].pre,
           calls[3].pre, scale);
+    /* only a tensor alone may take an algorithm whose order follows the offset (the ring) */
+    CHECK(calls[2].one_tensor && !calls[0].one_tensor && !calls[1].one_tensor && !calls[3].one_tensor,
+          "one_tensor flags %d %d %d %d, want 0 0 1 0", calls[0].one_tensor, calls[1].one_tensor, calls[2].one_tensor,
+          calls[3].one_tensor);
     CHECK(calls[0].buf == calls[1].buf && calls[1].buf == calls[3].buf, "the buckets are not one buffer");
     for (int k = 0; k < N; k++)
         CHECK((unsigned char *)calls[0].buf < (unsigned char *)t[k].data ||

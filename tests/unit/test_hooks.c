@@ -19,9 +19,9 @@ const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
 static int stub_calls;
-static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
 {
-    (void)buf, (void)count, (void)dtype, (void)op, (void)pre, (void)post;
+    (void)buf, (void)count, (void)dtype, (void)op, (void)pre, (void)post, (void)one_tensor;
     return ++stub_calls, 0;
 }
 static int stub_bcast(void *buf, size_t bytes, int root)

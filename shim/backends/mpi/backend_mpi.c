@@ -104,21 +104,34 @@ static MPI_Datatype mpi_dtype(int dtype)
  * their size is measured once, on a scratch buffer, at the first sum large enough to care, and
  * every rank uses the same size. Smaller buffers, and minima and maxima, go to MPI_Allreduce. */
 #define RING_MIN_BUFFER (256u << 10)
+#define PIECE_MIN_BUFFER (8u << 20) /* for MPI_Allreduce, which gains from pieces from about 16 MiB on */
 #define CALIBRATION_BYTES (16u << 20)
 enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
 
-/* MPI counts are int: buffers above INT_MAX elements go as several calls */
-static int reduce_whole(channel_t *ch, void *buf, size_t count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
-                        double pre, double post)
+/* One piece (a count MPI can take), weighted on the way in and out; minima and maxima have pre =
+ * post = 1. */
+typedef int (*piece_fn)(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double pre,
+                        double post);
+
+static int allreduce_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double pre,
+                           double post)
 {
-    for (size_t off = 0; off < count;) {
-        int n = count - off > (size_t)INT_MAX ? INT_MAX : (int)(count - off);
-        char *p = (char *)buf + off * es;
-        dps_scale_in_place(p, (size_t)n, dtype, pre);
-        if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, p, n, t, o, ch->comm), "MPI_Allreduce")) return -1;
-        dps_scale_in_place(p, (size_t)n, dtype, post);
-        off += (size_t)n;
-    }
+    (void)es;
+    dps_scale_in_place(p, (size_t)n, dtype, pre);
+    if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, p, n, t, o, ch->comm), "MPI_Allreduce")) return -1;
+    dps_scale_in_place(p, (size_t)n, dtype, post);
+    return 0;
+}
+
+/* buf in pieces of `piece` bytes at most (and of INT_MAX elements at most: MPI counts are int). */
+static int in_pieces(channel_t *ch, piece_fn one, void *buf, size_t count, int dtype, MPI_Datatype t, MPI_Op o,
+                     size_t es, double pre, double post, size_t piece)
+{
+    size_t per = piece / es ? piece / es : 1;
+    if (per > (size_t)INT_MAX) per = (size_t)INT_MAX;
+    for (size_t off = 0; off < count; off += per)
+        if (one(ch, (char *)buf + off * es, (int)(count - off < per ? count - off : per), dtype, t, o, es, pre, post))
+            return -1;
     return 0;
 }
 
@@ -172,17 +185,11 @@ static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, 
     return 0;
 }
 
-static int ring_pieces(channel_t *ch, void *buf, size_t count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
-                       double pre, double post, size_t piece)
+static int ring_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double pre,
+                      double post)
 {
-    size_t per = piece / es ? piece / es : 1;
-    for (size_t off = 0; off < count; off += per) {
-        size_t n = count - off < per ? count - off : per;
-        char *p = (char *)buf + off * es;
-        dps_scale_in_place(p, n, dtype, pre); /* a rank's own weight: before anything is sent */
-        if (ring(ch, p, (int)n, dtype, t, o, es, post)) return -1;
-    }
-    return 0;
+    dps_scale_in_place(p, (size_t)n, dtype, pre); /* a rank's own weight: before anything is sent */
+    return ring(ch, p, n, dtype, t, o, es, post);
 }
 
 /* Each channel measures at its own first large reduction: a collective on its own
@@ -203,8 +210,8 @@ static void calibrate(channel_t *ch)
             double t = PMPI_Wtime();
             /* weighted, as gradients are by default: a piece whose own block outgrows the cache
              * pays for the weight */
-            ring_pieces(ch, scratch, CALIBRATION_BYTES / sizeof(float), DP_F32, MPI_FLOAT, MPI_SUM, sizeof(float),
-                        1.0, 0.5, candidates[c]);
+            in_pieces(ch, ring_piece, scratch, CALIBRATION_BYTES / sizeof(float), DP_F32, MPI_FLOAT, MPI_SUM,
+                      sizeof(float), 1.0, 0.5, candidates[c]);
             t = PMPI_Wtime() - t;
             if (t < best[c]) best[c] = t;
         }
@@ -240,7 +247,7 @@ static const char *mpi_tuning(void)
 }
 
 static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op, double pre,
-                             double post)
+                             double post, int one_tensor)
 {
     MPI_Datatype t = mpi_dtype(dtype);
     int half = dtype == DP_F16 || dtype == DP_BF16;
@@ -255,20 +262,26 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
         snprintf(ch->err, sizeof ch->err, "mpi backend: dtype %d cannot be reduced", dtype);
         return -1;
     }
-    if (op != DPS_RED_SUM) return reduce_whole(ch, buf, count, dtype, t, o, es, 1.0, 1.0);
-    if (count * es < RING_MIN_BUFFER) return reduce_whole(ch, buf, count, dtype, t, o, es, pre, post);
+    if (op != DPS_RED_SUM) pre = post = 1.0;
+    /* the ring's summation order follows an element's offset in buf: only where that offset is
+     * the same however tensors were grouped (one tensor) do results stay independent of grouping */
+    int by_ring = op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER;
+    if (!by_ring && count * es < PIECE_MIN_BUFFER)
+        return in_pieces(ch, allreduce_piece, buf, count, dtype, t, o, es, pre, post, SIZE_MAX);
     if (!ch->piece_bytes) calibrate(ch);
-    return ring_pieces(ch, buf, count, dtype, t, o, es, pre, post, ch->piece_bytes);
+    return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post,
+                     ch->piece_bytes);
 }
 
-static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
 {
-    return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post);
+    return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post, one_tensor);
 }
 
-static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post)
+static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                            int one_tensor)
 {
-    return channel_allreduce(&bg_ch, buf, count, dtype, op, pre, post);
+    return channel_allreduce(&bg_ch, buf, count, dtype, op, pre, post, one_tensor);
 }
 
 static int mpi_bcast(void *buf, size_t bytes, int root)

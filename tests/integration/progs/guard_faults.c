@@ -64,8 +64,10 @@ int main(int argc, char **argv)
     const char *fault = argc > 4 ? argv[2] : "";
     int frank = argc > 4 ? atoi(argv[3]) : -1, fstep = argc > 4 ? atoi(argv[4]) : -1;
     static float w[70000], g[70000];
-    const char *announce = getenv("GUARD_FAULTS_ANNOUNCE");
-    int n = announce && !strcmp(announce, "1") ? 70000 : 1000;
+    /* GUARD_FAULTS_ANNOUNCE=1: a large gradient, announced by dp_grad_ready; GUARD_FAULTS_LARGE=1: a
+     * large gradient (reduced in place, by the mpi backend's ring) through dp_grads alone */
+    const char *announce = getenv("GUARD_FAULTS_ANNOUNCE"), *large = getenv("GUARD_FAULTS_LARGE");
+    int n = (announce && !strcmp(announce, "1")) || (large && !strcmp(large, "1")) ? 70000 : 1000;
     dp_tensor tw = {w, (uint64_t)n, DP_F32, DP_HOST, "w"}, tg = {g, (uint64_t)n, DP_F32, DP_HOST, "w.grad"};
     if (rank == frank && !strcmp(fault, "vanish")) _exit(0);
     if (rank == frank && !strcmp(fault, "late")) sleep((unsigned)fstep);
@@ -94,15 +96,15 @@ int main(int argc, char **argv)
         if (here && !strcmp(fault, "stall"))
             for (;;) pause();
         for (int i = 0; i < n; i++) g[i] = (float)(rank + 1);
-        if (n > 1000) dp_grad_ready(&tg);
+        if (announce && !strcmp(announce, "1")) dp_grad_ready(&tg);
         if (!strcmp(fault, "swap")) {
             /* the same 1000 elements as two tensors; rank RANK lists them the other way round at STEP */
             dp_tensor two[2] = {{g, 400, DP_F32, DP_HOST, "a.grad"}, {g + 400, 600, DP_F32, DP_HOST, "b.grad"}};
             if (here) two[0] = (dp_tensor){g, 600, DP_F32, DP_HOST, "b.grad"}, two[1] = (dp_tensor){g + 600, 400, DP_F32, DP_HOST, "a.grad"};
             dp_grads(two, 2);
         } else if (here && !strcmp(fault, "count")) {
-            dp_tensor bigger = {g, 1200, DP_F32, DP_HOST, "w.grad"};
-            dp_grads(&bigger, 1);
+            dp_tensor other = {g, n == 1000 ? 1200 : 68000, DP_F32, DP_HOST, "w.grad"};
+            dp_grads(&other, 1);
         } else {
             dp_grads(&tg, 1);
         }
