@@ -154,6 +154,17 @@ static int32_t bucket_dtype(const dp_tensor *t, dps_fuse_t kind)
     return dps_reduce_dtype(t->dtype);
 }
 
+/* t[i] would be the only tensor of its bucket (the next one with elements goes elsewhere, or there
+ * is none): it can go to the backend as it is. Decided from counts and dtypes, as all planning. */
+static int alone(const dp_tensor *t, size_t n, size_t i, dps_fuse_t kind, int32_t rd, size_t es, size_t room)
+{
+    if (rd != t[i].dtype || t[i].count > room) return 0;
+    size_t j = i + 1;
+    while (j < n && !t[j].count) j++;
+    return j == n || bucket_dtype(&t[j], kind) != rd || in_place(&t[j], rd, es, room) ||
+           t[i].count + t[j].count > room;
+}
+
 static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
                 dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
@@ -176,8 +187,9 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         }
         int32_t rd = bucket_dtype(&t[i], kind);
         size_t es = dps_dtype_size(rd), room = cap / es;
-        if (off == 0 && in_place(&t[i], rd, es, room)) {
-            /* large enough to travel alone: no copy, and the backend weights it piece by piece */
+        if (off == 0 && (in_place(&t[i], rd, es, room) || alone(t, n, i, kind, rd, es, room))) {
+            /* large enough to travel alone, or alone in its bucket anyway: no copy, and the
+             * backend weights it (piece by piece) */
             if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post, 1)) return -1;
             i++;
             continue;

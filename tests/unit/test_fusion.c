@@ -224,12 +224,14 @@ static void test_shared_weight(void)
     reset();
     CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, (dps_weight_t){scale, 0}, DPS_RED_SUM) == 0,
           "dps_fused failed");
-    CHECK(ncalls == 3, "%zu calls, want 3 (a, e in place, h)", ncalls);
+    CHECK(ncalls == 3, "%zu calls, want 3 (a alone, e in place, h packed)", ncalls);
     if (ncalls != 3) return;
-    CHECK(calls[1].buf == e && calls[1].pre == 1.0 && calls[1].post == scale,
-          "e in place: pre %g post %g, want 1 and the weight", calls[1].pre, calls[1].post);
-    CHECK(calls[0].pre == 1.0 && calls[0].post == 1.0 && calls[2].pre == 1.0 && calls[2].post == 1.0,
-          "a bucket is weighted at unpack, not by the backend");
+    CHECK(calls[0].buf == a && calls[0].pre == 1.0 && calls[0].post == scale && calls[1].buf == e &&
+              calls[1].pre == 1.0 && calls[1].post == scale,
+          "a and e in place: pre %g %g post %g %g, want 1 and the weight", calls[0].pre, calls[1].pre, calls[0].post,
+          calls[1].post);
+    CHECK(calls[2].buf != h && calls[2].pre == 1.0 && calls[2].post == 1.0,
+          "h (f16, reduced in f32) is packed and weighted at unpack, not by the backend");
     CHECK(same_bits(calls[0].data, orig[0], 3 * 4) && same_bits(calls[1].data, orig[1], 20 * 4),
           "the elements were weighted before the reduction");
     for (size_t j = 0; j < 3; j++) {
@@ -333,11 +335,12 @@ static void test_half_bucket(void)
     CHECK(dps_fused("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 5, "%zu calls, want 5", ncalls);
     if (ncalls != 5) return;
-    CHECK(calls[0].count == 7 && calls[0].buf != a, "a: packed alone (b goes in place)");
+    /* a, c and x would each be alone in a bucket (the next tensor goes in place or has another
+     * dtype): they go as they are, no copy */
+    CHECK(calls[0].count == 7 && calls[0].buf == a, "a: alone in its bucket (b goes in place), not in place");
     CHECK(calls[1].count == 8 && calls[1].buf == b, "b: in place");
-    CHECK(calls[2].count == 7 && calls[2].dtype == DP_F32 && calls[2].buf != c, "c: packed");
-    CHECK(calls[3].count == 3 && calls[3].dtype == DP_F64 && calls[3].buf != x,
-          "x: packed, a bucket of its dtype");
+    CHECK(calls[2].count == 7 && calls[2].dtype == DP_F32 && calls[2].buf == c, "c: alone (x is f64), not in place");
+    CHECK(calls[3].count == 3 && calls[3].dtype == DP_F64 && calls[3].buf == x, "x: alone, not in place");
     CHECK(calls[4].count == 4 && calls[4].dtype == DP_F64 && calls[4].buf == y, "y: in place");
     for (int j = 0; j < 4; j++)
         CHECK(y[j] == value(4, (size_t)j) * NRANKS, "y[%d] = %g", j, y[j]);
@@ -619,7 +622,7 @@ static void test_compress(int32_t cd)
               "%s: call %zu: count %zu dtype %d", cn, c, calls[c].count, calls[c].dtype);
     if (ncalls == 7) {
         CHECK(calls[3].buf != big && calls[4].buf != big, "%s: an f32 tensor went in place", cn);
-        CHECK(calls[6].buf != small, "%s: a small tensor of the compressed type went in place", cn);
+        CHECK(calls[6].buf == small, "%s: a small tensor of the compressed type, alone in its bucket, was copied", cn);
         CHECK(calls[5].buf == own, "%s: a tensor of the compressed type was not reduced in place", cn);
         /* sent: the scaled value rounded to the half type */
         float a0 = ((float *)orig[0])[1];
