@@ -152,6 +152,19 @@ static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr
     return 0;
 }
 
+/* The ring's last step for an f32 sum: own = (own + in) * w in one pass, as fast as Open MPI's own
+ * vectorized sum (a weighting pass after that sum cost as much again). The same bits as the sum,
+ * then dps_scale_in_place. Built for the widest vectors the CPU has (the generic x86-64 build ran
+ * at half the speed of Open MPI's AVX sum here), and `restrict`, without which -O2 leaves the loop
+ * scalar. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+add_weighted_f32(float *restrict own, const float *restrict in, size_t n, double w)
+{
+    float wf = (float)w;
+    if ((double)wf == w) DPS_SCALE_LOOP(n, j, own[j] = (own[j] + in[j]) * wf);
+    else DPS_SCALE_LOOP(n, j, own[j] = (float)((double)(own[j] + in[j]) * w));
+}
+
 static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double post)
 {
     int p = ch->size, r = ch->rank, block = (count + p - 1) / p;
@@ -165,15 +178,19 @@ static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, 
     }
 #define RING_AT(b) ((b) * block < count ? (b) * block : count)
 #define RING_LEN(b) (RING_AT((b) + 1) - RING_AT(b))
+    int fused = dtype == DP_F32 && o == MPI_SUM && post != 1.0 && post != 0.0;
     for (int s = 0; s < p - 1; s++) { /* after step s, block r-s-1 holds s+2 ranks' sum */
         int out = (r - s + p) % p, in = (r - s - 1 + 2 * p) % p;
-        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t, TAG_SCATTER) ||
-            check(ch, PMPI_Reduce_local(ch->block, buf + (size_t)RING_AT(in) * es, RING_LEN(in), t, o),
-                  "MPI_Reduce_local"))
+        char *dst = buf + (size_t)RING_AT(in) * es;
+        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t, TAG_SCATTER))
+            return -1;
+        if (s == p - 2 && fused) /* block r+1: complete here, and weighted on the way */
+            add_weighted_f32((float *)dst, ch->block, (size_t)RING_LEN(in), post);
+        else if (check(ch, PMPI_Reduce_local(ch->block, dst, RING_LEN(in), t, o), "MPI_Reduce_local"))
             return -1;
     }
     int own = (r + 1) % p; /* complete here, and in cache */
-    dps_scale_in_place(buf + (size_t)RING_AT(own) * es, (size_t)RING_LEN(own), dtype, post);
+    if (!fused) dps_scale_in_place(buf + (size_t)RING_AT(own) * es, (size_t)RING_LEN(own), dtype, post);
     for (int s = 0; s < p - 1; s++) {
         int out = (r + 1 - s + p) % p, in = (r - s + p) % p;
         if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), buf + (size_t)RING_AT(in) * es,
