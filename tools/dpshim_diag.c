@@ -130,6 +130,9 @@ static int cmd_bench(char **argv)
     const char *set = argv[2] && !strcmp(argv[2], "--init") ? (argv[3] ? argv[4] : NULL) : argv[2];
     /* the overlap set measures the progress thread: on unless the user says otherwise */
     if (set && !strcmp(set, "overlap")) setenv("DPSHIM_COMM_OVERLAP", "on", 0);
+    /* the gpu set compares NCCL's and hand-made sums with the shim's: plain sums, unless the user
+     * says otherwise */
+    if (set && !strncmp(set, "gpu", 3)) setenv("DPSHIM_COMM_REDUCE", "sum", 0);
     if (python) {
         snprintf(bench, sizeof bench, "%s/bench_torch.py", dirname(self));
         char *args[] = {"/usr/bin/python3", bench, set ? (char *)set : "sweep", NULL};

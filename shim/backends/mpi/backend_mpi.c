@@ -104,6 +104,7 @@ static MPI_Datatype mpi_dtype(int dtype)
  * their size is measured once, on a scratch buffer, at the first sum large enough to care, and
  * every rank uses the same size. Smaller buffers, and minima and maxima, go to MPI_Allreduce. */
 #define RING_MIN_BUFFER (256u << 10)
+#define RING_PIECES_FROM (2u << 20) /* below, one ring over the buffer: its blocks fit in cache */
 #define PIECE_MIN_BUFFER (8u << 20) /* for MPI_Allreduce, which gains from pieces from about 16 MiB on */
 #define CALIBRATION_BYTES (16u << 20)
 enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
@@ -283,8 +284,8 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
     /* the ring's summation order follows an element's offset in buf: only where that offset is
      * the same however tensors were grouped (one tensor) do results stay independent of grouping */
     int by_ring = op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER;
-    if (!by_ring && count * es < PIECE_MIN_BUFFER)
-        return in_pieces(ch, allreduce_piece, buf, count, dtype, t, o, es, pre, post, SIZE_MAX);
+    if (count * es < (by_ring ? RING_PIECES_FROM : PIECE_MIN_BUFFER)) /* whole: no measuring needed */
+        return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post, SIZE_MAX);
     if (!ch->piece_bytes) calibrate(ch);
     return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post,
                      ch->piece_bytes);
