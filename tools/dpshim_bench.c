@@ -254,7 +254,13 @@ static int start_mpi(int *argc, char ***argv)
 /* dpshim-bench's main, and the entry point tools/bench_torch.py calls in a Python process. */
 __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **argv)
 {
-    if (argc > 2 && !strcmp(argv[1], "--init")) world = argv[2], argc -= 2, argv += 2;
+    if (argc > 1 && !strcmp(argv[1], "--init")) {
+        if (argc < 3) {
+            fprintf(stderr, "dpshim-bench: --init needs a value: program, program-mt, shim or python\n");
+            return 2;
+        }
+        world = argv[2], argc -= 2, argv += 2;
+    }
     if (!dp_grads) {
         fprintf(stderr, "dpshim-bench: run it under mpirun with LD_PRELOAD=libdpshim.so\n");
         return 2;
@@ -300,7 +306,18 @@ __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **ar
     } else {
         if (!strcmp(set, "resnet50")) nt = resnet50(sz);
         else if (!strcmp(set, "small")) for (nt = 0; nt < 161; nt++) sz[nt] = 256;
-        else sz[0] = (strtoul(set, NULL, 10) << 20) / sizeof(float), nt = 1;
+        else {
+            char *end;
+            unsigned long mib = strtoul(set, &end, 10);
+            if (*end || !mib || mib > 4096) {
+                if (!rank)
+                    fprintf(stderr, "dpshim-bench: %s: say sweep, resnet50, small, overlap, gpu[:MiB] or a size in MiB "
+                                    "(1..4096)\n", set);
+                if (ours) MPI_Finalize();
+                return 2;
+            }
+            sz[0] = (mib << 20) / sizeof(float), nt = 1;
+        }
         ok = run_set(set, sz, nt, 0);
     }
     if (ours) MPI_Finalize(); /* else the shim finalizes what it initialized, at exit */

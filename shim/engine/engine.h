@@ -46,10 +46,12 @@ const dps_backend_t *dps_comm(const char *hook);
  * for them each call's latency is what counts. */
 #define DPS_INPLACE_MIN_BYTES (256u << 10)
 
-/* The weight of each rank's elements in a sum. One every rank shares multiplies the reduced sum,
- * once, piece by piece while each piece is in cache (as Horovod's postscale): no pass over the
- * input, and one rounding. A rank's own weight (split mode's unequal shares of a batch) must
- * multiply its elements before the reduction. Integers are summed as they are. */
+/* The weight of each rank's elements in a sum. On the host path one every rank shares multiplies
+ * the reduced sum, once, piece by piece while each piece is in cache (as Horovod's postscale): no
+ * pass over the input, and one rounding. A rank's own weight (split mode's unequal shares of a
+ * batch) must multiply its elements before the reduction. NCCL applies either kind before (its
+ * pre-multiplied sum): the last bit may differ from the host path's at 3 ranks or more. Integers
+ * are summed as they are. */
 typedef struct dps_weight {
     double scale;
     int per_rank;

@@ -22,11 +22,10 @@
 typedef struct channel {
     MPI_Comm comm;
     int rank, size;
-    size_t piece_bytes; /* large reductions go in pieces of this size; 0: not chosen yet */
+    size_t piece_bytes; /* large reductions go in pieces of this size ([comm] piece_kb) */
     void *block;        /* the ring's receive buffer, block_bytes long */
     size_t block_bytes;
     char err[512];
-    char tuning[256]; /* how piece_bytes was chosen; written only by the channel's own thread */
 } channel_t;
 
 static channel_t main_ch = {.comm = MPI_COMM_NULL}, bg_ch = {.comm = MPI_COMM_NULL};
@@ -100,13 +99,14 @@ static MPI_Datatype mpi_dtype(int dtype)
  * MPI's own reduction (MPI_Reduce_local, vectorized), and that rank weights the block (`post`)
  * right there, while it is in cache: Open MPI's MPI_Allreduce would need a pass over memory of its
  * own for the weight, which cost more than the reduction here. Each element is reduced on one rank
- * only, so every rank ends with the same bits. The pieces keep each ring's working set in cache;
- * their size is measured once, on a scratch buffer, at the first sum large enough to care, and
- * every rank uses the same size. Smaller buffers, and minima and maxima, go to MPI_Allreduce. */
+ * only, so every rank ends with the same bits. The pieces ([comm] piece_kb, the job's) keep each
+ * ring's working set in cache. Their size is fixed, not measured at run time: a ring's blocks
+ * follow the pieces, and with them the order of additions at 3 ranks or more, so a measured size
+ * would make results depend on timing (and differ between the two channels). Smaller buffers, and
+ * minima and maxima, go to MPI_Allreduce. */
 #define RING_MIN_BUFFER (256u << 10)
-#define RING_PIECES_FROM (2u << 20) /* below, one ring over the buffer: its blocks fit in cache */
 #define PIECE_MIN_BUFFER (8u << 20) /* for MPI_Allreduce, which gains from pieces from about 16 MiB on */
-#define CALIBRATION_BYTES (16u << 20)
+#define DEFAULT_PIECE (1u << 20)    /* [comm] piece_kb's default, until the engine sets it */
 enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
 
 /* One piece (a count MPI can take), weighted on the way in and out; minima and maxima have pre =
@@ -158,8 +158,12 @@ static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr
  * then dps_scale_in_place. Built for the widest vectors the CPU has (the generic x86-64 build ran
  * at half the speed of Open MPI's AVX sum here), and `restrict`, without which -O2 leaves the loop
  * scalar. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-add_weighted_f32(float *restrict own, const float *restrict in, size_t n, double w)
+#if defined(__x86_64__)
+#define WIDEST_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDEST_VECTORS
+#endif
+WIDEST_VECTORS static void add_weighted_f32(float *restrict own, const float *restrict in, size_t n, double w)
 {
     float wf = (float)w;
     if ((double)wf == w) DPS_SCALE_LOOP(n, j, own[j] = (own[j] + in[j]) * wf);
@@ -210,59 +214,17 @@ static int ring_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, 
     return ring(ch, p, n, dtype, t, o, es, post);
 }
 
-/* Each channel measures at its own first large reduction: a collective on its own
- * communicator, so the two threads never need to agree on who measures. */
-static void calibrate(channel_t *ch)
-{
-    /* no "whole buffer" candidate: at 16 MiB one call can still win, at 64 MiB it loses 2x */
-    static const size_t candidates[] = {256u << 10, 512u << 10, 1u << 20, 2u << 20, 4u << 20};
-    enum { N = sizeof candidates / sizeof *candidates };
-    float *scratch = malloc(CALIBRATION_BYTES);
-    double best[N];
-    ch->piece_bytes = 1u << 20; /* if measuring is impossible */
-    if (!scratch) return;
-    memset(scratch, 0, CALIBRATION_BYTES); /* zeros stay zeros; and no page is first touched while timed */
-    for (int c = 0; c < N; c++) {
-        best[c] = 1e30;
-        for (int rep = 0; rep < 3; rep++) {
-            double t = PMPI_Wtime();
-            /* weighted, as gradients are by default: a piece whose own block outgrows the cache
-             * pays for the weight */
-            in_pieces(ch, ring_piece, scratch, CALIBRATION_BYTES / sizeof(float), DP_F32, MPI_FLOAT, MPI_SUM,
-                      sizeof(float), 1.0, 0.5, candidates[c]);
-            t = PMPI_Wtime() - t;
-            if (t < best[c]) best[c] = t;
-        }
-    }
-    free(scratch);
-    /* every rank must pick the same size: agree on the slowest rank's view */
-    PMPI_Allreduce(MPI_IN_PLACE, best, N, MPI_DOUBLE, MPI_MAX, ch->comm);
-    int pick = 0;
-    for (int c = 1; c < N; c++)
-        if (best[c] < best[pick]) pick = c;
-    ch->piece_bytes = candidates[pick];
-    int len = snprintf(ch->tuning, sizeof ch->tuning, "all-reduce pieces of %zu KiB (measured on %u MiB:",
-                       ch->piece_bytes >> 10, CALIBRATION_BYTES >> 20);
-    for (int c = 0; c < N && len > 0 && (size_t)len < sizeof ch->tuning; c++)
-        len += snprintf(ch->tuning + len, sizeof ch->tuning - (size_t)len, "%s %zu KiB %.1f ms", c ? "," : "",
-                        candidates[c] >> 10, best[c] * 1e3);
-    if (len > 0 && (size_t)len < sizeof ch->tuning) snprintf(ch->tuning + len, sizeof ch->tuning - (size_t)len, ")");
-}
+static char tuning[96];
 
 static void mpi_set_piece(size_t bytes)
 {
     main_ch.piece_bytes = bg_ch.piece_bytes = bytes;
-    snprintf(main_ch.tuning, sizeof main_ch.tuning, "all-reduce pieces of %zu KiB ([comm] piece_kb)", bytes >> 10);
+    snprintf(tuning, sizeof tuning, "sums of 256 KiB or more as a ring, in pieces of %zu KiB ([comm] piece_kb)",
+             bytes >> 10);
 }
 
-/* Both channels' choices; read when neither thread reduces any more (at shutdown). */
-static const char *mpi_tuning(void)
-{
-    static char text[2 * sizeof main_ch.tuning + 32];
-    snprintf(text, sizeof text, "%s%s%s%s", main_ch.tuning, main_ch.tuning[0] && bg_ch.tuning[0] ? "; " : "",
-             bg_ch.tuning[0] ? "background: " : "", bg_ch.tuning);
-    return text;
-}
+/* What the backend chose, for logs and diagnostics. */
+static const char *mpi_tuning(void) { return tuning; }
 
 static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op, double pre,
                              double post, int one_tensor)
@@ -284,11 +246,9 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
     /* the ring's summation order follows an element's offset in buf: only where that offset is
      * the same however tensors were grouped (one tensor) do results stay independent of grouping */
     int by_ring = op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER;
-    if (count * es < (by_ring ? RING_PIECES_FROM : PIECE_MIN_BUFFER)) /* whole: no measuring needed */
-        return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post, SIZE_MAX);
-    if (!ch->piece_bytes) calibrate(ch);
-    return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post,
-                     ch->piece_bytes);
+    size_t piece = ch->piece_bytes ? ch->piece_bytes : DEFAULT_PIECE;
+    if (!by_ring && count * es < PIECE_MIN_BUFFER) piece = SIZE_MAX;
+    return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post, piece);
 }
 
 static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
