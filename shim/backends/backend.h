@@ -56,8 +56,10 @@ typedef struct dps_backend {
      * message), and rank 0 waits for the next such message from any rank. */
     int (*files_ack)(const void *msg, size_t len);
     int (*files_next_ack)(void *msg, size_t len, int *src);
-    /* Large all-reductions go in pieces of this many bytes; 0: measure at the first large one. */
-    void (*set_piece)(size_t bytes);
+    /* The job's sizes, once after the agreement, on every rank (a collective of the main thread):
+     * large all-reductions go in pieces of piece_bytes; those of shm_bytes or less through
+     * shared memory where every rank runs on one machine (0: never). */
+    void (*set_sizes)(size_t piece_bytes, size_t shm_bytes);
     /* The wall clock (CLOCK_REALTIME) of this rank minus rank 0's, and half the best round trip
      * as its error bound, by ping-pong with rank 0; a collective of the main thread, where
      * measure[r] (the same table on every rank) says which ranks measure (0: offset 0). NULL

@@ -67,8 +67,9 @@ static int open_backend(const char *hook, int fatal)
         dps_guard_start(be);
         dps_engine_agree(be, hook);
         dps_guard_own_end(mark);
-        uint64_t piece_kb = dps_policy_num(&dps_g.policy, DPS_P_comm_piece_kb);
-        if (piece_kb && be->set_piece) be->set_piece((size_t)piece_kb << 10);
+        if (be->set_sizes)
+            be->set_sizes((size_t)dps_policy_num(&dps_g.policy, DPS_P_comm_piece_kb) << 10,
+                          (size_t)dps_policy_num(&dps_g.policy, DPS_P_comm_shm_kb) << 10);
         __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&open_lock);

@@ -62,10 +62,14 @@ DPS_EXPORT void dpshim_site(const char *where)
     snprintf(next_site, sizeof next_site, "%s", where ? where : "");
 }
 
-/* What a collective is, as a number every rank computes alike. */
+/* What a collective is, as a number every rank computes alike. Hooks' names are constants, and
+ * calls come from one hook after another: the last name's hash is kept (main thread only). */
 static uint64_t describe_call(const char *hook, int collective, int32_t dtype, uint64_t count, uint64_t shape)
 {
-    uint64_t h = dps_fnv1a(DPS_FNV_SEED, hook, strlen(hook));
+    static const char *last_hook;
+    static uint64_t last_hash;
+    if (hook != last_hook) last_hash = dps_fnv1a(DPS_FNV_SEED, hook, strlen(hook)), last_hook = hook;
+    uint64_t h = last_hash;
     h = dps_guard_mix(dps_guard_mix(dps_guard_mix(h, (uint64_t)collective), (uint64_t)dtype), count);
     return dps_guard_mix(h, shape);
 }
@@ -124,8 +128,10 @@ static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, 
         dps_grow((void **)&step_calls.rec, &step_calls.cap, n + 1, sizeof *step_calls.rec) != 0)
         return;
     call_rec_t *c = &step_calls.rec[n];
-    *c = (call_rec_t){key, step_calls.fingerprint, atomic_load(&dps_guard_pos.seq) + 1, count, hook, coll, dtype, *sh, ""};
-    snprintf(c->site, sizeof c->site, "%s", site);
+    c->key = key, c->upto = step_calls.fingerprint, c->seq = atomic_load(&dps_guard_pos.seq) + 1, c->count = count;
+    c->hook = hook, c->coll = coll, c->dtype = dtype, c->shape = *sh;
+    if (site[0]) snprintf(c->site, sizeof c->site, "%s", site); /* most calls have none: no formatting */
+    else c->site[0] = 0;
     step_calls.n = n + 1;
 }
 

@@ -267,6 +267,12 @@ lanes() {
             assert_output --partial "results bitwise equal: yes"
         done
     done
+    # the 161 KiB bucket of `small` through shared memory, and every sum through MPI
+    for kb in 1024 0; do
+        run mpi 3 env DPSHIM_COMM_SHM_KB=$kb LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench small
+        assert_success
+        assert_output --partial "results bitwise equal: yes"
+    done
     run mpi 2 env DPSHIM_COMM_REDUCE=sum LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench 1
     assert_success
     assert_output --partial "dpshim dp_grads (sum)"

@@ -192,11 +192,20 @@ on_rank() {
 
 @test "one rank's gradient has another size: the table names that rank and both sizes" {
     SECONDS=0
-    run mpi 3 env DPSHIM_GUARD_TIMEOUT=5 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 count 1 3
+    run mpi 3 env DPSHIM_COMM_SHM_KB=0 DPSHIM_GUARD_TIMEOUT=5 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 count 1 3
     assert_equal "$status" 75
     [ "$SECONDS" -le 25 ] || fail "took $SECONDS s"
     assert_output --regexp "rank 1 \($HOST\): in dp_grads \(all-reduce f32 x 1200\), collective #4 after step 2, waiting [0-9.]+ s  <-- culprit"
     assert_output --regexp "rank 0 \($HOST\): in dp_grads \(all-reduce f32 x 1000\)"
+}
+
+@test "a small gradient of another size on one rank, without desync checks: the shared-memory sum names the culprit at once" {
+    SECONDS=0
+    run mpi 3 env DPSHIM_GUARD_DESYNC=off DPSHIM_GUARD_TIMEOUT=30 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5 count 1 3
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 25 ] || fail "took $SECONDS s: the mismatch waited for the watchdog"
+    assert_output --partial "dp_grads (collective #4 after step 2): ranks are reducing different buffers (a desync): rank 0 1000 x f32, rank 1 1200 x f32, rank 2 1000 x f32"
+    assert_output --regexp "rank 1 \\($HOST\\): in dp_grads \\(all-reduce f32 x 1200\\), collective #4 after step 2, .*  <-- culprit"
 }
 
 @test "a large gradient of another size on one rank, without desync checks: the ring all-reduce names the culprit at once" {

@@ -36,10 +36,12 @@ hook_check() {
 @test "the piece size is the policy's, the same for both channels, and reported" {
     run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_COMM_OVERLAP=on DPSHIM_COMM_PIECE_KB=512 LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench overlap
     assert_success
-    assert_output --partial "[dpshim r0/2] INFO mpi backend: sums of 256 KiB or more as a ring, in pieces of 512 KiB ([comm] piece_kb)"
+    assert_output --partial "[dpshim r0/2] INFO mpi backend: sums of 256 KiB or more as a ring, in pieces of 512 KiB ([comm] piece_kb); sums of 64 KiB or less through shared memory ([comm] shm_kb)"
     assert_output --partial "results bitwise equal: yes"
 }
 @test "hooks at np=3 in scale mode" { hook_check 3 DPSHIM_DATA_MODE=scale; }
+@test "hooks at np=3 with every sum through MPI ([comm] shm_kb = 0)" { hook_check 3 DPSHIM_COMM_SHM_KB=0; }
+@test "hooks at np=3 with sums up to 1 MiB through shared memory" { hook_check 3 DPSHIM_COMM_SHM_KB=1024; }
 @test "hooks at np=2 with sync-BN off" { hook_check 2 DPSHIM_BN_SYNC=off; }
 @test "hooks with backend = self act as world size 1 on every rank" {
     run mpi 2 env DPSHIM_COMM_BACKEND=self LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"

@@ -15,6 +15,7 @@
 #include "backends/backend.h"
 #include "dpshim/hooks.h"
 #include "core/dtype.h"
+#include "shm_sum.h"
 
 /* A data channel: a communicator with its own piece size and error text. The main thread uses
  * `main_ch`; the engine's progress thread uses `bg_ch`, so background gradient reductions never
@@ -25,6 +26,7 @@ typedef struct channel {
     size_t piece_bytes; /* large reductions go in pieces of this size ([comm] piece_kb) */
     void *block;        /* the ring's receive buffer, block_bytes long */
     size_t block_bytes;
+    dps_shm_sum_t *shm; /* small sums, where every rank runs on this machine ([comm] shm_kb) */
     char err[512];
 } channel_t;
 
@@ -214,13 +216,24 @@ static int ring_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, 
     return ring(ch, p, n, dtype, t, o, es, post);
 }
 
-static char tuning[96];
+static char tuning[256];
 
-static void mpi_set_piece(size_t bytes)
+static void mpi_set_sizes(size_t piece_bytes, size_t shm_bytes)
 {
-    main_ch.piece_bytes = bg_ch.piece_bytes = bytes;
-    snprintf(tuning, sizeof tuning, "sums of 256 KiB or more as a ring, in pieces of %zu KiB ([comm] piece_kb)",
-             bytes >> 10);
+    main_ch.piece_bytes = bg_ch.piece_bytes = piece_bytes;
+    const char *why = NULL;
+    main_ch.shm = dps_shm_sum_open(main_ch.comm, shm_bytes, &why);
+    if (main_ch.shm && bg_ch.comm != MPI_COMM_NULL && !(bg_ch.shm = dps_shm_sum_open(bg_ch.comm, shm_bytes, &why))) {
+        /* both channels add alike, or [comm] overlap would change results */
+        dps_shm_sum_close(main_ch.shm), main_ch.shm = NULL;
+    }
+    int o = snprintf(tuning, sizeof tuning, "sums of 256 KiB or more as a ring, in pieces of %zu KiB ([comm] piece_kb)",
+                     piece_bytes >> 10);
+    if (main_ch.shm)
+        snprintf(tuning + o, sizeof tuning - (size_t)o, "; sums of %zu KiB or less through shared memory ([comm] shm_kb)",
+                 shm_bytes >> 10);
+    else
+        snprintf(tuning + o, sizeof tuning - (size_t)o, "; small sums through MPI: %s", why);
 }
 
 /* What the backend chose, for logs and diagnostics. */
@@ -243,6 +256,8 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
         return -1;
     }
     if (op != DPS_RED_SUM) pre = post = 1.0;
+    if (count * es <= dps_shm_sum_max(ch->shm))
+        return dps_shm_sum(ch->shm, buf, (int)count, dtype, t, o, (int)op, es, pre, post, ch->err, sizeof ch->err);
     /* the ring's summation order follows an element's offset in buf: only where that offset is
      * the same however tensors were grouped (one tensor) do results stay independent of grouping */
     int by_ring = op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER;
@@ -466,6 +481,8 @@ static void mpi_release(void)
     if (guard_comm != MPI_COMM_NULL && !fin) drop_guard_sends();
     if (files_comm != MPI_COMM_NULL && !fin) drop_files_sends();
     free(main_ch.block), free(bg_ch.block);
+    dps_shm_sum_close(main_ch.shm), dps_shm_sum_close(bg_ch.shm);
+    main_ch.shm = bg_ch.shm = NULL;
     main_ch.block = bg_ch.block = NULL, main_ch.block_bytes = bg_ch.block_bytes = 0;
     MPI_Comm *comms[] = {&main_ch.comm, &bg_ch.comm, &guard_comm, &files_comm};
     for (size_t i = 0; i < sizeof comms / sizeof *comms; i++) {
@@ -544,7 +561,7 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
                            .files_post = files ? mpi_files_post : NULL, .files_wait = files ? mpi_files_wait : NULL,
                            .files_ack = files ? mpi_files_ack : NULL,
                            .files_next_ack = files ? mpi_files_next_ack : NULL,
-                           .set_piece = mpi_set_piece, .clock_offset = mpi_clock_offset, .tuning = mpi_tuning};
+                           .set_sizes = mpi_set_sizes, .clock_offset = mpi_clock_offset, .tuning = mpi_tuning};
     return 0;
 fail:
     snprintf(err, errlen, "mpi backend: %s", main_ch.err);

@@ -1,0 +1,203 @@
+/* Small all-reduces through a shared-memory segment of the shim's own, when every rank of the
+ * communicator runs on one machine. Each rank has two slots (calls alternate between them) and a
+ * counter `done` on a cache line of its own: the last call it finished reading every rank's slot
+ * for. A call writes this rank's data into its slot, then the call's number into the slot's head
+ * (the head and the first bytes of data share a cache line: a peer waiting for the number has a
+ * small buffer in the same transfer), waits for every rank's slot to show the number, and adds
+ * the slots in rank order, so every rank computes the same bits whatever the timing. A slot is
+ * written again two calls later, once every rank's `done` says it was read. Open MPI 4.1's
+ * MPI_Allreduce on one machine (vader, recursive doubling; its coll/sm component was slower
+ * still) cost more than the shim's whole call for small buffers: see the README's performance
+ * section. */
+#define _GNU_SOURCE
+#include "shm_sum.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/dtype.h"
+
+#define LINE 64
+typedef struct counter {
+    _Atomic uint64_t v;
+    char pad[LINE - sizeof(uint64_t)];
+} counter_t;
+
+/* What a rank's slot holds: the call (written last), and what is reduced, compared across ranks
+ * so that ranks reducing different buffers are named instead of adding unrelated data. */
+typedef struct slot_head {
+    _Atomic uint64_t call;
+    uint64_t count;
+    int32_t dtype, op;
+} slot_head_t;
+#define DATA_AT 32 /* the data's offset in a slot: its first 32 bytes share the head's cache line */
+
+struct dps_shm_sum {
+    int rank, size;
+    size_t max_bytes, stride; /* a slot: its head, then max_bytes, rounded up to cache lines */
+    unsigned spins;           /* before yielding the core */
+    uint64_t calls;
+    uint64_t *seen_done; /* each rank's `done` as last read: it only grows, so most calls need no read */
+    void *base;
+    size_t len;
+    counter_t *done;
+    unsigned char *slots;
+};
+
+static unsigned char *slot(const dps_shm_sum_t *s, int r, uint64_t call)
+{
+    return s->slots + ((size_t)r * 2 + (size_t)(call & 1)) * s->stride;
+}
+
+/* Spins briefly (a peer on another core answers within a microsecond), then yields the core;
+ * where the ranks outnumber their cores, at once (the rank waited for may need this core). The
+ * guard's watchdog thread covers a rank that never comes. */
+static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, uint64_t at_least)
+{
+    uint64_t v;
+    for (unsigned spins = 0; (v = atomic_load_explicit(c, memory_order_acquire)) < at_least; spins++) {
+        if (spins < s->spins) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+    return v;
+}
+
+dps_shm_sum_t *dps_shm_sum_open(MPI_Comm comm, size_t max_bytes, const char **why_p)
+{
+    int rank = 0, size = 0, local = 0;
+    PMPI_Comm_rank(comm, &rank);
+    PMPI_Comm_size(comm, &size);
+    *why_p = "[comm] shm_kb = 0";
+    if (!max_bytes) return NULL; /* the job's value: every rank returns here alike */
+    /* the same answer on every rank: all on one machine, or none is */
+    MPI_Comm node = MPI_COMM_NULL;
+    if (PMPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        PMPI_Comm_size(node, &local);
+        PMPI_Comm_free(&node);
+    }
+    *why_p = "the ranks run on more than one machine";
+    if (local != size) return NULL;
+
+    dps_shm_sum_t *s = calloc(1, sizeof *s);
+    size_t stride = (DATA_AT + max_bytes + LINE - 1) / LINE * LINE;
+    size_t len = (size_t)size * sizeof(counter_t) + 2 * (size_t)size * stride;
+    char name[64] = "";
+    int fd = -1;
+    static unsigned opened; /* one segment per channel, and a name no other job has */
+    for (int tries = 0; rank == 0 && s && fd < 0 && tries < 8; tries++) {
+        snprintf(name, sizeof name, "/dpshim-sum.%d.%u", (int)getpid(), opened++);
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd >= 0 && ftruncate(fd, (off_t)len) != 0) close(fd), shm_unlink(name), fd = -1;
+    }
+    if (rank == 0 && fd < 0) name[0] = 0;
+    PMPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm);
+    if (rank != 0 && s && name[0]) fd = shm_open(name, O_RDWR, 0);
+    void *base = fd >= 0 ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (fd >= 0) close(fd);
+    int ok = base != MAP_FAILED;
+    PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+    if (rank == 0 && name[0]) shm_unlink(name); /* every rank has it mapped (or gave up): no file stays */
+    /* more ranks than the cores they may run on, together: a waiting rank gives its core away */
+    cpu_set_t cores;
+    CPU_ZERO(&cores);
+    if (sched_getaffinity(0, sizeof cores, &cores) != 0) CPU_ZERO(&cores);
+    PMPI_Allreduce(MPI_IN_PLACE, &cores, (int)sizeof cores, MPI_UNSIGNED_CHAR, MPI_BOR, comm);
+    unsigned spins = CPU_COUNT(&cores) >= size ? 256 : 0;
+    uint64_t *seen = ok ? calloc((size_t)size, sizeof *seen) : NULL;
+    if (!ok || !seen) { /* (no memory for `seen` ends the job at its first collective anyway) */
+        if (base != MAP_FAILED) munmap(base, len);
+        free(s), free(seen);
+        *why_p = "a rank could not map a shared-memory segment (/dev/shm full or missing?)";
+        return NULL;
+    }
+    *s = (dps_shm_sum_t){.rank = rank,
+                         .size = size,
+                         .spins = spins,
+                         .max_bytes = max_bytes,
+                         .stride = stride,
+                         .seen_done = seen,
+                         .base = base,
+                         .len = len,
+                         .done = base,
+                         .slots = (unsigned char *)base + (size_t)size * sizeof(counter_t)};
+    *why_p = NULL;
+    return s;
+}
+
+size_t dps_shm_sum_max(const dps_shm_sum_t *s)
+{
+    return s ? s->max_bytes : 0;
+}
+
+/* Every rank's slot says what it reduces: -1 and the list (the same text on every rank) when they
+ * differ. */
+static int mismatch(const dps_shm_sum_t *s, uint64_t call, char *err, size_t errlen)
+{
+    const slot_head_t *first = (const slot_head_t *)slot(s, 0, call);
+    int r = 1;
+    while (r < s->size) {
+        const slot_head_t *h = (const slot_head_t *)slot(s, r, call);
+        if (h->count != first->count || h->dtype != first->dtype || h->op != first->op) break;
+        r++;
+    }
+    if (r == s->size) return 0;
+    int o = snprintf(err, errlen, "ranks are reducing different buffers (a desync):");
+    for (r = 0; r < s->size && o > 0 && (size_t)o < errlen; r++) {
+        const slot_head_t *h = (const slot_head_t *)slot(s, r, call);
+        o += snprintf(err + o, errlen - (size_t)o, "%s rank %d %llu x %s%s", r ? "," : "", r,
+                      (unsigned long long)h->count, dps_dtype_name(h->dtype),
+                      h->op != first->op ? " (another operation)" : "");
+    }
+    return -1;
+}
+
+int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, int op,
+                size_t es, double pre, double post, char *err, size_t errlen)
+{
+    uint64_t call = ++s->calls;
+    size_t bytes = (size_t)count * es;
+    for (int r = 0; call > 2 && r < s->size; r++) /* every rank has read what this slot held two calls ago */
+        if (r != s->rank && s->seen_done[r] < call - 2)
+            s->seen_done[r] = wait_for(s, &s->done[r].v, call - 2);
+    unsigned char *mine = slot(s, s->rank, call);
+    slot_head_t *head = (slot_head_t *)mine;
+    head->count = (uint64_t)count, head->dtype = dtype, head->op = op;
+    memcpy(mine + DATA_AT, buf, bytes);
+    dps_scale_in_place(mine + DATA_AT, (size_t)count, dtype, pre);
+    atomic_store_explicit(&head->call, call, memory_order_release);
+    for (int r = 0; r < s->size; r++)
+        if (r != s->rank) wait_for(s, &((slot_head_t *)slot(s, r, call))->call, call);
+    int rc = mismatch(s, call, err, errlen);
+    for (int r = 0; r < s->size && rc == 0; r++) {
+        const unsigned char *theirs = slot(s, r, call) + DATA_AT;
+        if (r == 0) {
+            memcpy(buf, theirs, bytes);
+        } else if (PMPI_Reduce_local(theirs, buf, count, t, o) != MPI_SUCCESS) {
+            snprintf(err, errlen, "MPI_Reduce_local failed on a shared-memory sum");
+            rc = -1;
+        }
+    }
+    atomic_store_explicit(&s->done[s->rank].v, call, memory_order_release);
+    if (rc == 0) dps_scale_in_place(buf, (size_t)count, dtype, post);
+    return rc;
+}
+
+void dps_shm_sum_close(dps_shm_sum_t *s)
+{
+    if (!s) return;
+    munmap(s->base, s->len);
+    free(s->seen_done);
+    free(s);
+}
