@@ -39,7 +39,8 @@ typedef struct dps_backend {
     /* 1 and the message when one has arrived, 0 when none, -1 on error. */
     int (*guard_poll)(void *msg, size_t len, int *src);
     /* Collectives of the main thread on the side channel (consistency checks): element-wise
-     * minimum of n uint64, and every rank's `bytes` bytes gathered in rank order. */
+     * minimum of n uint64 (n is the same on every rank; 1 or 2 may travel another way than
+     * more), and every rank's `bytes` bytes gathered in rank order. */
     int (*guard_min_u64)(uint64_t *v, size_t n);
     int (*guard_allgather)(const void *mine, void *all, size_t bytes);
     /* The background channel: allreduce on a communicator of its own, called only from the

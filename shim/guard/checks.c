@@ -334,15 +334,18 @@ void dps_guard_check_drift(uint64_t step)
     const dps_guard_conf_t *conf = &dps_guard_conf;
     if (!checks_possible() || !drift_nparams) return;
     size_t n = drift_nparams;
-    uint64_t *v = malloc(2 * n * sizeof *v), *mine = malloc(n * sizeof *mine);
+    /* the tensors' count rides along: never 2 numbers in all, which a backend may send another
+     * way (guard_min_u64), should ranks hold different numbers of tensors */
+    uint64_t *v = malloc((2 * n + 2) * sizeof *v), *mine = malloc(n * sizeof *mine);
     if (!v || !mine) return free(v), free(mine);
     for (size_t i = 0; i < n; i++) {
         const dp_tensor *t = &drift_params[i];
         mine[i] = hash_tensor(t);
         v[i] = mine[i], v[n + i] = ~mine[i];
     }
+    v[2 * n] = n, v[2 * n + 1] = ~(uint64_t)n;
     dps_guard_mark_t mark = dps_guard_own_begin("drift check");
-    int ok = conf->be->guard_min_u64(v, 2 * n) != 0;
+    int ok = conf->be->guard_min_u64(v, 2 * n + 2) != 0;
     size_t bad = n;
     for (size_t i = 0; !ok && i < n; i++)
         if (v[i] != ~v[n + i]) {
