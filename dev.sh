@@ -321,6 +321,27 @@ bench_allreduce() {
         timeout 600 mpirun --oversubscribe -np $np env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
             "$BUILD_DIR/bin/dpshim-diag" bench overlap 2>&1 | grep -v 'WARN guard'
     done
+    bench_mean_vs_sum
+}
+
+# What averaging costs against plain sums ([comm] reduce = mean vs sum), dp_grads' own time,
+# alternating runs at np=2.
+bench_mean_vs_sum() {
+    local set reduce rounds=3
+    echo "[comm] reduce = mean vs sum, dp_grads time at np=2 (median of $rounds alternating runs, each a median of 7 rounds):"
+    for set in resnet50 64; do
+        local -A ms=()
+        for _ in $(seq "$rounds"); do
+            for reduce in mean sum; do
+                ms[$reduce]+="$(timeout 600 mpirun -np 2 env DPSHIM_COMM_REDUCE=$reduce LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+                    "$BUILD_DIR/bin/dpshim-diag" bench "$set" 2>/dev/null | awk '/dpshim dp_grads/ { print $4 }') "
+            done
+        done
+        local mean sum
+        mean=$(xargs -n1 <<<"${ms[mean]}" | median)
+        sum=$(xargs -n1 <<<"${ms[sum]}" | median)
+        printf "  %-9s mean %8.2f ms  sum %8.2f ms  mean/sum %.2f\n" "$set" "$mean" "$sum" "$(ratio "$mean" "$sum")"
+    done
 }
 
 case "${1:-}" in
