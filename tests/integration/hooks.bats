@@ -42,6 +42,17 @@ hook_check() {
 @test "hooks at np=3 in scale mode" { hook_check 3 DPSHIM_DATA_MODE=scale; }
 @test "hooks at np=3 with every sum through MPI ([comm] shm_kb = 0)" { hook_check 3 DPSHIM_COMM_SHM_KB=0; }
 @test "hooks at np=3 with sums up to 1 MiB through shared memory" { hook_check 3 DPSHIM_COMM_SHM_KB=1024; }
+@test "a /dev/shm without room for the small sums' segment: every rank uses MPI instead, and the log says why" {
+    unshare -m true 2>/dev/null || skip "no mount namespaces here (needs root)"
+    # a private 64 KiB /dev/shm; Open MPI's own segments go to /tmp
+    run timeout --kill-after=10 "$MPI_TIMEOUT" unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh \
+        mpirun --oversubscribe -np 2 --mca btl self,vader --mca btl_vader_backing_directory /tmp \
+        env DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"
+    echo "$output"
+    assert_success
+    assert_equal "$(count ' 0 failed')" 2
+    assert_output --partial "small sums through MPI: a rank could not map a shared-memory segment in /dev/shm"
+}
 @test "hooks at np=2 with sync-BN off" { hook_check 2 DPSHIM_BN_SYNC=off; }
 @test "hooks with backend = self act as world size 1 on every rank" {
     run mpi 2 env DPSHIM_COMM_BACKEND=self LD_PRELOAD="$SHIM" "$BUILD/bin/hook_check"

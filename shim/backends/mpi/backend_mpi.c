@@ -258,7 +258,7 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
         return -1;
     }
     if (op != DPS_RED_SUM) pre = post = 1.0;
-    if (count * es <= dps_shm_sum_max(ch->shm))
+    if (ch->shm && count * es <= dps_shm_sum_max(ch->shm))
         return dps_shm_sum(ch->shm, buf, (int)count, dtype, t, o, (int)op, es, pre, post, ch->err, sizeof ch->err);
     /* the ring's summation order follows an element's offset in buf: only where that offset is
      * the same however tensors were grouped (one tensor) do results stay independent of grouping */

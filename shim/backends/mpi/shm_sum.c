@@ -38,6 +38,7 @@ typedef struct slot_head {
     int32_t dtype, op;
 } slot_head_t;
 #define DATA_AT 32 /* the data's offset in a slot: its first 32 bytes share the head's cache line */
+_Static_assert(sizeof(slot_head_t) <= DATA_AT, "a slot's head must end where its data begins");
 
 struct dps_shm_sum {
     int rank, size;
@@ -81,33 +82,42 @@ dps_shm_sum_t *dps_shm_sum_open(MPI_Comm comm, size_t max_bytes, const char **wh
     PMPI_Comm_size(comm, &size);
     *why_p = "[comm] shm_kb = 0";
     if (!max_bytes) return NULL; /* the job's value: every rank returns here alike */
-    /* the same answer on every rank: all on one machine, or none is */
+    /* all on one machine, or none is; agreed, so that a failed split on one rank cannot leave
+     * it out of the collectives below */
     MPI_Comm node = MPI_COMM_NULL;
     if (PMPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         PMPI_Comm_size(node, &local);
         PMPI_Comm_free(&node);
     }
+    int one_machine = local == size;
+    if (PMPI_Allreduce(MPI_IN_PLACE, &one_machine, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) one_machine = 0;
     *why_p = "the ranks run on more than one machine";
-    if (local != size) return NULL;
+    if (!one_machine) return NULL;
 
     dps_shm_sum_t *s = calloc(1, sizeof *s);
+    uint64_t *seen = calloc((size_t)size, sizeof *seen);
     size_t stride = (DATA_AT + max_bytes + LINE - 1) / LINE * LINE;
     size_t len = (size_t)size * sizeof(counter_t) + 2 * (size_t)size * stride;
     char name[64] = "";
     int fd = -1;
     static unsigned opened; /* one segment per channel, and a name no other job has */
-    for (int tries = 0; rank == 0 && s && fd < 0 && tries < 8; tries++) {
+    for (int tries = 0; rank == 0 && s && seen && fd < 0 && tries < 8; tries++) {
         snprintf(name, sizeof name, "/dpshim-sum.%d.%u", (int)getpid(), opened++);
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-        if (fd >= 0 && ftruncate(fd, (off_t)len) != 0) close(fd), shm_unlink(name), fd = -1;
+        /* the pages themselves, not a size (ftruncate): a full /dev/shm is a clear no here
+         * instead of SIGBUS at the first write */
+        if (fd >= 0 && posix_fallocate(fd, 0, (off_t)len) != 0) {
+            close(fd), shm_unlink(name), fd = -1;
+            break;
+        }
     }
     if (rank == 0 && fd < 0) name[0] = 0;
     PMPI_Bcast(name, sizeof name, MPI_CHAR, 0, comm);
-    if (rank != 0 && s && name[0]) fd = shm_open(name, O_RDWR, 0);
+    if (rank != 0 && s && seen && name[0]) fd = shm_open(name, O_RDWR, 0);
     void *base = fd >= 0 ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     if (fd >= 0) close(fd);
     int ok = base != MAP_FAILED;
-    PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+    if (PMPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) ok = 0;
     if (rank == 0 && name[0]) shm_unlink(name); /* every rank has it mapped (or gave up): no file stays */
     /* more ranks than the cores they may run on, together: a waiting rank gives its core away */
     cpu_set_t cores;
@@ -115,11 +125,11 @@ dps_shm_sum_t *dps_shm_sum_open(MPI_Comm comm, size_t max_bytes, const char **wh
     if (sched_getaffinity(0, sizeof cores, &cores) != 0) CPU_ZERO(&cores);
     PMPI_Allreduce(MPI_IN_PLACE, &cores, (int)sizeof cores, MPI_UNSIGNED_CHAR, MPI_BOR, comm);
     unsigned spins = CPU_COUNT(&cores) >= size ? 256 : 0;
-    uint64_t *seen = ok ? calloc((size_t)size, sizeof *seen) : NULL;
-    if (!ok || !seen) { /* (no memory for `seen` ends the job at its first collective anyway) */
+    if (!ok) {
         if (base != MAP_FAILED) munmap(base, len);
         free(s), free(seen);
-        *why_p = "a rank could not map a shared-memory segment (/dev/shm full or missing?)";
+        *why_p = "a rank could not map a shared-memory segment in /dev/shm (full or missing: give it room, "
+                 "e.g. docker run --shm-size, or lower [comm] shm_kb)";
         return NULL;
     }
     *s = (dps_shm_sum_t){.rank = rank,
@@ -166,8 +176,12 @@ static int mismatch(const dps_shm_sum_t *s, uint64_t call, char *err, size_t err
 int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, int op,
                 size_t es, double pre, double post, char *err, size_t errlen)
 {
-    uint64_t call = ++s->calls;
     size_t bytes = (size_t)count * es;
+    if (bytes > s->max_bytes) {
+        snprintf(err, errlen, "a shared-memory sum of %zu bytes where slots hold %zu", bytes, s->max_bytes);
+        return -1;
+    }
+    uint64_t call = ++s->calls;
     for (int r = 0; call > 2 && r < s->size; r++) /* every rank has read what this slot held two calls ago */
         if (r != s->rank && s->seen_done[r] < call - 2)
             s->seen_done[r] = wait_for(s, &s->done[r].v, call - 2);
