@@ -216,7 +216,7 @@ static int ring_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, 
     return ring(ch, p, n, dtype, t, o, es, post);
 }
 
-static char tuning[256];
+static char tuning[384];
 static dps_shm_sum_t *guard_shm;
 
 static void mpi_set_sizes(size_t piece_bytes, size_t shm_bytes)
