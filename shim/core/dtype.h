@@ -1,4 +1,5 @@
-/* Element sizes and half-precision conversions for the hook ABI's dtypes. */
+/* Element sizes and half-precision conversions for the hook ABI's dtypes, and how loops over
+ * tensors are built. */
 #ifndef DPS_DTYPE_H
 #define DPS_DTYPE_H
 
@@ -6,6 +7,14 @@
 #include <string.h>
 
 #include "dpshim/hooks.h"
+
+/* A loop over a whole tensor built for the widest vectors the CPU has, chosen at load time: the
+ * generic x86-64 build (SSE2) ran such loops at a half to a quarter of the speed. */
+#if defined(__x86_64__)
+#define DPS_WIDEST_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DPS_WIDEST_VECTORS
+#endif
 
 static inline size_t dps_dtype_size(int32_t dtype)
 {

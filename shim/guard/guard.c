@@ -57,8 +57,9 @@ void dps_guard_step(uint64_t step, int alone)
 {
     atomic_store_explicit(&dps_guard_pos.step, step, memory_order_relaxed);
     if (alone) return;
-    if (dps_guard_conf.desync == DPS_V_guard_desync_step) dps_guard_check_step(step);
-    if (dps_guard_conf.drift_every && step % dps_guard_conf.drift_every == 0) dps_guard_check_drift(step);
+    int drift_due = dps_guard_conf.drift_every && step % dps_guard_conf.drift_every == 0;
+    if (dps_guard_conf.desync == DPS_V_guard_desync_step) dps_guard_check_step(step, drift_due);
+    else if (drift_due) dps_guard_check_drift(step);
 }
 
 dps_guard_mark_t dps_guard_own_begin(const char *what)

@@ -64,7 +64,7 @@ int dps_guard_votes(const uint64_t *keys, int n, int *votes_p);
 /* checks.c (with dps_guard_note and dps_guard_params): the desync checks (a fingerprint of every
  * collective, compared at step ends or before each call) and the drift check, on the backend's
  * side channel. */
-void dps_guard_check_step(uint64_t step);
+void dps_guard_check_step(uint64_t step, int drift_due);
 void dps_guard_check_drift(uint64_t step);
 
 /* watchdog.c: ending a job that went wrong. The diagnostics files get the reason and the

@@ -76,17 +76,24 @@ stalled_report() {
     [ "$elapsed" -lt "$TIMEOUT" ] # at once, not by the watchdog
 }
 
-@test "rank 2's parameters are perturbed at step 10: the drift check names step and tensor" {
-    DPSHIM_GUARD_DRIFT_EVERY=5 fault perturb 2 10
-    assert_failure
-    assert_output --partial "guard: drift after step 10: parameter tensor 0 'w' is not the same on every rank"
-    assert_output --regexp "rank 2 \($HOST\): checksum [0-9a-f]{16}  <-- differs"
+# desync = step (the default) carries the drift check in its step-end comparison; full and off
+# make a comparison of its own
+@test "rank 2's parameters are perturbed at step 10: the drift check names step and tensor in every desync mode" {
+    for mode in step full off; do
+        DPSHIM_GUARD_DESYNC=$mode DPSHIM_GUARD_DRIFT_EVERY=5 fault perturb 2 10
+        assert_failure
+        assert_output --partial "guard: drift after step 10: parameter tensor 0 'w' is not the same on every rank"
+        assert_output --regexp "rank 2 \($HOST\): checksum [0-9a-f]{16}  <-- differs"
+        refute_output --partial "desync"
+    done
 }
 
-@test "every check on (desync = full, drift every step) in a healthy run: no false alarm" {
-    DPSHIM_GUARD_DESYNC=full DPSHIM_GUARD_DRIFT_EVERY=1 fault
-    assert_success
-    assert_equal "$(count 'finished 10 steps, 4 ranks')" 4
+@test "every check on (desync = full or step, drift every step) in a healthy run: no false alarm" {
+    for mode in full step; do
+        DPSHIM_GUARD_DESYNC=$mode DPSHIM_GUARD_DRIFT_EVERY=1 fault
+        assert_success
+        assert_equal "$(count 'finished 10 steps, 4 ranks')" 4
+    done
 }
 
 @test "rank 0 calls a collective inside a scope: no hang, the right result, a note" {

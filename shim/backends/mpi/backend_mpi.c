@@ -160,12 +160,7 @@ static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr
  * then dps_scale_in_place. Built for the widest vectors the CPU has (the generic x86-64 build ran
  * at half the speed of Open MPI's AVX sum here), and `restrict`, without which -O2 leaves the loop
  * scalar. */
-#if defined(__x86_64__)
-#define WIDEST_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define WIDEST_VECTORS
-#endif
-WIDEST_VECTORS static void add_weighted_f32(float *restrict own, const float *restrict in, size_t n, double w)
+DPS_WIDEST_VECTORS static void add_weighted_f32(float *restrict own, const float *restrict in, size_t n, double w)
 {
     float wf = (float)w;
     if ((double)wf == w) DPS_SCALE_LOOP(n, j, own[j] = (own[j] + in[j]) * wf);
