@@ -117,19 +117,25 @@ bench_files_gated() {
 epoch_seconds() { sed -n 's/^epoch 1: .*(\([0-9.]*\) s)$/\1/p' | head -1; }
 
 bench_guard() {
-    local rounds=11 steps=600 mode t off
+    local np
+    for np in 4 2; do bench_guard_at "$np"; done
+}
+
+# bench_guard_at NP: the guard's settings against every guard off, NP ranks
+bench_guard_at() {
+    local np=$1 rounds=11 steps=600 mode t off
     local -A env times to_off
     local modes="off on step1 full"
     env[off]="DPSHIM_GUARD_TIMEOUT=0 DPSHIM_GUARD_EXIT_BARRIER=off DPSHIM_GUARD_DESYNC=off DPSHIM_GUARD_DRIFT_EVERY=0"
     env[on]="DPSHIM_GUARD_DESYNC=step DPSHIM_GUARD_DRIFT_EVERY=100"
     env[step1]="DPSHIM_GUARD_DESYNC=step DPSHIM_GUARD_DRIFT_EVERY=1"
     env[full]="DPSHIM_GUARD_DESYNC=full DPSHIM_GUARD_DRIFT_EVERY=1"
-    echo "example trainer, 4 ranks, $steps steps (batch 100), $rounds alternating rounds: median times, and the"
+    echo "example trainer, $np ranks, $steps steps (batch 100), $rounds alternating rounds: median times, and the"
     echo "median of the rounds' ratios to every guard off (what the machine's drift between rounds spares):"
     for _ in $(seq "$rounds"); do
         for mode in $modes; do
             # shellcheck disable=SC2086 # the settings are words
-            t=$(timeout 600 mpirun --oversubscribe -np 4 env DPSHIM_OUTPUT_STDOUT=rank0 ${env[$mode]} \
+            t=$(timeout 600 mpirun --oversubscribe -np "$np" env DPSHIM_OUTPUT_STDOUT=rank0 ${env[$mode]} \
                 LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps $steps --no-eval \
                 2>/dev/null | epoch_seconds)
             [ "$mode" = off ] && off=$t
