@@ -251,7 +251,8 @@ bench_ddp() {
     echo "PyTorch: the plain script under dpshim vs DistributedDataParallel (gloo), np=2, one thread per rank,"
     echo "global samples/s, median of $rounds alternating rounds, and the median and range of the rounds' ratios:"
     for row in "cnn|64|40|small CNN with BatchNorm, 0.3M parameters, SGD with momentum|scale nosync split" \
-               "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam|scale split"; do
+               "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam|scale split" \
+               "embed_sgd|128|20|the same with SGD and momentum|scale split"; do
         local model batch steps label kinds kind v
         IFS='|' read -r model batch steps label kinds <<<"$row"
         local -A got=()

@@ -29,8 +29,11 @@ def main():
     optimizer = make_optimizer(model.parameters())
     model.train()
 
+    phases = {} if args.phases else None
     loss, seconds = torch_models.timed_steps(model, optimizer, loss_fn, loader, args.warmup, args.steps,
-                                             sampler.set_epoch)
+                                             sampler.set_epoch, phases)
+    if phases:
+        torch_models.print_phases(phases, args.steps, "rank %d" % rank)
     if rank == 0:
         print("loss %.4f" % loss.item())
         print("steps_per_s %.3f" % (args.steps / seconds), flush=True)

@@ -46,7 +46,9 @@ class EmbedNet(nn.Module):
 
 
 def build(name, samples=8192, seed=1):
-    """(model, optimizer factory, loss function, dataset) for `cnn` or `embed`; the data comes
+    """(model, optimizer factory, loss function, dataset) for `cnn`, `embed` (Adam) or `embed_sgd`
+    (the same model with SGD and momentum, whose update is cheap, so the step is mostly
+    gradients and their all-reduce); the data comes
     from a generator of its own, so every process builds the same dataset whatever it seeded."""
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, 10, (samples,), generator=g)
@@ -54,16 +56,18 @@ def build(name, samples=8192, seed=1):
         data = torch.randn(samples, 1, 28, 28, generator=g)
         return (ConvNet(), lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), F.nll_loss,
                 torch.utils.data.TensorDataset(data, labels))
-    if name == "embed":
+    if name in ("embed", "embed_sgd"):
         tokens = torch.randint(0, VOCAB, (samples, TOKENS), generator=g)
-        return (EmbedNet(), lambda ps: torch.optim.Adam(ps, lr=1e-3), F.cross_entropy,
-                torch.utils.data.TensorDataset(tokens, labels))
-    raise ValueError("unknown model %r (cnn or embed)" % name)
+        optimizer = ((lambda ps: torch.optim.Adam(ps, lr=1e-3)) if name == "embed"
+                     else (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)))
+        return (EmbedNet(), optimizer, F.cross_entropy, torch.utils.data.TensorDataset(tokens, labels))
+    raise ValueError("unknown model %r (cnn, embed or embed_sgd)" % name)
 
 
-def timed_steps(model, optimizer, loss_fn, loader, warmup, steps, new_epoch=lambda epoch: None):
+def timed_steps(model, optimizer, loss_fn, loader, warmup, steps, new_epoch=lambda epoch: None, phases=None):
     """The usual training loop over as many epochs as it takes: `warmup` steps, then `steps`
-    timed ones. Returns the last loss and the seconds the timed steps took."""
+    timed ones. Returns the last loss and the seconds the timed steps took; a dict given as
+    `phases` gets the seconds each part of the timed steps took (the clock read between parts)."""
     step, epoch, start, total = 0, 0, None, warmup + steps
     while step < total:
         new_epoch(epoch)
@@ -71,20 +75,36 @@ def timed_steps(model, optimizer, loss_fn, loader, warmup, steps, new_epoch=lamb
         for data, target in loader:
             if step == warmup:
                 start = time.perf_counter()
+            marks = [time.perf_counter()]
             optimizer.zero_grad()
+            marks.append(time.perf_counter())
             loss = loss_fn(model(data), target)
+            marks.append(time.perf_counter())
             loss.backward()
+            marks.append(time.perf_counter())
             optimizer.step()
+            marks.append(time.perf_counter())
+            if phases is not None and step >= warmup:
+                for name, t0, t1 in zip(("zero_grad", "forward", "backward", "step"), marks, marks[1:]):
+                    phases[name] = phases.get(name, 0.0) + t1 - t0
             step += 1
             if step == total:
                 break
     return loss, time.perf_counter() - start
 
 
+def print_phases(phases, steps, who):
+    """One line of milliseconds per step for each part of the timed steps (--phases)."""
+    print("%s phases, ms per step: %s" % (who, "  ".join("%s %.1f" % (k, 1000 * v / steps) for k, v in phases.items())),
+          flush=True)
+
+
 def add_arguments(p):
-    p.add_argument("--model", choices=("cnn", "embed"), default="cnn")
+    p.add_argument("--model", choices=("cnn", "embed", "embed_sgd"), default="cnn")
     p.add_argument("--steps", type=int, default=100, help="steps timed")
     p.add_argument("--warmup", type=int, default=5, help="steps run before the timing starts")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--samples", type=int, default=8192, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--phases", action="store_true",
+                   help="print the time per step of zero_grad, forward with the loss, backward and the optimizer step")

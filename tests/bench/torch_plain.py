@@ -20,7 +20,11 @@ def main():
     optimizer = make_optimizer(model.parameters())
     model.train()
 
-    loss, seconds = torch_models.timed_steps(model, optimizer, loss_fn, loader, args.warmup, args.steps)
+    phases = {} if args.phases else None
+    loss, seconds = torch_models.timed_steps(model, optimizer, loss_fn, loader, args.warmup, args.steps,
+                                             phases=phases)
+    if phases:
+        torch_models.print_phases(phases, args.steps, "this process")
     print("loss %.4f" % loss.item())
     print("steps_per_s %.3f" % (args.steps / seconds), flush=True)
 
