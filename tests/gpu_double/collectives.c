@@ -160,6 +160,36 @@ static void coll_steps(coll_t *x)
     }
 }
 
+enum { LATE_WAITING = 1, LATE_GO, LATE_FAILED };
+
+/* Sets c->late to `to`, then waits (0: not) until it is `until` or the comm is aborted. */
+static void late_set(comm_t *c, int to, int until)
+{
+    pthread_mutex_lock(&c->mu);
+    c->late = to;
+    pthread_cond_broadcast(&c->cv);
+    while (until && c->late != until && !atomic_load(&c->aborted)) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 100 * 1000 * 1000;
+        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&c->cv, &c->mu, &t);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void dps_dbl_late_failure(comm_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int waiting = c->late == LATE_WAITING;
+    pthread_mutex_unlock(&c->mu);
+    if (!waiting) return;
+    late_set(c, LATE_GO, LATE_FAILED);
+    /* the stream's work after the failed collective (the caller's marker) completes meanwhile */
+    struct timespec pause = {0, 200 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+
 static void coll_run(dps_dbl_work_t *w)
 {
     coll_t *x = w->ctx;
@@ -181,9 +211,11 @@ static void coll_run(dps_dbl_work_t *w)
             if (!atomic_load(&c->aborted)) dps_dbl_doze(c->seg, seen);
         }
     } else if (conf->async_error_rank == c->rank && (uint64_t)conf->async_error_at == x->k) {
+        if (conf->async_error_late) late_set(c, LATE_WAITING, LATE_GO);
         dps_dbl_comm_fail(c, NCCL_SYSTEM_ERROR,
                           "test double: injected asynchronous failure in collective #%llu",
                           (unsigned long long)x->k);
+        if (conf->async_error_late) late_set(c, LATE_FAILED, 0);
     } else if (x->scale_ptr) {
         void *rw;
         size_t esz = dps_dbl_dtype_size(x->desc.dtype);

@@ -94,6 +94,7 @@ typedef struct comm {
     char name[64];
     premul_t *ops; /* under mu */
     int nops;
+    int late; /* under mu, GPU_DOUBLE_ASYNC_ERROR_LATE: LATE_WAITING, LATE_GO, LATE_FAILED */
 } comm_t;
 
 static inline size_t dps_dbl_slots_offset(int nranks)
@@ -126,5 +127,9 @@ void dps_dbl_comm_fail(comm_t *c, int code, const char *fmt, ...) __attribute__(
 /* Waits until every other rank's posted (or done) count reaches v. 0: they have; -1: this comm
  * was aborted; r+1: rank r failed or aborted first. */
 int dps_dbl_wait_ranks(comm_t *c, int which, uint64_t v);
+/* GPU_DOUBLE_ASYNC_ERROR_LATE: called by ncclCommGetAsyncError after it read the state. Where
+ * the injected failure waits, it happens now, and the stream moves past it, before the answer
+ * (success) returns: an error raised right after a poll. */
+void dps_dbl_late_failure(comm_t *c);
 
 #endif

@@ -41,6 +41,7 @@ enum {
     X(stall_at, "GPU_DOUBLE_STALL_AT", 1)                                                                 \
     X(async_error_rank, "GPU_DOUBLE_ASYNC_ERROR_RANK", -1)                                                \
     X(async_error_at, "GPU_DOUBLE_ASYNC_ERROR_AT", 1)                                                     \
+    X(async_error_late, "GPU_DOUBLE_ASYNC_ERROR_LATE", 0)                                                 \
     X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)
 
 typedef struct dps_dbl_conf {

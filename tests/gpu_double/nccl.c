@@ -503,6 +503,7 @@ DPS_DBL_API int ncclCommGetAsyncError(void *comm, int *state)
         return NCCL_INVALID_ARGUMENT;
     }
     *state = atomic_load(&c->async);
+    if (dps_dbl_conf()->async_error_late) dps_dbl_late_failure(c);
     dps_dbl_comm_put(c);
     return NCCL_OK;
 }

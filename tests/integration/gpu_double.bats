@@ -144,11 +144,15 @@ same_checksums() {
 }
 
 @test "an asynchronous NCCL error ends the job, naming the rank and the collective" {
-    gpu 3 GPU_DOUBLE_ASYNC_ERROR_RANK=1 -- --dtype f32
-    assert_failure 70
-    assert_output --regexp "r1/3\] ERROR dp_grads \(collective #[0-9]+.*injected asynchronous failure"
-    run pgrep -f "$PROG"
-    assert_failure
+    # LATE: the error is raised just after a poll said all was well, and the collective's marker
+    # has passed by the next look; the rank must still see the error, not a finished collective
+    for late in 0 1; do
+        gpu 3 GPU_DOUBLE_ASYNC_ERROR_RANK=1 GPU_DOUBLE_ASYNC_ERROR_LATE=$late -- --dtype f32
+        assert_failure 70
+        assert_output --regexp "r1/3\] ERROR dp_grads \(collective #[0-9]+.*injected asynchronous failure"
+        run pgrep -f "$PROG"
+        assert_failure
+    done
 }
 
 @test "a hook inside CUDA graph capture is refused" {

@@ -389,12 +389,14 @@ static int comm_failed(void)
     return nccl_ok(async, "NCCL reported an asynchronous error");
 }
 
-/* The communicator's error first, as ProcessGroupNCCL does: a collective that failed still
- * lets the stream go on, so a finished marker alone does not mean the results are there. */
+/* A collective that failed still lets the stream go on, so a finished marker alone does not
+ * mean the results are there: the communicator's error decides. The marker is read first: an
+ * error raised before it passed is then seen by the check after it (read the other way round,
+ * a collective failing between the two reads looked like a success). */
 static int query(void *m)
 {
-    if (comm_failed()) return -1;
     dps_cudaError_t e = cu.EventQuery(((ev_node_t *)m)->ev);
+    if (comm_failed()) return -1;
     if (e == DPS_cudaSuccess) return 1;
     return e == DPS_cudaErrorNotReady ? 0 : cuda_ok(e, "cudaEventQuery");
 }
