@@ -68,8 +68,9 @@ typedef struct dps_device {
      * staged fallback when NCCL could not start on every rank. */
     void (*drop)(void);
     /* At exit: the queued work gets limit_s to finish, then the communicator is aborted, never
-     * destroyed (ncclCommDestroy can block on a peer that is gone). */
-    void (*finish)(double limit_s);
+     * destroyed (ncclCommDestroy can block on a peer that is gone). 1: all of it finished; 0: not
+     * within limit_s; -1: it failed (last_error says why). */
+    int (*finish)(double limit_s);
 } dps_device_t;
 
 #define DPS_DEVICE_OPEN_SYMBOL "dps_device_open_v1"

@@ -243,6 +243,8 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
 /* How long a rank that NCCL told of a peer's failure waits before ending the job, so the rank
  * where it happened reports first (the launcher stops the others at the first exit). */
 #define PEER_REPORT_GRACE_S 2
+/* How long queued GPU work gets to finish at exit. */
+#define FINISH_LIMIT_S 10
 
 static _Noreturn void failed(const char *hook)
 {
@@ -438,6 +440,8 @@ static int probe(char *what, size_t len, double *age_s)
                  state < 0 ? ": " : "", state < 0 ? dv.gpu->last_error() : "");
     }
     pthread_mutex_unlock(&queued.lock);
+    /* NCCL told this thread of a peer's failure: that rank reports first, as in failed() */
+    if (state < 0 && dv.gpu->peer_failed()) sleep(PEER_REPORT_GRACE_S);
     return state;
 }
 
@@ -577,7 +581,15 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_
 
 int dps_device_outstanding(void) { return dv.npending + dv.nqueued > 0; }
 
+/* At exit, GPU work queued on a stream nobody waited for (dp_set_stream, dp_grad_ready) may
+ * still fail or hang: the program's last results would then not be the job's, so the rank says
+ * so and ends with a failure rather than 0. */
 void dps_device_shutdown(void)
 {
-    if (dv.gpu && dv.mode) dv.gpu->finish(10.0);
+    if (!dv.gpu || !dv.mode) return;
+    int done = dv.gpu->finish(FINISH_LIMIT_S);
+    if (done < 0) dps_fatal("at exit: GPU work queued earlier failed: %s", dv.gpu->last_error());
+    if (done == 0)
+        dps_fatal("at exit: GPU work queued earlier did not finish within %d s (a peer gone, or the GPU stuck)",
+                  FINISH_LIMIT_S);
 }

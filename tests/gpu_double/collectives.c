@@ -16,6 +16,10 @@ DPS_DBL_API int ncclRedOpCreatePreMulSum(int *op, void *scalar, int dtype, int r
     dps_dbl_trace("ncclRedOpCreatePreMulSum scalar=%p dtype=%d residence=%d comm=%p", scalar, dtype,
                   residence, comm);
     comm_t *c = dps_dbl_comm_get(comm);
+    if (c && dps_dbl_busy_comm(c)) {
+        dps_dbl_comm_put(c);
+        return NCCL_INVALID_ARGUMENT;
+    }
     size_t esz = dps_dbl_dtype_size(dtype);
     int err = !c || !op || !scalar || !esz ? NCCL_INVALID_ARGUMENT : NCCL_OK;
     premul_t p = {1, dtype, residence, {0}, NULL};
@@ -57,6 +61,10 @@ DPS_DBL_API int ncclRedOpDestroy(int op, void *comm)
     dps_dbl_trace("ncclRedOpDestroy op=%d comm=%p", op, comm);
     comm_t *c = dps_dbl_comm_get(comm);
     if (!c) return NCCL_INVALID_ARGUMENT;
+    if (dps_dbl_busy_comm(c)) {
+        dps_dbl_comm_put(c);
+        return NCCL_INVALID_ARGUMENT;
+    }
     pthread_mutex_lock(&c->mu);
     int i = op - NCCL_NUM_OPS, ok = i >= 0 && i < c->nops && c->ops[i].used;
     if (ok) c->ops[i].used = 0;
@@ -160,6 +168,30 @@ static void coll_steps(coll_t *x)
     }
 }
 
+int dps_dbl_busy_comm(comm_t *c)
+{
+    if (atomic_load(&c->async) != NCCL_IN_PROGRESS) return 0;
+    dps_dbl_nccl_error("Attempt to use communicator before the previous operation returned ncclSuccess");
+    return 1;
+}
+
+void dps_dbl_launch_pending(comm_t *c, int discard)
+{
+    pthread_mutex_lock(&c->mu);
+    int has = c->has_pending;
+    dps_dbl_work_t w = c->pending;
+    void *stream = c->pending_stream;
+    c->has_pending = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (!has) return;
+    int cerr = 0, in = NCCL_IN_PROGRESS;
+    if (discard)
+        w.fini(&w);
+    else if ((cerr = dps_dbl_enqueue(stream, &w, 0, NULL)))
+        dps_dbl_nccl_error("Cuda failure %d '%s'", cerr, dps_dbl_cuda_error_string(cerr));
+    atomic_compare_exchange_strong(&c->async, &in, cerr ? NCCL_CUDA_ERROR : NCCL_OK);
+}
+
 enum { LATE_WAITING = 1, LATE_GO, LATE_FAILED };
 
 /* Sets c->late to `to`, then waits (0: not) until it is `until` or the comm is aborted. */
@@ -202,7 +234,8 @@ static void coll_run(dps_dbl_work_t *w)
     c->busy++;
     pthread_mutex_unlock(&c->mu);
     dps_dbl_trace("collective #%llu runs on rank %d", (unsigned long long)x->k, c->rank);
-    if (atomic_load(&c->aborted) || atomic_load(&c->async) != NCCL_OK) {
+    int state = atomic_load(&c->async); /* in progress: a later collective's launch */
+    if (atomic_load(&c->aborted) || (state != NCCL_OK && state != NCCL_IN_PROGRESS)) {
         /* nothing: an aborted or failed comm's collectives end without results */
     } else if (conf->stall_rank == c->rank && (uint64_t)conf->stall_at == x->k) {
         dps_dbl_trace("collective #%llu stalls (GPU_DOUBLE_STALL_RANK)", (unsigned long long)x->k);
@@ -267,11 +300,7 @@ static int coll_enqueue(const char *name, const void *send, void *recv, size_t c
         dps_dbl_nccl_error("test double: %s: invalid or destroyed communicator %p", name, comm);
         return NCCL_INVALID_ARGUMENT;
     }
-    int err = atomic_load(&c->async);
-    if (err == NCCL_IN_PROGRESS) {
-        dps_dbl_nccl_error("Attempt to use communicator before the previous operation returned ncclSuccess");
-        err = NCCL_INVALID_ARGUMENT;
-    }
+    int err = dps_dbl_busy_comm(c) ? NCCL_INVALID_ARGUMENT : atomic_load(&c->async);
     coll_t x = {c,
                 0,
                 {0,
@@ -340,6 +369,14 @@ static int coll_enqueue(const char *name, const void *send, void *recv, size_t c
     *heap = x; /* carries the reference comm_get took, until coll_fini */
     dps_dbl_work_t w = {
         .run = coll_run, .fini = coll_fini, .accepted = coll_accepted, .delayed = 1, .ctx = heap};
+    int ok = NCCL_OK;
+    if (c->nonblocking && atomic_compare_exchange_strong(&c->async, &ok, NCCL_IN_PROGRESS)) {
+        /* as NCCL from 2.23: launched on a thread of its own, done when a poll says so */
+        pthread_mutex_lock(&c->mu);
+        c->pending = w, c->pending_stream = stream, c->has_pending = 1;
+        pthread_mutex_unlock(&c->mu);
+        return NCCL_IN_PROGRESS;
+    }
     int cerr = dps_dbl_enqueue(stream, &w, 0, NULL);
     if (cerr) {
         dps_dbl_nccl_error("Cuda failure %d '%s'", cerr, dps_dbl_cuda_error_string(cerr));

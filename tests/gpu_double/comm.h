@@ -95,6 +95,10 @@ typedef struct comm {
     premul_t *ops; /* under mu */
     int nops;
     int late; /* under mu, GPU_DOUBLE_ASYNC_ERROR_LATE: LATE_WAITING, LATE_GO, LATE_FAILED */
+    int nonblocking;
+    int has_pending; /* under mu: a collective of a non-blocking comm, launched at the next poll */
+    dps_dbl_work_t pending;
+    void *pending_stream;
 } comm_t;
 
 static inline size_t dps_dbl_slots_offset(int nranks)
@@ -131,5 +135,11 @@ int dps_dbl_wait_ranks(comm_t *c, int which, uint64_t v);
  * the injected failure waits, it happens now, and the stream moves past it, before the answer
  * (success) returns: an error raised right after a poll. */
 void dps_dbl_late_failure(comm_t *c);
+/* A non-blocking comm's collective returned ncclInProgress: it is launched (or, with discard,
+ * dropped) here, from ncclCommGetAsyncError (or an abort), and the comm's state leaves
+ * ncclInProgress. */
+void dps_dbl_launch_pending(comm_t *c, int discard);
+/* Nonzero (and NCCL's error text set) when a call on c comes while an operation is in progress. */
+int dps_dbl_busy_comm(comm_t *c);
 
 #endif

@@ -385,6 +385,7 @@ DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique
     comm_t *c = calloc(1, sizeof *c);
     if (!c) return NCCL_SYSTEM_ERROR;
     c->refs = 1, c->nranks = nranks, c->rank = rank, c->dev = dev, c->next_run = 1, c->pid = getpid();
+    c->nonblocking = !blocking;
     atomic_init(&c->async, NCCL_IN_PROGRESS);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -431,6 +432,7 @@ DPS_DBL_API int ncclCommInitRank(void **comm_p, int nranks, dps_dbl_unique_id_t 
 static void comm_abort(comm_t *c)
 {
     atomic_store(&c->aborted, 1);
+    dps_dbl_launch_pending(c, 1);
     if (c->joined) {
         int ok = HEALTH_OK;
         atomic_compare_exchange_strong(&dps_dbl_me(c)->health, &ok, HEALTH_ABORTED);
@@ -471,6 +473,7 @@ DPS_DBL_API int ncclCommDestroy(void *comm)
         dps_dbl_nccl_error("test double: ncclCommDestroy: invalid or destroyed communicator %p", comm);
         return NCCL_INVALID_ARGUMENT;
     }
+    dps_dbl_launch_pending(c, 0);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 10;
@@ -502,6 +505,7 @@ DPS_DBL_API int ncclCommGetAsyncError(void *comm, int *state)
         if (c) dps_dbl_comm_put(c);
         return NCCL_INVALID_ARGUMENT;
     }
+    dps_dbl_launch_pending(c, 0);
     *state = atomic_load(&c->async);
     if (dps_dbl_conf()->async_error_late) dps_dbl_late_failure(c);
     dps_dbl_comm_put(c);

@@ -439,8 +439,11 @@ static uint16_t f2h(float f) /* normal range only, which the tests stay in */
 }
 #endif
 
+static int comm_blocking; /* how this process's last comm_init made its comm */
+
 static void *comm_init(int rank, int nranks, int blocking)
 {
+    comm_blocking = blocking;
     void *comm = NULL;
     nccl_config_t cfg = {sizeof cfg, 0xcafebeef, 22809, blocking, {0}};
     int rc = ncclCommInitRankConfig(&comm, nranks, the_id, rank, &cfg);
@@ -455,6 +458,15 @@ static void *comm_init(int rank, int nranks, int blocking)
     return comm;
 }
 
+/* A collective's call on a non-blocking comm may return ncclInProgress (NCCL launches it on a
+ * thread of its own from 2.23 on): it is launched once ncclCommGetAsyncError no longer says so. */
+static int launched(int rc, void *comm)
+{
+    while (rc == 7)
+        if (ncclCommGetAsyncError(comm, &rc)) return -1;
+    return rc;
+}
+
 static float in_f32(int r, size_t i)
 {
     return (float)((i * 2654435761u + (size_t)r * 40503u) % 2000) / 7.0f - 100.0f;
@@ -467,7 +479,12 @@ static void allreduce_check(const char *what, void *comm, void *stream, int dtyp
     size_t bytes = count * esz;
     void *ds = dev_alloc(bytes), *dr = in_place ? ds : dev_alloc(bytes);
     h2d(ds, mine, bytes);
-    CHECK(ncclAllReduce(ds, dr, count, dtype, op, comm, stream) == 0, "%s: enqueue", what);
+    int rc = ncclAllReduce(ds, dr, count, dtype, op, comm, stream), blocking = comm_blocking;
+    CHECK(blocking ? rc == 0 : rc == 7, "%s: enqueue %d on a %sblocking comm", what, rc, blocking ? "" : "non-");
+    if (rc == 7)
+        CHECK(ncclAllReduce(ds, dr, count, dtype, op, comm, stream) == 4 && ncclRedOpDestroy(op, comm) == 4,
+              "%s: calls while one is in progress are refused", what);
+    CHECK(launched(rc, comm) == 0, "%s: launched", what);
     CHECK(cudaStreamSynchronize(stream) == 0, "%s: sync", what);
     int st = -1;
     CHECK(ncclCommGetAsyncError(comm, &st) == 0 && st == 0, "%s: async error %d (%s)", what, st,
@@ -615,8 +632,8 @@ static void case_allreduce(int rank, int nranks)
     for (int i = 0; i < 300; i++)
         im[i] = rank == root ? i * 11 : -1, iw[i] = i * 11;
     h2d(bd, im, sizeof im);
-    CHECK(ncclBroadcast(bd, br, 300, NCCL_INT32, root, comm, stream) == 0, "broadcast");
-    CHECK(ncclBcast(bd, 300, NCCL_INT32, root, comm, stream) == 0, "bcast");
+    CHECK(launched(ncclBroadcast(bd, br, 300, NCCL_INT32, root, comm, stream), comm) == 0, "broadcast");
+    CHECK(launched(ncclBcast(bd, 300, NCCL_INT32, root, comm, stream), comm) == 0, "bcast");
     CHECK(cudaStreamSynchronize(stream) == 0, "sync");
     d2h(im, br, sizeof im);
     CHECK(!memcmp(im, iw, sizeof im), "broadcast result");
@@ -652,7 +669,7 @@ static void case_hostid(int rank, int nranks)
     CHECK(cudaStreamCreate(&stream) == 0, "stream");
     float v = (float)rank + 1, *d = dev_alloc(4);
     h2d(d, &v, 4);
-    CHECK(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream) == 0, "all-reduce");
+    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream), comm) == 0, "all-reduce");
     CHECK(cudaStreamSynchronize(stream) == 0, "sync");
     d2h(&v, d, 4);
     CHECK(v == 3.0f, "sum %g", v);
@@ -676,7 +693,7 @@ static void case_nonblocking(int rank, int nranks)
     for (double t0 = now_s(); st != 0 && now_s() - t0 < 5; usleep(1000))
         ncclCommGetAsyncError(comm, &st);
     CHECK(st == 0, "init completed: %d", st);
-    CHECK(ncclAllReduce(d, d, 4, NCCL_F32, SUM, comm, stream) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, d, 4, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
           "works");
     CHECK(ncclCommDestroy(comm) == 0, "destroy");
 }
@@ -689,9 +706,9 @@ static void case_stall(int rank, int nranks)
     CHECK(cudaStreamCreateWithFlags(&stream, 1) == 0, "stream");
     float *d = dev_alloc(64);
     CHECK(cudaMemset(d, 0, 64) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
           "first");
-    CHECK(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream) == 0, "second: enqueued, the host is free");
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0, "second: enqueued, the host is free");
     usleep(100 * 1000);
     CHECK(cudaStreamQuery(stream) == 600, "rank %d: the second collective hangs", rank);
     int st = -1;
@@ -720,8 +737,8 @@ static void case_exit_stalled(int rank, int nranks)
     void *comm = comm_init(rank, nranks, 1), *stream = NULL;
     CHECK(cudaStreamCreateWithFlags(&stream, 1) == 0, "stream");
     float *d = dev_alloc(64);
-    CHECK(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream) == 0, "enqueue");
-    CHECK(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream) == 0, "and one queued behind it");
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0, "enqueue");
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0, "and one queued behind it");
     usleep(50 * 1000);
     CHECK(cudaStreamQuery(stream) == 600, "stalled");
     pid_t pid = fork();
@@ -746,10 +763,10 @@ static void case_async_error(int rank, int nranks)
     float *d = dev_alloc(16), *r = dev_alloc(16);
     h2d(d, one, 16);
     CHECK(cudaMemset(r, 0, 16) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
           "first");
     CHECK(cudaMemset(r, 0, 16) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream) == 0, "second: enqueued");
+    CHECK(launched(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream), comm) == 0, "second: enqueued");
     CHECK(cudaStreamSynchronize(stream) == 0, "the failed collective's operation completes");
     int st = -1;
     for (double t0 = now_s(); (st == 0 || st == -1) && now_s() - t0 < 5; usleep(2000))
@@ -784,7 +801,7 @@ static void case_mismatch(int rank, int nranks)
     CHECK(cudaStreamCreateWithFlags(&stream, 1) == 0, "stream");
     float *d = dev_alloc(64);
     CHECK(cudaMemset(d, 0, 64) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(ncclAllReduce(d, d, rank ? 12 : 10, NCCL_F32, SUM, comm, stream) == 0, "enqueue");
+    CHECK(launched(ncclAllReduce(d, d, rank ? 12 : 10, NCCL_F32, SUM, comm, stream), comm) == 0, "enqueue");
     CHECK(cudaStreamSynchronize(stream) == 0, "sync");
     int st = -1;
     CHECK(ncclCommGetAsyncError(comm, &st) == 0 && st == 5, "mismatch: %d", st);
@@ -805,7 +822,7 @@ static void case_trace(int rank, int nranks)
     float v = 2.5f, *d = dev_alloc(4);
     h2d(d, &v, 4);
     CHECK(cudaEventRecord(ev, NULL) == 0 && cudaStreamWaitEvent(stream, ev, 0) == 0, "record, wait");
-    CHECK(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
           "one rank");
     d2h(&v, d, 4);
     CHECK(v == 2.5f, "one rank's sum %g", v);

@@ -153,6 +153,11 @@ same_checksums() {
         run pgrep -f "$PROG"
         assert_failure
     done
+    # queued on the program's stream: the peers' watchdogs find their failed collectives and give
+    # the failing rank time to report first
+    gpu 3 GPU_DOUBLE_ASYNC_ERROR_RANK=1 -- --stream --dtype f32
+    [ "$status" -eq 70 ] || [ "$status" -eq 75 ] || fail "exit status $status"
+    assert_output --regexp "r1/3\] ERROR .*injected asynchronous failure"
 }
 
 @test "a hook inside CUDA graph capture is refused" {

@@ -337,6 +337,21 @@ static void scalar_of(int dtype, double scale, unsigned char *out)
     else memcpy(out, &h, 2);
 }
 
+static void pause_us(long us);
+
+/* A call on the communicator (non-blocking, as it is made) may answer ncclInProgress: NCCL goes
+ * on in a thread of its own (every collective from NCCL 2.23 on), and nothing else may be
+ * called on the communicator, nor a marker recorded after it, until its state says done. */
+static int nccl_done(dps_ncclResult_t r, const char *what)
+{
+    for (long us = 2; r == DPS_ncclInProgress; us = us < 500 ? us * 2 : 500) {
+        if (atomic_load(&st.aborted)) return fail("the NCCL communicator was aborted");
+        pause_us(us);
+        if (nc.CommGetAsyncError(st.comm, &r) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
+    }
+    return nccl_ok(r, what);
+}
+
 static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double scale)
 {
     if (!st.comm) return fail("NCCL all-reduce before the communicator exists");
@@ -351,20 +366,20 @@ static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double 
     if (weighted) {
         unsigned char s[8];
         scalar_of(dtype, scale, s);
-        if (nccl_ok(nc.RedOpCreatePreMulSum(&nop, s, nccl_type(dtype), DPS_ncclScalarHostImmediate, st.comm),
-                    "ncclRedOpCreatePreMulSum"))
+        if (nccl_done(nc.RedOpCreatePreMulSum(&nop, s, nccl_type(dtype), DPS_ncclScalarHostImmediate, st.comm),
+                      "ncclRedOpCreatePreMulSum"))
             return -1;
     }
-    int rc = nccl_ok(nc.AllReduce(buf, buf, count, nccl_type(dtype), nop, st.comm, st.stream), "ncclAllReduce");
-    /* an operator may go as soon as the call that uses it has returned */
-    if (weighted) nc.RedOpDestroy(nop, st.comm);
+    int rc = nccl_done(nc.AllReduce(buf, buf, count, nccl_type(dtype), nop, st.comm, st.stream), "ncclAllReduce");
+    /* an operator may go as soon as the call that uses it is done */
+    if (weighted && !rc) rc = nccl_done(nc.RedOpDestroy(nop, st.comm), "ncclRedOpDestroy");
     return rc;
 }
 
 static int bcast(void *buf, size_t bytes, int root)
 {
     if (!st.comm) return fail("NCCL broadcast before the communicator exists");
-    return nccl_ok(nc.Broadcast(buf, buf, bytes, DPS_ncclUint8, root, st.comm, st.stream), "ncclBroadcast");
+    return nccl_done(nc.Broadcast(buf, buf, bytes, DPS_ncclUint8, root, st.comm, st.stream), "ncclBroadcast");
 }
 
 static void *mark(void)
@@ -514,12 +529,13 @@ static void drop(void)
     atomic_store(&st.aborted, 0); /* staged work on the stream has nothing to do with NCCL */
 }
 
-static void finish(double limit_s)
+static int finish(double limit_s)
 {
-    if (!st.stream) return;
+    if (!st.stream) return 1;
     void *m = mark();
-    int done = m ? settle(m, limit_s) : 0;
+    int done = m ? settle(m, limit_s) : -1;
     if (st.comm) abort_comm(done == 1 ? limit_s : 1.0);
+    return done;
 }
 
 EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
