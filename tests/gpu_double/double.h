@@ -42,7 +42,8 @@ enum {
     X(async_error_rank, "GPU_DOUBLE_ASYNC_ERROR_RANK", -1)                                                \
     X(async_error_at, "GPU_DOUBLE_ASYNC_ERROR_AT", 1)                                                     \
     X(async_error_late, "GPU_DOUBLE_ASYNC_ERROR_LATE", 0)                                                 \
-    X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)
+    X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)                                                    \
+    X(abort_ms, "GPU_DOUBLE_ABORT_MS", 0)
 
 typedef struct dps_dbl_conf {
 #define DPS_DBL_FIELD(name, var, def) long name;

@@ -458,6 +458,8 @@ DPS_DBL_API int ncclCommAbort(void *comm)
         return NCCL_INVALID_ARGUMENT;
     }
     comm_abort(c);
+    long ms = dps_dbl_conf()->abort_ms; /* NCCL's own abort takes its time: a thread tearing down */
+    if (ms > 0) nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000}, NULL);
     seg_detach(c);
     dps_dbl_comm_put(c);
     return NCCL_OK;

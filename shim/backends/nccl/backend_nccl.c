@@ -338,6 +338,18 @@ static void scalar_of(int dtype, double scale, unsigned char *out)
 }
 
 static void pause_us(long us);
+static _Atomic(pthread_t) aborter; /* the thread that set st.aborted */
+
+/* Aborted by another thread while this one waits: the job is being ended by that thread (the
+ * guard, or a fatal error), which reports and exits; a second report from here would name the
+ * abort as the failure, with another exit status. So this thread waits for the end. Nonzero
+ * only on the aborting thread itself. */
+static int waited_out_abort(void)
+{
+    while (atomic_load(&st.aborted) && !pthread_equal(pthread_self(), aborter))
+        pause_us(1000);
+    return atomic_load(&st.aborted);
+}
 
 /* A call on the communicator (non-blocking, as it is made) may answer ncclInProgress: NCCL goes
  * on in a thread of its own (every collective from NCCL 2.23 on), and nothing else may be
@@ -345,7 +357,7 @@ static void pause_us(long us);
 static int nccl_done(dps_ncclResult_t r, const char *what)
 {
     for (long us = 2; r == DPS_ncclInProgress; us = us < 500 ? us * 2 : 500) {
-        if (atomic_load(&st.aborted)) return fail("the NCCL communicator was aborted");
+        if (waited_out_abort()) return fail("the NCCL communicator was aborted");
         pause_us(us);
         if (nc.CommGetAsyncError(st.comm, &r) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
     }
@@ -393,10 +405,10 @@ static void *mark(void)
     return n;
 }
 
-/* NCCL's asynchronous error, or the abort: -1 with the message. */
+/* NCCL's asynchronous error: -1 with the message. */
 static int comm_failed(void)
 {
-    if (atomic_load(&st.aborted)) return fail("the NCCL communicator was aborted");
+    if (waited_out_abort()) return fail("the NCCL communicator was aborted");
     if (!st.comm) return 0;
     dps_ncclResult_t async = DPS_ncclSuccess;
     if (nc.CommGetAsyncError(st.comm, &async) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
@@ -508,7 +520,8 @@ static void *abort_main(void *comm)
 
 static void abort_comm(double limit_s)
 {
-    if (atomic_exchange(&st.aborted, 1) || !st.comm) return;
+    if (!st.comm || atomic_exchange(&st.aborted, 1)) return; /* staged: nothing of NCCL's to abort */
+    aborter = pthread_self();
     pthread_t t;
     if (pthread_create(&t, NULL, abort_main, st.comm) != 0) return;
     pthread_detach(t);
