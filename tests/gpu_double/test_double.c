@@ -766,10 +766,14 @@ static void case_async_error(int rank, int nranks)
     CHECK(launched(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
           "first");
     CHECK(cudaMemset(r, 0, 16) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(launched(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream), comm) == 0, "second: enqueued");
-    CHECK(cudaStreamSynchronize(stream) == 0, "the failed collective's operation completes");
+    /* in progress on this non-blocking comm; its failure may already show at the first poll */
+    CHECK(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream) == 7, "second: in progress");
     int st = -1;
-    for (double t0 = now_s(); (st == 0 || st == -1) && now_s() - t0 < 5; usleep(2000))
+    for (double t0 = now_s(); (st == 0 || st == -1 || st == 7) && now_s() - t0 < 5; usleep(2000))
+        ncclCommGetAsyncError(comm, &st);
+    CHECK(cudaStreamSynchronize(stream) == 0, "the failed collective's operation completes");
+    st = -1;
+    for (double t0 = now_s(); (st == 0 || st == -1 || st == 7) && now_s() - t0 < 5; usleep(2000))
         ncclCommGetAsyncError(comm, &st);
     CHECK(st == (rank == 0 ? 2 : 6), "rank %d: async error %d", rank, st);
     if (rank == 0)
