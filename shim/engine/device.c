@@ -246,11 +246,18 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
 /* How long queued GPU work gets to finish at exit. */
 #define FINISH_LIMIT_S 10
 
+/* After the plugin's last failure on this thread: where NCCL said a peer failed, that rank gets
+ * the time to report first. */
+static void let_the_failed_peer_report(void)
+{
+    if (dv.gpu->peer_failed()) sleep(PEER_REPORT_GRACE_S);
+}
+
 static _Noreturn void failed(const char *hook)
 {
     char where[96];
     dps_guard_where(where, sizeof where);
-    if (dv.gpu->peer_failed()) sleep(PEER_REPORT_GRACE_S);
+    let_the_failed_peer_report();
     dps_fatal("%s (%s, GPU): %s", hook, where, dv.gpu->last_error());
 }
 
@@ -440,8 +447,7 @@ static int probe(char *what, size_t len, double *age_s)
                  state < 0 ? ": " : "", state < 0 ? dv.gpu->last_error() : "");
     }
     pthread_mutex_unlock(&queued.lock);
-    /* NCCL told this thread of a peer's failure: that rank reports first, as in failed() */
-    if (state < 0 && dv.gpu->peer_failed()) sleep(PEER_REPORT_GRACE_S);
+    if (state < 0) let_the_failed_peer_report();
     return state;
 }
 

@@ -439,6 +439,16 @@ static uint16_t f2h(float f) /* normal range only, which the tests stay in */
 }
 #endif
 
+/* A call on a non-blocking comm may return ncclInProgress (its init, and every collective as NCCL
+ * from 2.23 on launches them on a thread of its own): done once ncclCommGetAsyncError no longer
+ * says so, within 10 s. Its state then, or -1 where the poll itself failed. */
+static int launched(int rc, void *comm)
+{
+    for (double t0 = now_s(); rc == 7 && now_s() - t0 < 10; usleep(1000))
+        if (ncclCommGetAsyncError(comm, &rc)) return -1;
+    return rc;
+}
+
 static int comm_blocking; /* how this process's last comm_init made its comm */
 
 static void *comm_init(int rank, int nranks, int blocking)
@@ -449,22 +459,10 @@ static void *comm_init(int rank, int nranks, int blocking)
     int rc = ncclCommInitRankConfig(&comm, nranks, the_id, rank, &cfg);
     if (!blocking) {
         CHECK(rc == 7, "non-blocking init returns ncclInProgress: %d", rc);
-        int st = 7;
-        for (double t0 = now_s(); st == 7 && now_s() - t0 < 10; usleep(1000))
-            CHECK(ncclCommGetAsyncError(comm, &st) == 0, "async error");
-        rc = st;
+        rc = launched(rc, comm);
     }
     CHECK(rc == 0, "rank %d init: %d (%s)", rank, rc, ncclGetLastError(comm));
     return comm;
-}
-
-/* A collective's call on a non-blocking comm may return ncclInProgress (NCCL launches it on a
- * thread of its own from 2.23 on): it is launched once ncclCommGetAsyncError no longer says so. */
-static int launched(int rc, void *comm)
-{
-    while (rc == 7)
-        if (ncclCommGetAsyncError(comm, &rc)) return -1;
-    return rc;
 }
 
 static float in_f32(int r, size_t i)
@@ -772,9 +770,6 @@ static void case_async_error(int rank, int nranks)
     for (double t0 = now_s(); (st == 0 || st == -1 || st == 7) && now_s() - t0 < 5; usleep(2000))
         ncclCommGetAsyncError(comm, &st);
     CHECK(cudaStreamSynchronize(stream) == 0, "the failed collective's operation completes");
-    st = -1;
-    for (double t0 = now_s(); (st == 0 || st == -1 || st == 7) && now_s() - t0 < 5; usleep(2000))
-        ncclCommGetAsyncError(comm, &st);
     CHECK(st == (rank == 0 ? 2 : 6), "rank %d: async error %d", rank, st);
     if (rank == 0)
         CHECK(!strcmp(ncclGetLastError(comm), "test double: injected asynchronous failure in collective #2"),

@@ -342,13 +342,13 @@ static _Atomic(pthread_t) aborter; /* the thread that set st.aborted */
 
 /* Aborted by another thread while this one waits: the job is being ended by that thread (the
  * guard, or a fatal error), which reports and exits; a second report from here would name the
- * abort as the failure, with another exit status. So this thread waits for the end. Nonzero
- * only on the aborting thread itself. */
+ * abort as the failure, with another exit status. So this thread waits for the end. -1 with the
+ * message only on the aborting thread itself, else 0. */
 static int waited_out_abort(void)
 {
     while (atomic_load(&st.aborted) && !pthread_equal(pthread_self(), aborter))
         pause_us(1000);
-    return atomic_load(&st.aborted);
+    return atomic_load(&st.aborted) ? fail("the NCCL communicator was aborted") : 0;
 }
 
 /* A call on the communicator (non-blocking, as it is made) may answer ncclInProgress: NCCL goes
@@ -357,7 +357,7 @@ static int waited_out_abort(void)
 static int nccl_done(dps_ncclResult_t r, const char *what)
 {
     for (long us = 2; r == DPS_ncclInProgress; us = us < 500 ? us * 2 : 500) {
-        if (waited_out_abort()) return fail("the NCCL communicator was aborted");
+        if (waited_out_abort()) return -1;
         pause_us(us);
         if (nc.CommGetAsyncError(st.comm, &r) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
     }
@@ -408,7 +408,7 @@ static void *mark(void)
 /* NCCL's asynchronous error: -1 with the message. */
 static int comm_failed(void)
 {
-    if (waited_out_abort()) return fail("the NCCL communicator was aborted");
+    if (waited_out_abort()) return -1;
     if (!st.comm) return 0;
     dps_ncclResult_t async = DPS_ncclSuccess;
     if (nc.CommGetAsyncError(st.comm, &async) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
