@@ -168,6 +168,18 @@ same_checksums() {
     assert_output --partial "captured into a CUDA graph"
 }
 
+@test "the CUDA runtime and NCCL named by DPSHIM_CUDART_LIB and DPSHIM_NCCL_LIB are the ones used" {
+    # no LD_LIBRARY_PATH: only the variables lead to the double (gpu_hooks links it by full path)
+    run mpi 2 env GPU_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1 DPSHIM_DIAG_LOG=info \
+        DPSHIM_CUDART_LIB="$DOUBLE/libcudart.so.13" DPSHIM_NCCL_LIB="$DOUBLE/libnccl.so.2" \
+        LD_PRELOAD="$SHIM" "$PROG" --dtype f32
+    echo "$output"
+    assert_success
+    assert_output --partial "GPU tensors go through NCCL"
+    assert_output --partial "$DOUBLE/libnccl.so.2"
+    same_checksums
+}
+
 @test "dpshim-diag env names the CUDA runtime, NCCL and the GPU path" {
     run env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=2 "$BUILD/bin/dpshim-diag" env
     assert_success
