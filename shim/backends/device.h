@@ -69,7 +69,8 @@ typedef struct dps_device {
     void (*drop)(void);
     /* At exit: the queued work gets limit_s to finish, then the communicator is aborted, never
      * destroyed (ncclCommDestroy can block on a peer that is gone). 1: all of it finished; 0: not
-     * within limit_s; -1: it failed (last_error says why). */
+     * within limit_s; -1: it failed (last_error says why); -2: the CUDA runtime was already torn
+     * down by its own exit handler, so nothing could be asked. */
     int (*finish)(double limit_s);
 } dps_device_t;
 

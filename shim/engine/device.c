@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -188,6 +189,8 @@ static void abort_at_fatal_exit(void)
     if (dv.gpu) dv.gpu->abort(5.0);
 }
 
+static void gpu_at_exit(void);
+
 /* The first collective with device tensors, on every rank at the same call. */
 static void setup(const char *hook, const dps_backend_t *be, int dev)
 {
@@ -236,6 +239,10 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
                 dps_fatal("%s: GPU staging: %s; lower [gpu] staging_mb", hook, dv.gpu->last_error());
         dv.gpu->restore(prev);
     }
+    /* The CUDA runtime (and NCCL's own) registered their teardown with atexit when they started,
+     * after the shim's constructor registered its exit work: handlers run last-registered-first,
+     * so the GPU part is registered now, after both are up, to run while they still work. */
+    atexit(gpu_at_exit);
 }
 
 /* --- the collectives ------------------------------------------------------------------------ */
@@ -587,13 +594,31 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_
 
 int dps_device_outstanding(void) { return dv.npending + dv.nqueued > 0; }
 
+static void gpu_at_exit(void)
+{
+    if (atomic_load(&dps_g.forked) || dps_g.role != DPS_ROLE_RANK) return;
+    dps_device_shutdown();
+}
+
 /* At exit, GPU work queued on a stream nobody waited for (dp_set_stream, dp_grad_ready) may
  * still fail or hang: the program's last results would then not be the job's, so the rank says
  * so and ends with a failure rather than 0. */
 void dps_device_shutdown(void)
 {
-    if (!dv.gpu || !dv.mode) return;
+    static int done_once;
+    if (!dv.gpu || !dv.mode || done_once++) return;
+    /* the watchdog stops looking at queued work before it is finished and freed: a probe under
+     * way holds the lock, and finds nothing after it */
+    dps_guard_set_probe(NULL);
+    pthread_mutex_lock(&queued.lock);
+    queued.n = 0;
+    pthread_mutex_unlock(&queued.lock);
     int done = dv.gpu->finish(FINISH_LIMIT_S);
+    if (done == -2) {
+        DPS_WARN("at exit: the CUDA runtime had already shut down (its exit handler ran before the shim's), so "
+                 "GPU work queued earlier could not be checked");
+        return;
+    }
     if (done < 0) dps_fatal("at exit: GPU work queued earlier failed: %s", dv.gpu->last_error());
     if (done == 0)
         dps_fatal("at exit: GPU work queued earlier did not finish within %d s (a peer gone, or the GPU stuck)",

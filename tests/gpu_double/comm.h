@@ -139,6 +139,9 @@ void dps_dbl_late_failure(comm_t *c);
  * dropped) here, from ncclCommGetAsyncError (or an abort), and the comm's state leaves
  * ncclInProgress. */
 void dps_dbl_launch_pending(comm_t *c, int discard);
+/* Nonzero (and NCCL's error text set) once the CUDA runtime's exit handler ran: NCCL's calls
+ * that need CUDA then fail with ncclUnhandledCudaError, as NCCL's own cudart calls would. */
+int dps_dbl_nccl_runtime_gone(void);
 /* Nonzero (and NCCL's error text set) when a call on c comes while an operation is in progress. */
 int dps_dbl_busy_comm(comm_t *c);
 

@@ -17,6 +17,7 @@ enum {
     DPS_DBL_EINVAL = 1,         /* cudaErrorInvalidValue */
     DPS_DBL_ENOMEM = 2,         /* cudaErrorMemoryAllocation */
     DPS_DBL_EINIT = 3,          /* cudaErrorInitializationError: a child forked after CUDA use */
+    DPS_DBL_EUNLOADING = 4,     /* cudaErrorCudartUnloading: after the runtime's exit handler */
     DPS_DBL_EDIRECTION = 21,    /* cudaErrorInvalidMemcpyDirection */
     DPS_DBL_ESTUB = 34,         /* cudaErrorStubLibrary (and CUDA_ERROR_STUB_LIBRARY) */
     DPS_DBL_ENODRIVER = 35,     /* cudaErrorInsufficientDriver */
@@ -58,8 +59,11 @@ const dps_dbl_conf_t *dps_dbl_conf(void);
 void dps_dbl_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Start of every runtime call that needs the driver: 0, or the error the call must return
- * (no driver; a child forked after the parent used CUDA, which CUDA does not support). */
+ * (no driver; a child forked after the parent used CUDA, which CUDA does not support; the
+ * runtime's exit handler already ran). The first call registers that handler. */
 int dps_dbl_rt_begin(void);
+/* 1 once the runtime's exit handler ran (NCCL's CUDA calls then fail too). */
+int dps_dbl_runtime_gone(void);
 /* End of every runtime call: records a failure as the thread's last error, returns err. */
 int dps_dbl_rt_end(int err);
 

@@ -59,6 +59,13 @@ void dps_dbl_nccl_error(const char *fmt, ...)
     dps_dbl_trace("nccl error: %s", buf);
 }
 
+int dps_dbl_nccl_runtime_gone(void)
+{
+    if (!dps_dbl_runtime_gone()) return 0;
+    dps_dbl_nccl_error("Cuda failure 4 'driver shutting down'");
+    return 1;
+}
+
 comm_t *dps_dbl_comm_get(void *h)
 {
     pthread_mutex_lock(&comms_lock);
@@ -452,6 +459,7 @@ DPS_DBL_API int ncclCommAbort(void *comm)
 {
     dps_dbl_trace("ncclCommAbort comm=%p", comm);
     if (!comm) return NCCL_OK; /* NCCL: aborting NULL is a no-op */
+    if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
     comm_t *c = comm_take(comm);
     if (!c) {
         dps_dbl_nccl_error("test double: ncclCommAbort: invalid or destroyed communicator %p", comm);
@@ -470,6 +478,7 @@ DPS_DBL_API int ncclCommDestroy(void *comm)
 {
     dps_dbl_trace("ncclCommDestroy comm=%p", comm);
     if (!comm) return NCCL_OK;
+    if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
     comm_t *c = comm_take(comm);
     if (!c) {
         dps_dbl_nccl_error("test double: ncclCommDestroy: invalid or destroyed communicator %p", comm);

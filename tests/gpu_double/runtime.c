@@ -26,6 +26,8 @@ static int visible[MAX_DEVICES];
 static int nvisible;
 /* The runtime was used in this process; a child forked after that cannot use it (as CUDA). */
 static atomic_int context_made, context_lost;
+/* The runtime's exit handler ran: every later runtime call returns cudaErrorCudartUnloading. */
+static atomic_int unloading;
 static __thread int current_device;
 static __thread int last_error;
 
@@ -133,12 +135,27 @@ void dps_dbl_trace(const char *fmt, ...)
     (void)w;
 }
 
+/* As CUDA's runtime: it registers its teardown with atexit when it starts (at the first call
+ * that needs it), so handlers registered before that (a preloaded library's constructor) run
+ * after it, and find the runtime gone. */
+static void runtime_teardown(void)
+{
+    atomic_store(&unloading, 1);
+    dps_dbl_trace("runtime teardown (exit handler)");
+}
+
+int dps_dbl_runtime_gone(void)
+{
+    return atomic_load(&unloading);
+}
+
 int dps_dbl_rt_begin(void)
 {
     const dps_dbl_conf_t *c = dps_dbl_conf();
     if (c->no_driver) return DPS_DBL_ENODRIVER;
     if (atomic_load(&context_lost)) return DPS_DBL_EINIT;
-    atomic_store(&context_made, 1);
+    if (atomic_load(&unloading)) return DPS_DBL_EUNLOADING;
+    if (!atomic_exchange(&context_made, 1)) atexit(runtime_teardown);
     return DPS_DBL_SUCCESS;
 }
 
@@ -193,6 +210,7 @@ void dps_dbl_sleep_us(long us)
     X(1, cudaErrorInvalidValue, "invalid argument")                                                          \
     X(2, cudaErrorMemoryAllocation, "out of memory")                                                         \
     X(3, cudaErrorInitializationError, "initialization error")                                               \
+    X(4, cudaErrorCudartUnloading, "driver shutting down")                                                   \
     X(21, cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy")                              \
     X(34, cudaErrorStubLibrary, "CUDA driver is a stub library")                                             \
     X(35, cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version")       \

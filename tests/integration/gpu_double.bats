@@ -93,6 +93,19 @@ same_checksums() {
     same_checksums
 }
 
+@test "GPU work is finished before the CUDA runtime's own exit handler tears it down" {
+    # the double's runtime registers its teardown at the program's first CUDA call, after the
+    # shim's constructor, as CUDA's does; work queued for a named stream is still on the GPU at exit
+    for stream in "" --stream; do
+        gpu 2 GPU_DOUBLE_DELAY_MS=20 GPU_DOUBLE_TRACE="$BATS_TEST_TMPDIR/trace" -- $stream --dtype f32 --steps 2
+        assert_success
+        refute_output --partial "at exit"
+        refute_output --partial "shutting down"
+        grep -q "runtime teardown" "$BATS_TEST_TMPDIR/trace" || fail "the double's runtime never tore down"
+        rm -f "$BATS_TEST_TMPDIR/trace"
+    done
+}
+
 @test "device memory passed as DP_HOST is found and reduced on the GPU" {
     gpu 2 -- --unflagged --dtype all
     assert_success

@@ -106,6 +106,7 @@ static struct {
 
 static __thread char err_text[512];
 static __thread int err_from_peer; /* the last failure was NCCL saying a peer failed */
+static __thread int err_unloading; /* the last failure was the CUDA runtime already torn down */
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
@@ -114,14 +115,16 @@ static int fail(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err_text, sizeof err_text, fmt, ap);
     va_end(ap);
-    err_from_peer = 0;
+    err_from_peer = err_unloading = 0;
     return -1;
 }
 
 static int cuda_ok(dps_cudaError_t e, const char *what)
 {
     if (e == DPS_cudaSuccess) return 0;
-    return fail("%s: CUDA error %d (%s)", what, e, cu.GetErrorString ? cu.GetErrorString(e) : "?");
+    fail("%s: CUDA error %d (%s)", what, e, cu.GetErrorString ? cu.GetErrorString(e) : "?");
+    err_unloading = e == DPS_cudaErrorCudartUnloading;
+    return -1;
 }
 
 /* NCCL's error r on comm, with NCCL's own last words about it: -1. */
@@ -547,6 +550,7 @@ static int finish(double limit_s)
     if (!st.stream) return 1;
     void *m = mark();
     int done = m ? settle(m, limit_s) : -1;
+    if (done < 0 && err_unloading) return -2; /* nothing of CUDA's left to ask, or to abort with */
     if (st.comm) abort_comm(done == 1 ? limit_s : 1.0);
     return done;
 }

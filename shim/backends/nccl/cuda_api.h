@@ -14,6 +14,7 @@ typedef void *dps_cudaStream_t;
 typedef void *dps_cudaEvent_t;
 #define DPS_cudaSuccess 0
 #define DPS_cudaErrorNotReady 600
+#define DPS_cudaErrorCudartUnloading 4 /* "driver shutting down": the runtime's exit handler ran */
 #define DPS_cudaStreamLegacy ((dps_cudaStream_t)0x1)
 #define DPS_cudaStreamNonBlocking 0x1u
 #define DPS_cudaEventDisableTiming 0x2u
