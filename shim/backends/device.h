@@ -56,6 +56,11 @@ typedef struct dps_device {
     void *(*mark)(void);
     int (*query)(void *marker);
     int (*wait)(void *marker);
+    /* query() from a thread of the shim's own (the watchdog): CUDA on the rank's device, in
+     * thread-local capture mode, and -2 instead of waiting when another thread is in a call on
+     * the communicator (look again later). release(): frees a marker found done. */
+    int (*peek)(void *marker);
+    void (*release)(void *marker);
 
     /* The communicator: rank 0's id (128 bytes) to every rank, then init on all; blocks up to
      * timeout_s (0: no limit), polling NCCL's non-blocking init so it can be abandoned. */

@@ -430,13 +430,16 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Drops finished entries from the front; the oldest's state: 1 unfinished, -1 failed, 0 none. */
-static int queued_front(void)
+/* Drops finished entries from the front; the oldest's state: 1 unfinished, -1 failed, 0 none,
+ * 2 not known now (the watchdog found the communicator busy in another thread). */
+static int queued_front(int watchdog)
 {
     while (queued.n) {
-        int q = dv.gpu->query(queued.q[queued.head].marker);
+        void *m = queued.q[queued.head].marker;
+        int q = watchdog ? dv.gpu->peek(m) : dv.gpu->query(m);
+        if (q == -2) return 2;
         if (q <= 0) return q < 0 ? -1 : 1;
-        dv.gpu->wait(queued.q[queued.head].marker); /* done: frees it */
+        dv.gpu->release(m);
         queued.head = (queued.head + 1) % QUEUED_MAX, queued.n--;
     }
     return 0;
@@ -446,7 +449,8 @@ static int queued_front(void)
 static int probe(char *what, size_t len, double *age_s)
 {
     pthread_mutex_lock(&queued.lock);
-    int state = queued_front();
+    int state = queued_front(1);
+    if (state == 2) state = 0; /* busy: the next round looks again */
     if (state) {
         const queued_work_t *e = &queued.q[queued.head];
         *age_s = (double)(now_ns() - e->since_ns) * 1e-9;
@@ -465,7 +469,7 @@ static void track(const char *hook)
     void *m = dv.gpu->mark();
     if (!m) failed(hook);
     pthread_mutex_lock(&queued.lock);
-    queued_front();
+    queued_front(0);
     if (queued.n == QUEUED_MAX) {
         void *oldest = queued.q[queued.head].marker;
         queued.head = (queued.head + 1) % QUEUED_MAX, queued.n--;
@@ -490,7 +494,7 @@ static void end(const char *hook, int prev, int wait)
         void *m = dv.gpu->mark();
         if (!m || dv.gpu->wait(m)) failed(hook);
         pthread_mutex_lock(&queued.lock);
-        queued_front(); /* all done now */
+        queued_front(0); /* all done now */
         pthread_mutex_unlock(&queued.lock);
     } else {
         track(hook);

@@ -11,7 +11,18 @@
 
 /* ---- reduction operators ---- */
 
+static int redop_create(int *op, void *scalar, int dtype, int residence, void *comm);
+
 DPS_DBL_API int ncclRedOpCreatePreMulSum(int *op, void *scalar, int dtype, int residence, void *comm)
+{
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (c) dps_dbl_comm_enter(c, "ncclRedOpCreatePreMulSum");
+    int err = redop_create(op, scalar, dtype, residence, comm);
+    if (c) dps_dbl_comm_leave(c), dps_dbl_comm_put(c);
+    return err;
+}
+
+static int redop_create(int *op, void *scalar, int dtype, int residence, void *comm)
 {
     dps_dbl_trace("ncclRedOpCreatePreMulSum scalar=%p dtype=%d residence=%d comm=%p", scalar, dtype,
                   residence, comm);
@@ -61,6 +72,8 @@ DPS_DBL_API int ncclRedOpDestroy(int op, void *comm)
     dps_dbl_trace("ncclRedOpDestroy op=%d comm=%p", op, comm);
     comm_t *c = dps_dbl_comm_get(comm);
     if (!c) return NCCL_INVALID_ARGUMENT;
+    dps_dbl_comm_enter(c, "ncclRedOpDestroy");
+    dps_dbl_comm_leave(c); /* the check is enough: the rest is under c->mu */
     if (dps_dbl_busy_comm(c)) {
         dps_dbl_comm_put(c);
         return NCCL_INVALID_ARGUMENT;
@@ -292,8 +305,21 @@ static void coll_fini(dps_dbl_work_t *w)
 
 /* Checks a collective and enqueues it on the stream: NCCL's argument errors come back now,
  * everything else asynchronously. */
+static int coll_check_enqueue(const char *name, const void *send, void *recv, size_t count, int dtype, int op,
+                              int root, int kind, void *comm, void *stream);
+
 static int coll_enqueue(const char *name, const void *send, void *recv, size_t count, int dtype, int op,
                         int root, int kind, void *comm, void *stream)
+{
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (c) dps_dbl_comm_enter(c, name);
+    int err = coll_check_enqueue(name, send, recv, count, dtype, op, root, kind, comm, stream);
+    if (c) dps_dbl_comm_leave(c), dps_dbl_comm_put(c);
+    return err;
+}
+
+static int coll_check_enqueue(const char *name, const void *send, void *recv, size_t count, int dtype, int op,
+                              int root, int kind, void *comm, void *stream)
 {
     comm_t *c = dps_dbl_comm_get(comm);
     if (!c) {
@@ -346,22 +372,37 @@ static int coll_enqueue(const char *name, const void *send, void *recv, size_t c
     size_t bytes = count * esz;
     if (!err && esz && bytes / esz != count) err = NCCL_INVALID_ARGUMENT;
     void *rw;
-    int need_send = kind == COLL_ALLREDUCE || c->rank == root;
+    int need_send = kind == COLL_ALLREDUCE || c->rank == root, bdev = -1;
     if (!err && count && need_send) {
-        if (dps_dbl_lookup(send, bytes, &rw, NULL) == DPS_DBL_MEM_DEVICE) {
+        if (dps_dbl_lookup(send, bytes, &rw, &bdev) == DPS_DBL_MEM_DEVICE) {
             x.send = rw;
         } else {
             dps_dbl_nccl_error("%s: send buffer %p is not device memory of %zu bytes", name, send, bytes);
             err = NCCL_INVALID_ARGUMENT;
         }
+        if (!err && bdev != c->dev) {
+            dps_dbl_nccl_error("%s : sendbuff allocated on device %d mismatchs with NCCL device %d", name, bdev, c->dev);
+            err = NCCL_INVALID_ARGUMENT;
+        }
     }
     if (!err && count) {
-        if (dps_dbl_lookup(recv, bytes, &rw, NULL) == DPS_DBL_MEM_DEVICE) {
+        if (dps_dbl_lookup(recv, bytes, &rw, &bdev) == DPS_DBL_MEM_DEVICE) {
             x.recv = rw;
         } else {
             dps_dbl_nccl_error("%s: recv buffer %p is not device memory of %zu bytes", name, recv, bytes);
             err = NCCL_INVALID_ARGUMENT;
         }
+        if (!err && bdev != c->dev) {
+            dps_dbl_nccl_error("%s : recvbuff allocated on device %d mismatchs with NCCL device %d", name, bdev, c->dev);
+            err = NCCL_INVALID_ARGUMENT;
+        }
+    }
+    /* NCCL launches on the communicator's device: a stream of another one is no valid handle there */
+    int sdev = dps_dbl_stream_device(stream);
+    if (!err && count && sdev != c->dev) {
+        dps_dbl_nccl_error("Cuda failure 400 'invalid resource handle' (a stream of device %d on the communicator "
+                           "of device %d)", sdev, c->dev);
+        err = NCCL_CUDA_ERROR;
     }
     coll_t *heap = !err && count ? malloc(sizeof *heap) : NULL;
     if (err || !count || !heap) {

@@ -96,6 +96,9 @@ typedef struct comm {
     int nops;
     int late; /* under mu, GPU_DOUBLE_ASYNC_ERROR_LATE: LATE_WAITING, LATE_GO, LATE_FAILED */
     int nonblocking;
+    atomic_int caller;     /* the thread (tid) inside an API call on this comm, 0: none */
+    const char *call_name; /* what it called */
+    int dead;              /* under comms_lock: aborted or destroyed; the handle must not be used */
     int has_pending; /* under mu: a collective of a non-blocking comm, launched at the next poll */
     dps_dbl_work_t pending;
     void *pending_stream;
@@ -123,8 +126,14 @@ static inline char *dps_dbl_slot(comm_t *c, int r)
 
 /* Sets the text ncclGetLastError returns (NCCL's last warning). */
 void dps_dbl_nccl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* A live handle of this process, with a reference; NULL for anything else. */
+/* A live handle of this process, with a reference; NULL for anything else. A handle that
+ * ncclCommAbort or ncclCommDestroy freed crashes the process, as the freed memory would. */
 comm_t *dps_dbl_comm_get(void *h);
+/* An API call on c begins (held GPU_DOUBLE_CALL_US, so that overlaps show) and ends. A second
+ * thread entering while one is inside crashes the process: NCCL's communicator is not
+ * thread-safe (2.28's ncclCommGetAsyncError joins and frees the pending launch job). */
+void dps_dbl_comm_enter(comm_t *c, const char *call);
+void dps_dbl_comm_leave(comm_t *c);
 void dps_dbl_comm_put(comm_t *c);
 /* The comm's first error becomes its asynchronous error; peers waiting on this rank see it. */
 void dps_dbl_comm_fail(comm_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -21,6 +21,7 @@ enum {
     DPS_DBL_EDIRECTION = 21,    /* cudaErrorInvalidMemcpyDirection */
     DPS_DBL_ESTUB = 34,         /* cudaErrorStubLibrary (and CUDA_ERROR_STUB_LIBRARY) */
     DPS_DBL_ENODRIVER = 35,     /* cudaErrorInsufficientDriver */
+    DPS_DBL_EUNAVAILABLE = 46,  /* cudaErrorDevicesUnavailable: GPU_DOUBLE_ONE_DEVICE's refusal */
     DPS_DBL_ENODEV = 100,       /* cudaErrorNoDevice */
     DPS_DBL_EDEVICE = 101,      /* cudaErrorInvalidDevice */
     DPS_DBL_EHANDLE = 400,      /* cudaErrorInvalidResourceHandle */
@@ -44,7 +45,9 @@ enum {
     X(async_error_at, "GPU_DOUBLE_ASYNC_ERROR_AT", 1)                                                     \
     X(async_error_late, "GPU_DOUBLE_ASYNC_ERROR_LATE", 0)                                                 \
     X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)                                                    \
-    X(abort_ms, "GPU_DOUBLE_ABORT_MS", 0)
+    X(abort_ms, "GPU_DOUBLE_ABORT_MS", 0)                                                                 \
+    X(one_device, "GPU_DOUBLE_ONE_DEVICE", 0)                                                             \
+    X(call_us, "GPU_DOUBLE_CALL_US", 100)
 
 typedef struct dps_dbl_conf {
 #define DPS_DBL_FIELD(name, var, def) long name;
@@ -58,7 +61,8 @@ const dps_dbl_conf_t *dps_dbl_conf(void);
 /* One line per API call to $GPU_DOUBLE_TRACE, prefixed with the pid; free when unset. */
 void dps_dbl_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Start of every runtime call that needs the driver: 0, or the error the call must return
+/* Start of every runtime call that needs a context (it binds the thread's current device's):
+ * 0, or the error the call must return
  * (no driver; a child forked after the parent used CUDA, which CUDA does not support; the
  * runtime's exit handler already ran). The first call registers that handler. */
 int dps_dbl_rt_begin(void);
@@ -121,6 +125,8 @@ typedef struct dps_dbl_work {
  * wait: returns only when it has run. *captured_p (may be NULL): set when a capture discarded
  * it. Returns 0 or a CUDA error (invalid handle, legacy stream use during a capture). */
 int dps_dbl_enqueue(void *stream, const dps_dbl_work_t *w, int wait, int *captured_p);
+/* The device a stream belongs to (the legacy stream: the caller's current device), or -1. */
+int dps_dbl_stream_device(void *stream);
 /* Waits until every stream's work enqueued so far has run (cudaFree synchronizes so). */
 void dps_dbl_drain_all(void);
 

@@ -66,9 +66,30 @@ int dps_dbl_nccl_runtime_gone(void)
     return 1;
 }
 
+/* Handles that abort or destroy freed: their memory is kept, so a later use is recognized. */
+static comm_t *dead_comms;
+
+static _Noreturn void crash(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static _Noreturn void crash(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    n = n < 0 ? 0 : n > (int)sizeof buf - 2 ? (int)sizeof buf - 2 : n;
+    buf[n++] = '\n';
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+    dps_dbl_trace("crash: %.*s", n - 1, buf);
+    abort();
+}
+
 comm_t *dps_dbl_comm_get(void *h)
 {
     pthread_mutex_lock(&comms_lock);
+    for (comm_t *d = dead_comms; d; d = d->next)
+        if (d == h) crash("gpu double: NCCL communicator %p used after ncclCommAbort or ncclCommDestroy freed it", h);
     comm_t *c = comms;
     while (c && c != h)
         c = c->next;
@@ -78,7 +99,25 @@ comm_t *dps_dbl_comm_get(void *h)
     return c;
 }
 
-/* Removes the handle from the registry; the caller gets the registry's reference. */
+void dps_dbl_comm_enter(comm_t *c, const char *call)
+{
+    int me = (int)gettid(), none = 0;
+    if (!atomic_compare_exchange_strong(&c->caller, &none, me))
+        crash("gpu double: two threads called NCCL on communicator %p at once: %s on thread %d while %s on "
+              "thread %d (a communicator takes one call at a time)",
+              (void *)c, call, me, c->call_name ? c->call_name : "?", none);
+    c->call_name = call;
+    long us = dps_dbl_conf()->call_us;
+    if (us > 0) dps_dbl_sleep_us(us);
+}
+
+void dps_dbl_comm_leave(comm_t *c)
+{
+    atomic_store(&c->caller, 0);
+}
+
+/* Removes the handle from the registry; the caller gets the registry's reference. From now on
+ * the handle is dead. */
 static comm_t *comm_take(void *h)
 {
     pthread_mutex_lock(&comms_lock);
@@ -91,16 +130,27 @@ static comm_t *comm_take(void *h)
     return c;
 }
 
+/* The handle goes on the dead list (the last reference keeps the memory for that). */
+static void comm_bury(comm_t *c)
+{
+    pthread_mutex_lock(&comms_lock);
+    c->dead = 1;
+    c->next = dead_comms, dead_comms = c; /* comm_take unlinked it from the live ones */
+    pthread_mutex_unlock(&comms_lock);
+}
+
 void dps_dbl_comm_put(comm_t *c)
 {
     pthread_mutex_lock(&comms_lock);
-    int last = --c->refs == 0;
+    int last = --c->refs == 0; /* a dead one's memory stays, to recognize the handle */
     pthread_mutex_unlock(&comms_lock);
     if (!last) return;
-    if (c->seg) munmap(c->seg, c->seg_len);
+    if (c->seg) munmap(c->seg, c->seg_len), c->seg = NULL;
+    free(c->ops);
+    c->ops = NULL;
+    if (c->dead) return;
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    free(c->ops);
     free(c);
 }
 
@@ -460,11 +510,16 @@ DPS_DBL_API int ncclCommAbort(void *comm)
     dps_dbl_trace("ncclCommAbort comm=%p", comm);
     if (!comm) return NCCL_OK; /* NCCL: aborting NULL is a no-op */
     if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
-    comm_t *c = comm_take(comm);
+    comm_t *c = dps_dbl_comm_get(comm);
     if (!c) {
         dps_dbl_nccl_error("test double: ncclCommAbort: invalid or destroyed communicator %p", comm);
         return NCCL_INVALID_ARGUMENT;
     }
+    dps_dbl_comm_enter(c, "ncclCommAbort");
+    dps_dbl_comm_put(c);
+    c = comm_take(comm);
+    comm_bury(c);
+    dps_dbl_comm_leave(c);
     comm_abort(c);
     long ms = dps_dbl_conf()->abort_ms; /* NCCL's own abort takes its time: a thread tearing down */
     if (ms > 0) nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000}, NULL);
@@ -479,11 +534,16 @@ DPS_DBL_API int ncclCommDestroy(void *comm)
     dps_dbl_trace("ncclCommDestroy comm=%p", comm);
     if (!comm) return NCCL_OK;
     if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
-    comm_t *c = comm_take(comm);
+    comm_t *c = dps_dbl_comm_get(comm);
     if (!c) {
         dps_dbl_nccl_error("test double: ncclCommDestroy: invalid or destroyed communicator %p", comm);
         return NCCL_INVALID_ARGUMENT;
     }
+    dps_dbl_comm_enter(c, "ncclCommDestroy");
+    dps_dbl_comm_put(c);
+    c = comm_take(comm);
+    comm_bury(c);
+    dps_dbl_comm_leave(c);
     dps_dbl_launch_pending(c, 0);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
@@ -505,6 +565,8 @@ DPS_DBL_API int ncclCommFinalize(void *comm)
     dps_dbl_trace("ncclCommFinalize comm=%p", comm);
     comm_t *c = dps_dbl_comm_get(comm);
     if (!c) return NCCL_INVALID_ARGUMENT;
+    dps_dbl_comm_enter(c, "ncclCommFinalize");
+    dps_dbl_comm_leave(c);
     dps_dbl_comm_put(c);
     return NCCL_OK;
 }
@@ -516,9 +578,11 @@ DPS_DBL_API int ncclCommGetAsyncError(void *comm, int *state)
         if (c) dps_dbl_comm_put(c);
         return NCCL_INVALID_ARGUMENT;
     }
+    dps_dbl_comm_enter(c, "ncclCommGetAsyncError");
     dps_dbl_launch_pending(c, 0);
     *state = atomic_load(&c->async);
     if (dps_dbl_conf()->async_error_late) dps_dbl_late_failure(c);
+    dps_dbl_comm_leave(c);
     dps_dbl_comm_put(c);
     return NCCL_OK;
 }

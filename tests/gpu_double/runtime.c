@@ -149,7 +149,8 @@ int dps_dbl_runtime_gone(void)
     return atomic_load(&unloading);
 }
 
-int dps_dbl_rt_begin(void)
+/* The runtime's own checks, for calls that need no context (device count and choice, bus ids). */
+static int rt_begin_noctx(void)
 {
     const dps_dbl_conf_t *c = dps_dbl_conf();
     if (c->no_driver) return DPS_DBL_ENODRIVER;
@@ -157,6 +158,42 @@ int dps_dbl_rt_begin(void)
     if (atomic_load(&unloading)) return DPS_DBL_EUNLOADING;
     if (!atomic_exchange(&context_made, 1)) atexit(runtime_teardown);
     return DPS_DBL_SUCCESS;
+}
+
+/* Physical GPUs with a context in this process, and the first one's index (-1: none yet). */
+static atomic_int has_context[MAX_DEVICES];
+static atomic_int first_context = -1;
+
+/* The calling thread's current device gets its primary context, as CUDA's runtime binds one at a
+ * thread's first call that needs it: a thread that never chose a device works on device 0. With
+ * GPU_DOUBLE_ONE_DEVICE, a context on a second GPU is an error: a rank serves one GPU, and a
+ * context elsewhere (a helper thread left on device 0) costs that GPU memory on a real machine. */
+static int context_here(void)
+{
+    if (!nvisible) return DPS_DBL_ENODEV;
+    int dev = current_device < nvisible ? current_device : 0, phys = visible[dev];
+    int none = -1;
+    atomic_compare_exchange_strong(&first_context, &none, phys);
+    int first = atomic_load(&first_context);
+    if (conf.one_device && phys != first && !atomic_load(&has_context[phys])) {
+        char msg[256];
+        int n = snprintf(msg, sizeof msg,
+                         "gpu double: a CUDA call on device %d (physical %d) would make a second context in a "
+                         "process that works on physical GPU %d (GPU_DOUBLE_ONE_DEVICE)\n",
+                         dev, phys, first);
+        ssize_t w = write(2, msg, (size_t)n);
+        (void)w;
+        dps_dbl_trace("second context refused: device %d (physical %d), first %d", dev, phys, first);
+        return DPS_DBL_EUNAVAILABLE;
+    }
+    atomic_store(&has_context[phys], 1);
+    return DPS_DBL_SUCCESS;
+}
+
+int dps_dbl_rt_begin(void)
+{
+    int err = rt_begin_noctx();
+    return err ? err : context_here();
 }
 
 int dps_dbl_rt_end(int err)
@@ -168,7 +205,7 @@ int dps_dbl_rt_end(int err)
 
 int dps_dbl_current_device(int *dev_p)
 {
-    int err = dps_dbl_rt_begin();
+    int err = rt_begin_noctx();
     if (err) return err;
     if (!nvisible) return DPS_DBL_ENODEV;
     *dev_p = current_device < nvisible ? current_device : 0;
@@ -213,6 +250,7 @@ void dps_dbl_sleep_us(long us)
     X(4, cudaErrorCudartUnloading, "driver shutting down")                                                   \
     X(21, cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy")                              \
     X(34, cudaErrorStubLibrary, "CUDA driver is a stub library")                                             \
+    X(46, cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable")                  \
     X(35, cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version")       \
     X(100, cudaErrorNoDevice, "no CUDA-capable device is detected")                                          \
     X(101, cudaErrorInvalidDevice, "invalid device ordinal")                                                 \
@@ -287,7 +325,7 @@ DPS_DBL_API int cudaGetDeviceCount(int *count)
     dps_dbl_trace("cudaGetDeviceCount");
     if (!count) return dps_dbl_rt_end(DPS_DBL_EINVAL);
     *count = 0;
-    int err = dps_dbl_rt_begin();
+    int err = rt_begin_noctx();
     if (!err && !nvisible) err = DPS_DBL_ENODEV;
     if (!err) *count = nvisible;
     return dps_dbl_rt_end(err);
@@ -296,10 +334,13 @@ DPS_DBL_API int cudaGetDeviceCount(int *count)
 DPS_DBL_API int cudaSetDevice(int dev)
 {
     dps_dbl_trace("cudaSetDevice dev=%d", dev);
-    int err = dps_dbl_rt_begin();
+    int err = rt_begin_noctx();
     if (!err && !nvisible) err = DPS_DBL_ENODEV;
     if (!err && (dev < 0 || dev >= nvisible)) err = DPS_DBL_EDEVICE;
+    int was = current_device;
     if (!err) current_device = dev;
+    /* since CUDA 12 it also makes the device's primary context current */
+    if (!err && (err = context_here())) current_device = was;
     return dps_dbl_rt_end(err);
 }
 
@@ -313,7 +354,7 @@ DPS_DBL_API int cudaGetDevice(int *dev)
 DPS_DBL_API int cudaDeviceGetPCIBusId(char *buf, int len, int dev)
 {
     dps_dbl_trace("cudaDeviceGetPCIBusId dev=%d", dev);
-    int err = dps_dbl_rt_begin();
+    int err = rt_begin_noctx();
     if (!err && (!buf || len <= 0)) err = DPS_DBL_EINVAL;
     if (!err) err = nvisible ? dps_dbl_bus_id(dev, buf, (size_t)len) : DPS_DBL_ENODEV;
     return dps_dbl_rt_end(err);

@@ -34,6 +34,9 @@ struct stream {
     int legacy;
     int refs; /* its handle, its worker, events and operations waiting on it */
     int destroyed, has_worker, capturing;
+    int dev;                 /* the device current when it was made (the legacy stream: none) */
+    int capture_mode;        /* as cudaStreamBeginCapture was given it */
+    pthread_t capture_owner; /* the thread that began the capture */
     uint64_t enqueued, completed;
     op_t *head, *tail;
     pthread_cond_t work; /* an operation arrived, or the handle was destroyed */
@@ -54,9 +57,51 @@ static stream_t *streams = &legacy_stream;
 static event_t *events;
 static char dummy_graph; /* what cudaStreamEndCapture hands out: no graph is ever built */
 
+/* cudaStreamCaptureMode: the calling thread's (cudaThreadExchangeStreamCaptureMode). */
+enum { MODE_GLOBAL = 0, MODE_THREAD_LOCAL = 1, MODE_RELAXED = 2 };
+static __thread int thread_capture_mode = MODE_GLOBAL;
+
+/* A potentially unsafe call (a query or synchronization) from a thread in global mode while
+ * another thread captures in global mode: CUDA refuses it and the capture is invalidated (a
+ * watchdog thread querying events breaks the program's torch.cuda.graph capture). Under sched. */
+static int unsafe_during_capture(void)
+{
+    if (thread_capture_mode != MODE_GLOBAL) return 0;
+    int hit = 0;
+    for (stream_t *t = streams; t; t = t->next)
+        if (t->capturing == CAPTURE_ACTIVE && t->capture_mode == MODE_GLOBAL &&
+            !pthread_equal(t->capture_owner, pthread_self())) {
+            t->capturing = CAPTURE_INVALIDATED;
+            hit = 1;
+        }
+    if (hit) dps_dbl_trace("an unsafe call from another thread in global capture mode invalidated a capture");
+    return hit ? DPS_DBL_ECAPTURE : 0;
+}
+
+DPS_DBL_API int cudaThreadExchangeStreamCaptureMode(int *mode)
+{
+    dps_dbl_trace("cudaThreadExchangeStreamCaptureMode mode=%d", mode ? *mode : -1);
+    if (!mode || *mode < MODE_GLOBAL || *mode > MODE_RELAXED) return dps_dbl_rt_end(DPS_DBL_EINVAL);
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return DPS_DBL_SUCCESS;
+}
+
 static int is_legacy_handle(void *h)
 {
     return !h || h == (void *)0x1 || h == (void *)0x2;
+}
+
+int dps_dbl_stream_device(void *h)
+{
+    int dev = -1;
+    if (is_legacy_handle(h)) return dps_dbl_current_device(&dev) ? -1 : dev; /* each device has its own */
+    pthread_mutex_lock(&sched);
+    for (stream_t *t = streams; t; t = t->next)
+        if (t == h && !t->destroyed) dev = t->dev;
+    pthread_mutex_unlock(&sched);
+    return dev;
 }
 
 /* The stream behind a handle (cudaStreamPerThread is taken as the legacy stream), or NULL. */
@@ -282,6 +327,7 @@ DPS_DBL_API int cudaStreamCreateWithFlags(void **h, unsigned flags)
     stream_t *s = calloc(1, sizeof *s);
     if (!s) return dps_dbl_rt_end(DPS_DBL_ENOMEM);
     s->flags = flags, s->refs = 1;
+    dps_dbl_current_device(&s->dev);
     pthread_cond_init(&s->work, NULL);
     pthread_mutex_lock(&sched);
     err = start_worker(s);
@@ -336,7 +382,8 @@ DPS_DBL_API int cudaStreamSynchronize(void *h)
     DPS_DBL_RT_ENTER("cudaStreamSynchronize stream=%p", h);
     pthread_mutex_lock(&sched);
     stream_t *s = resolve(h);
-    err = s ? sync_check(s) : DPS_DBL_EHANDLE;
+    err = unsafe_during_capture();
+    if (!err) err = s ? sync_check(s) : DPS_DBL_EHANDLE;
     if (!err) sync_locked(s);
     pthread_mutex_unlock(&sched);
     return dps_dbl_rt_end(err);
@@ -347,7 +394,8 @@ DPS_DBL_API int cudaStreamQuery(void *h)
     DPS_DBL_RT_ENTER("cudaStreamQuery stream=%p", h);
     pthread_mutex_lock(&sched);
     stream_t *s = resolve(h);
-    err = s ? sync_check(s) : DPS_DBL_EHANDLE;
+    err = unsafe_during_capture();
+    if (!err) err = s ? sync_check(s) : DPS_DBL_EHANDLE;
     if (!err) {
         int busy = s->completed < s->enqueued;
         for (stream_t *t = streams; s->legacy && t; t = t->next)
@@ -383,8 +431,10 @@ DPS_DBL_API int cudaStreamBeginCapture(void *h, int mode)
         err = DPS_DBL_ECAPTURE; /* the legacy stream cannot capture */
     else if (s->capturing)
         err = DPS_DBL_ESTATE;
+    else if (mode < MODE_GLOBAL || mode > MODE_RELAXED)
+        err = DPS_DBL_EINVAL;
     else
-        s->capturing = CAPTURE_ACTIVE;
+        s->capturing = CAPTURE_ACTIVE, s->capture_mode = mode, s->capture_owner = pthread_self();
     pthread_mutex_unlock(&sched);
     return dps_dbl_rt_end(err);
 }
@@ -509,7 +559,9 @@ DPS_DBL_API int cudaEventQuery(void *h)
     DPS_DBL_RT_ENTER("cudaEventQuery event=%p", h);
     pthread_mutex_lock(&sched);
     event_t *e = find_event(h);
-    if (!e)
+    if ((err = unsafe_during_capture()))
+        ;
+    else if (!e)
         err = DPS_DBL_EHANDLE;
     else if (e->s && e->s->completed < e->upto)
         err = DPS_DBL_ENOTREADY;
@@ -522,7 +574,9 @@ DPS_DBL_API int cudaEventSynchronize(void *h)
     DPS_DBL_RT_ENTER("cudaEventSynchronize event=%p", h);
     pthread_mutex_lock(&sched);
     event_t *e = find_event(h);
-    if (!e)
+    if ((err = unsafe_during_capture()))
+        ;
+    else if (!e)
         err = DPS_DBL_EHANDLE;
     else if (e->s)
         wait_upto(e->s, e->upto);

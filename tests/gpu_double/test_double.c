@@ -643,7 +643,15 @@ static void case_allreduce(int rank, int nranks)
     CHECK(ncclAllReduce(bd, br, 10, 42, SUM, comm, stream) == 4, "bad datatype");
     CHECK(ncclBroadcast(bd, br, 10, NCCL_INT32, nranks, comm, stream) == 4, "bad root");
     CHECK(ncclCommDestroy(comm) == 0, "destroy");
-    CHECK(ncclCommCount(comm, &n) == 4, "a destroyed comm is invalid");
+    /* its memory is gone, as in NCCL: a later use crashes (in a child, to see it) */
+    pid_t child = fork();
+    if (child == 0) {
+        ncclCommCount(comm, &n);
+        _exit(0);
+    }
+    int ws = 0;
+    CHECK(child > 0 && waitpid(child, &ws, 0) == child && WIFSIGNALED(ws) && WTERMSIG(ws) == SIGABRT,
+          "a destroyed comm's use crashes (status 0x%x)", ws);
     free(mine);
     free(want);
 }

@@ -12,7 +12,8 @@ setup() {
 }
 
 # gpu N ENV... -- ARGS...: gpu_hooks on N ranks, the double as CUDA and NCCL, N GPUs visible
-# (one per local rank through [gpu] bind) unless the environment says otherwise.
+# (one per local rank through [gpu] bind) unless the environment says otherwise. A context on a
+# second GPU in one rank is an error (GPU_DOUBLE_ONE_DEVICE), as it costs a real GPU's memory.
 gpu() {
     local n=$1
     shift
@@ -20,7 +21,7 @@ gpu() {
     while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
     shift
     run mpi "$n" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1,2,3 \
-        DPSHIM_GUARD_TIMEOUT=60 "${envs[@]}" LD_PRELOAD="$SHIM" "$PROG" "$@"
+        GPU_DOUBLE_ONE_DEVICE=1 DPSHIM_GUARD_TIMEOUT=60 "${envs[@]}" LD_PRELOAD="$SHIM" "$PROG" "$@"
     echo "$output"
 }
 
@@ -104,6 +105,30 @@ same_checksums() {
         grep -q "runtime teardown" "$BATS_TEST_TMPDIR/trace" || fail "the double's runtime never tore down"
         rm -f "$BATS_TEST_TMPDIR/trace"
     done
+}
+
+@test "the watchdog never calls NCCL on a communicator another thread is calling" {
+    # gradients queued during backward (dp_grad_ready) are watched while the main thread polls
+    # its own collective; every NCCL call is held 2 ms, so an overlap is certain to be seen (the
+    # double crashes on one, as NCCL's communicator may)
+    gpu 2 GPU_DOUBLE_DELAY_MS=100 GPU_DOUBLE_CALL_US=2000 -- --hook ready --dtype f32 --steps 4
+    assert_success
+    refute_output --partial "two threads"
+    same_checksums
+}
+
+@test "the watchdog's CUDA calls go to the rank's own GPU and leave the program's graph capture intact" {
+    # each rank picks cuda:LOCAL_RANK itself; the watchdog thread's queries must not bind a
+    # context on GPU 0 (refused by the double's one-device mode)
+    gpu 2 DPSHIM_GPU_BIND=off GPU_DOUBLE_DELAY_MS=100 -- --device local --stream --dtype f32 --steps 3
+    assert_success
+    refute_output --partial "second context"
+    same_checksums
+    # a global-mode capture (torch.cuda.graph's default) on the program's thread while the
+    # watchdog looks at queued collectives
+    gpu 2 GPU_DOUBLE_DELAY_MS=300 -- --stream --capture-after --dtype f32 --steps 2
+    assert_success
+    refute_output --partial "capture failed"
 }
 
 @test "device memory passed as DP_HOST is found and reduced on the GPU" {

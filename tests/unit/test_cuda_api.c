@@ -14,6 +14,9 @@ int main(void)
 {
     CHECK((int)DPS_cudaSuccess == (int)cudaSuccess, "differs from the real header");
     CHECK((int)DPS_cudaErrorNotReady == (int)cudaErrorNotReady, "differs from the real header");
+    CHECK((int)DPS_cudaErrorCudartUnloading == (int)cudaErrorCudartUnloading, "differs from the real header");
+    CHECK((int)DPS_cudaStreamCaptureModeThreadLocal == (int)cudaStreamCaptureModeThreadLocal,
+          "differs from the real header");
     CHECK((void *)DPS_cudaStreamLegacy == (void *)cudaStreamLegacy, "differs from the real header");
     CHECK((int)DPS_cudaStreamNonBlocking == (int)cudaStreamNonBlocking, "differs from the real header");
     CHECK((int)DPS_cudaEventDisableTiming == (int)cudaEventDisableTiming, "differs from the real header");

@@ -36,6 +36,7 @@ static struct {
     dps_cudaError_t (*StreamCreateWithFlags)(dps_cudaStream_t *, unsigned);
     dps_cudaError_t (*StreamWaitEvent)(dps_cudaStream_t, dps_cudaEvent_t, unsigned);
     dps_cudaError_t (*StreamIsCapturing)(dps_cudaStream_t, int *);
+    dps_cudaError_t (*ThreadExchangeStreamCaptureMode)(int *);
     dps_cudaError_t (*EventCreateWithFlags)(dps_cudaEvent_t *, unsigned);
     dps_cudaError_t (*EventRecord)(dps_cudaEvent_t, dps_cudaStream_t);
     dps_cudaError_t (*EventQuery)(dps_cudaEvent_t);
@@ -70,6 +71,7 @@ static const dps_sym_row_t cuda_syms[] = {
     {"cudaStreamCreateWithFlags", (void **)&cu.StreamCreateWithFlags},
     {"cudaStreamWaitEvent", (void **)&cu.StreamWaitEvent},
     {"cudaStreamIsCapturing", (void **)&cu.StreamIsCapturing},
+    {"cudaThreadExchangeStreamCaptureMode", (void **)&cu.ThreadExchangeStreamCaptureMode},
     {"cudaEventCreateWithFlags", (void **)&cu.EventCreateWithFlags},
     {"cudaEventRecord", (void **)&cu.EventRecord},
     {"cudaEventQuery", (void **)&cu.EventQuery},
@@ -92,7 +94,8 @@ static const dps_sym_row_t nccl_syms[] = {
 };
 
 /* The process's device state. `dev` and the stream are set once, under `lock`; work is queued
- * by the main thread only (the hooks' contract), while abort() may come from the guard. */
+ * by the main thread only (the hooks' contract), while the guard's watchdog looks at it (peek)
+ * and abort() may come from the guard. `comm` is read and used under comm_mu only. */
 static struct {
     pthread_mutex_t lock;
     int dev; /* -1 until use() */
@@ -103,6 +106,18 @@ static struct {
     atomic_int aborted;
     char nccl_path[512];
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER, .dev = -1};
+
+/* One call at a time on the communicator, as ProcessGroupNCCL does: NCCL's is not thread-safe
+ * (2.28's ncclCommGetAsyncError joins and frees the pending launch job, src/init.cc), and abort
+ * frees it, so the handle is cleared under the same lock. The watchdog only tries it. */
+static pthread_mutex_t comm_mu = PTHREAD_MUTEX_INITIALIZER;
+#define COMM_GONE (-1) /* what a call on the communicator "returns" once abort took it away */
+#define ON_COMM(r, call)                                   \
+    do {                                                   \
+        pthread_mutex_lock(&comm_mu);                      \
+        (r) = st.comm ? (call) : COMM_GONE;                \
+        pthread_mutex_unlock(&comm_mu);                    \
+    } while (0)
 
 static __thread char err_text[512];
 static __thread int err_from_peer; /* the last failure was NCCL saying a peer failed */
@@ -362,14 +377,19 @@ static int nccl_done(dps_ncclResult_t r, const char *what)
     for (long us = 2; r == DPS_ncclInProgress; us = us < 500 ? us * 2 : 500) {
         if (waited_out_abort()) return -1;
         pause_us(us);
-        if (nc.CommGetAsyncError(st.comm, &r) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
+        dps_ncclResult_t got;
+        ON_COMM(got, nc.CommGetAsyncError(st.comm, &r));
+        if (got == COMM_GONE) r = COMM_GONE;
+        else if (got != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
     }
+    if (r == COMM_GONE) return waited_out_abort() ? -1 : fail("the NCCL communicator was aborted");
     return nccl_ok(r, what);
 }
 
 static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double scale)
 {
     if (!st.comm) return fail("NCCL all-reduce before the communicator exists");
+    dps_ncclResult_t r;
     dps_ncclRedOp_t nop = op == DPS_RED_MIN ? DPS_ncclMin : op == DPS_RED_MAX ? DPS_ncclMax : DPS_ncclSum;
     int floating = dtype == DP_F32 || dtype == DP_F64 || dtype == DP_F16 || dtype == DP_BF16;
     int weighted = op == DPS_RED_SUM && floating && scale != 1.0;
@@ -381,20 +401,25 @@ static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double 
     if (weighted) {
         unsigned char s[8];
         scalar_of(dtype, scale, s);
-        if (nccl_done(nc.RedOpCreatePreMulSum(&nop, s, nccl_type(dtype), DPS_ncclScalarHostImmediate, st.comm),
-                      "ncclRedOpCreatePreMulSum"))
-            return -1;
+        ON_COMM(r, nc.RedOpCreatePreMulSum(&nop, s, nccl_type(dtype), DPS_ncclScalarHostImmediate, st.comm));
+        if (nccl_done(r, "ncclRedOpCreatePreMulSum")) return -1;
     }
-    int rc = nccl_done(nc.AllReduce(buf, buf, count, nccl_type(dtype), nop, st.comm, st.stream), "ncclAllReduce");
+    ON_COMM(r, nc.AllReduce(buf, buf, count, nccl_type(dtype), nop, st.comm, st.stream));
+    int rc = nccl_done(r, "ncclAllReduce");
     /* an operator may go as soon as the call that uses it is done */
-    if (weighted && !rc) rc = nccl_done(nc.RedOpDestroy(nop, st.comm), "ncclRedOpDestroy");
+    if (weighted && !rc) {
+        ON_COMM(r, nc.RedOpDestroy(nop, st.comm));
+        rc = nccl_done(r, "ncclRedOpDestroy");
+    }
     return rc;
 }
 
 static int bcast(void *buf, size_t bytes, int root)
 {
     if (!st.comm) return fail("NCCL broadcast before the communicator exists");
-    return nccl_done(nc.Broadcast(buf, buf, bytes, DPS_ncclUint8, root, st.comm, st.stream), "ncclBroadcast");
+    dps_ncclResult_t r;
+    ON_COMM(r, nc.Broadcast(buf, buf, bytes, DPS_ncclUint8, root, st.comm, st.stream));
+    return nccl_done(r, "ncclBroadcast");
 }
 
 static void *mark(void)
@@ -408,13 +433,16 @@ static void *mark(void)
     return n;
 }
 
-/* NCCL's asynchronous error: -1 with the message. */
-static int comm_failed(void)
+/* NCCL's asynchronous error: -1 with the message; 0 none; with try_only, -2 when another
+ * thread is in a call on the communicator. */
+static int comm_failed(int try_only)
 {
-    if (waited_out_abort()) return -1;
-    if (!st.comm) return 0;
-    dps_ncclResult_t async = DPS_ncclSuccess;
-    if (nc.CommGetAsyncError(st.comm, &async) != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
+    if (!try_only && waited_out_abort()) return -1;
+    if (atomic_load(&st.aborted)) return try_only ? -2 : fail("the NCCL communicator was aborted");
+    if (try_only ? pthread_mutex_trylock(&comm_mu) : pthread_mutex_lock(&comm_mu)) return -2;
+    dps_ncclResult_t async = DPS_ncclSuccess, r = st.comm ? nc.CommGetAsyncError(st.comm, &async) : DPS_ncclSuccess;
+    pthread_mutex_unlock(&comm_mu);
+    if (r != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
     if (async == DPS_ncclSuccess || async == DPS_ncclInProgress) return 0;
     return nccl_ok(async, "NCCL reported an asynchronous error");
 }
@@ -423,13 +451,42 @@ static int comm_failed(void)
  * mean the results are there: the communicator's error decides. The marker is read first: an
  * error raised before it passed is then seen by the check after it (read the other way round,
  * a collective failing between the two reads looked like a success). */
-static int query(void *m)
+static int marker_state(void *m, int try_only)
 {
     dps_cudaError_t e = cu.EventQuery(((ev_node_t *)m)->ev);
-    if (comm_failed()) return -1;
+    int c = comm_failed(try_only);
+    if (c) return c;
     if (e == DPS_cudaSuccess) return 1;
     return e == DPS_cudaErrorNotReady ? 0 : cuda_ok(e, "cudaEventQuery");
 }
+
+static int query(void *m) { return marker_state(m, 0); }
+
+/* A thread of the shim's own (the watchdog, the abort helper) calls CUDA on the rank's device:
+ * a thread starts on device 0, where its first call would bind a second context (memory on a
+ * GPU the rank does not use). The device stays set, since the thread is the shim's and setting
+ * device 0 back would bind that context after all. Its calls run in thread-local capture mode,
+ * restored after: in global mode a query from another thread breaks the program's global-mode
+ * CUDA graph capture (torch.cuda.graph's default). Returns the mode to restore. */
+static int shim_thread_begin(void)
+{
+    int mode = DPS_cudaStreamCaptureModeThreadLocal, cur = -1;
+    cu.ThreadExchangeStreamCaptureMode(&mode);
+    if (st.dev >= 0 && cu.GetDevice(&cur) == DPS_cudaSuccess && cur != st.dev) cu.SetDevice(st.dev);
+    return mode;
+}
+
+static void shim_thread_end(int mode) { cu.ThreadExchangeStreamCaptureMode(&mode); }
+
+static int peek(void *m)
+{
+    int mode = shim_thread_begin();
+    int rc = marker_state(m, 1);
+    shim_thread_end(mode);
+    return rc;
+}
+
+static void release(void *m) { event_put(m); }
 
 static double now_s(void)
 {
@@ -501,7 +558,9 @@ static int nccl_init(const void *id128, int rank, int size, double timeout_s)
         }
         pause_us(us);
     }
+    pthread_mutex_lock(&comm_mu);
     st.comm = comm;
+    pthread_mutex_unlock(&comm_mu);
     return 0;
 }
 
@@ -511,9 +570,15 @@ static pthread_mutex_t abort_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t abort_done = PTHREAD_COND_INITIALIZER;
 static int abort_finished;
 
-static void *abort_main(void *comm)
+static void *abort_main(void *unused)
 {
-    nc.CommAbort((dps_ncclComm_t)comm);
+    (void)unused;
+    int mode = shim_thread_begin();
+    pthread_mutex_lock(&comm_mu); /* a call under way on another thread ends first */
+    if (st.comm) nc.CommAbort(st.comm);
+    st.comm = NULL;
+    pthread_mutex_unlock(&comm_mu);
+    shim_thread_end(mode);
     pthread_mutex_lock(&abort_lock);
     abort_finished = 1;
     pthread_cond_broadcast(&abort_done);
@@ -526,7 +591,7 @@ static void abort_comm(double limit_s)
     if (!st.comm || atomic_exchange(&st.aborted, 1)) return; /* staged: nothing of NCCL's to abort */
     aborter = pthread_self();
     pthread_t t;
-    if (pthread_create(&t, NULL, abort_main, st.comm) != 0) return;
+    if (pthread_create(&t, NULL, abort_main, NULL) != 0) return;
     pthread_detach(t);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
@@ -541,7 +606,6 @@ static void abort_comm(double limit_s)
 static void drop(void)
 {
     abort_comm(2.0);
-    st.comm = NULL;
     atomic_store(&st.aborted, 0); /* staged work on the stream has nothing to do with NCCL */
 }
 
@@ -597,7 +661,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
     *out = (dps_device_t){.versions = versions, .last_error = last_error, .peer_failed = peer_failed, .has_nccl = has_nccl, .count = count, .use = use,
                           .restore = restore, .key = key, .bucket = bucket, .pinned = pinned, .after = after,
                           .capturing = capturing, .before = before, .copy = copy, .zero = zero,
-                          .allreduce = allreduce, .bcast = bcast, .mark = mark, .query = query, .wait = wait,
+                          .allreduce = allreduce, .bcast = bcast, .mark = mark, .query = query, .peek = peek, .release = release, .wait = wait,
                           .nccl_id = nccl_id, .nccl_init = nccl_init, .abort = abort_comm, .drop = drop, .finish = finish};
     return 0;
 }

@@ -20,6 +20,7 @@ typedef void *dps_cudaEvent_t;
 #define DPS_cudaEventDisableTiming 0x2u
 #define DPS_cudaHostAllocDefault 0x0u
 #define DPS_cudaStreamCaptureStatusNone 0
+#define DPS_cudaStreamCaptureModeThreadLocal 1
 enum { DPS_cudaMemcpyHostToDevice = 1, DPS_cudaMemcpyDeviceToHost = 2, DPS_cudaMemcpyDeviceToDevice = 3 };
 
 typedef int dps_ncclResult_t;

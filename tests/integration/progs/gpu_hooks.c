@@ -15,6 +15,12 @@
  * --sleep-rank R: rank R sleeps 120 s before its second step's hooks, while the others' GPU
  *         collectives wait for it (the guard must end the job).
  * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
+ * --device local: the rank works on the GPU of its local rank (cudaSetDevice), as a program
+ *         that picks cuda:LOCAL_RANK itself (run with [gpu] bind = off and several GPUs visible).
+ * --current D: the tensors are made on that GPU, but device D is current when the hooks run.
+ * --capture-after: after the first step's hooks, while their work may still be queued, the
+ *         program captures a memset on a stream of its own in global mode for 600 ms (the
+ *         default of torch.cuda.graph); the capture must stay valid.
  * Prints "gpu_hooks rank R: <hook> <dtype> checksum <hex> ok" per dtype; exits 1 on a mismatch. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -37,6 +43,8 @@ int cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s);
 int cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 int cudaStreamSynchronize(cudaStream_t s);
 int cudaStreamBeginCapture(cudaStream_t s, int mode);
+int cudaStreamEndCapture(cudaStream_t s, void **graph);
+int cudaSetDevice(int dev);
 int cudaDeviceSynchronize(void);
 int cudaHostAlloc(void **p, size_t n, unsigned flags);
 enum { H2D = 1, D2H = 2 };
@@ -95,6 +103,7 @@ int main(int argc, char **argv)
 {
     const char *hook = "grads", *dtype = "all";
     int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1, sleep_rank = -1;
+    int local_device = 0, current = -1, capture_after = 0;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--hook") && a + 1 < argc) hook = argv[++a];
         else if (!strcmp(argv[a], "--dtype") && a + 1 < argc) dtype = argv[++a];
@@ -106,6 +115,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--stream")) use_stream = 1;
         else if (!strcmp(argv[a], "--capture")) capture = 1;
         else if (!strcmp(argv[a], "--unflagged")) unflagged = 1;
+        else if (!strcmp(argv[a], "--device") && a + 1 < argc && !strcmp(argv[a + 1], "local")) local_device = 1, a++;
+        else if (!strcmp(argv[a], "--current") && a + 1 < argc) current = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--capture-after")) capture_after = 1;
         else {
             fprintf(stderr, "gpu_hooks: unknown argument %s\n", argv[a]);
             return 2;
@@ -113,9 +125,11 @@ int main(int argc, char **argv)
     }
     rank = dp_rank ? dp_rank() : 0;
     size = dp_world_size ? dp_world_size() : 1;
+    int device = local_device && dp_local_rank ? dp_local_rank() : 0;
+    if (local_device && cudaSetDevice(device) != 0) return fprintf(stderr, "cudaSetDevice(%d) failed\n", device), 1;
     cudaStream_t stream = NULL; /* NULL: the legacy default stream */
     if (use_stream && cudaStreamCreateWithFlags(&stream, 1) != 0) return fprintf(stderr, "no stream\n"), 1;
-    if (use_stream && dp_set_stream) dp_set_stream(0, stream);
+    if (use_stream && dp_set_stream) dp_set_stream(device, stream);
     void *scratch = NULL;
     if (late && cudaMalloc(&scratch, 1) != 0) return fprintf(stderr, "cudaMalloc failed\n"), 1;
     int empty_share = 0;
@@ -141,12 +155,13 @@ int main(int argc, char **argv)
                 memcpy(staging[i], host[i].data, bytes);
                 void *d = NULL;
                 if (cudaMalloc(&d, bytes + 1) != 0) return fprintf(stderr, "cudaMalloc failed\n"), 1;
-                dev[i] = (dp_tensor){d, counts[i], dt, unflagged ? DP_HOST : 0, "dev"};
+                dev[i] = (dp_tensor){d, counts[i], dt, unflagged ? DP_HOST : device, "dev"};
                 if (!late) cudaMemcpy(d, staging[i], bytes, H2D);
                 else cudaMemcpyAsync(d, staging[i], bytes, H2D, stream);
             }
             if (!late) cudaDeviceSynchronize();
             if (capture) cudaStreamBeginCapture(stream, 0);
+            if (current >= 0 && cudaSetDevice(current) != 0) return fprintf(stderr, "cudaSetDevice(%d) failed\n", current), 1;
             int rc = 0;
             if (!strcmp(hook, "grads")) rc = dp_grads(dev, NT) | dp_grads(host, NT);
             else if (!strcmp(hook, "params")) rc = dp_params(dev, NT) | dp_params(host, NT);
@@ -160,6 +175,14 @@ int main(int argc, char **argv)
                                       (unsigned long long)c2), failures++;
             }
             if (rc) fprintf(stderr, "rank %d: a hook returned %d\n", rank, rc), failures++;
+            if (current >= 0) cudaSetDevice(device);
+            if (capture_after && step == 0) {
+                cudaStream_t cap;
+                void *graph = NULL, *buf = NULL;
+                int e = cudaStreamCreateWithFlags(&cap, 1) || cudaMalloc(&buf, 64) || cudaStreamBeginCapture(cap, 0);
+                if (!e) cudaMemsetAsync(buf, 0, 64, cap), usleep(600 * 1000), e = cudaStreamEndCapture(cap, &graph);
+                if (e || !graph) fprintf(stderr, "rank %d: the program's CUDA graph capture failed (error %d)\n", rank, e), failures++;
+            }
             if (use_stream) cudaStreamSynchronize(stream);
             uint64_t h = 1469598103934665603ull;
             int bad = 0;
