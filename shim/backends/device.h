@@ -47,8 +47,11 @@ typedef struct dps_device {
     /* Work queued on the communication stream, in order. */
     int (*copy)(void *dst, const void *src, size_t bytes, dps_copy_t kind);
     int (*zero)(void *dst, size_t bytes);
-    /* NCCL, in place: each rank's values times its own `scale` (floats only; 1: none), then op. */
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double scale);
+    /* NCCL, in place. `weighted` (floats and sums only): each rank's values times its own
+     * `scale` (0: exact zeros) through NCCL's pre-multiplied sum. Every rank of the job passes
+     * the same `weighted` for a collective, whatever its own scale (1 or 0 included): NCCL picks
+     * its algorithm from the operation, so ranks issuing a sum and a PreMulSum could hang. */
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double scale, int weighted);
     int (*bcast)(void *buf, size_t bytes, int root);
     /* A marker after the work queued so far; wait() polls it (and NCCL's asynchronous errors)
      * and frees it: 0, or -1 on a CUDA or NCCL error or after abort(). query(): 1 done, 0 not
@@ -63,7 +66,8 @@ typedef struct dps_device {
     void (*release)(void *marker);
 
     /* The communicator: rank 0's id (128 bytes) to every rank, then init on all; blocks up to
-     * timeout_s (0: no limit), polling NCCL's non-blocking init so it can be abandoned. */
+     * timeout_s (0: no limit), polling NCCL's non-blocking init so it can be abandoned. NCCL makes
+     * the communicator on the current device: the caller makes the tensors' device current. */
     int (*nccl_id)(void *id128);
     int (*nccl_init)(const void *id128, int rank, int size, double timeout_s);
     /* Abort the communicator from any thread; returns within limit_s even when NCCL does not,

@@ -145,11 +145,17 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
     dp_tensor t = {id, sizeof id, DP_U8, DP_HOST, "NCCL id"};
     dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
+    /* NCCL makes the communicator on the current device: the tensors', not whatever the
+     * program left current */
+    int prev = dv.gpu->use(dv.dev);
     if (!id[128] && dps_g.eff_rank != 0)
         snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
+    else if (prev < 0)
+        snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
     else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit) != 0)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0,
                  mine.from_peer = (char)dv.gpu->peer_failed();
+    if (prev >= 0) dv.gpu->restore(prev);
     rank_info_t *all = gather(be, &mine);
     int bad = origin(all);
     if (bad < 0) {
@@ -272,9 +278,13 @@ static _Noreturn void failed(const char *hook)
 static void enqueue(const char *hook, void *buf, size_t count, int32_t dtype, dps_fuse_t kind, dps_weight_t w,
                     dps_redop_t op)
 {
-    /* the plugin weighs floats only: integers are summed as they are, as on the host */
+    /* the plugin weighs floats only: integers are summed as they are, as on the host. Whether
+     * to weigh is the job's (a shared weight, or split mode's per-rank shares), never this
+     * rank's own weight alone: a share of 1 or 0 is still weighted, so every rank issues the
+     * same NCCL operation */
+    int weighted = w.per_rank || w.scale != 1.0;
     int rc = kind == DPS_FUSE_BCAST ? dv.gpu->bcast(buf, count * dps_dtype_size(dtype), 0)
-                                    : dv.gpu->allreduce(buf, count, dtype, op, w.scale);
+                                    : dv.gpu->allreduce(buf, count, dtype, op, w.scale, weighted);
     if (rc) failed(hook);
 }
 

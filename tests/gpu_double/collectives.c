@@ -110,16 +110,19 @@ static void describe(const seg_desc_t *d, char *buf, size_t len)
 {
     if (d->kind == COLL_ALLREDUCE)
         snprintf(buf, len, "collective #%llu AllReduce(count=%llu, %s, %s)", (unsigned long long)d->coll,
-                 (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), op_name(d->op));
+                 (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), d->scaled ? "premulsum" : op_name(d->op));
     else
         snprintf(buf, len, "collective #%llu Broadcast(count=%llu, %s, root=%d)", (unsigned long long)d->coll,
                  (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), d->root);
 }
 
+/* The operation must be the same on every rank, a pre-multiplied sum included: NCCL picks its
+ * algorithm from it (NVLS takes a sum, not a PreMulSum), so ranks that differ could pick
+ * different algorithms and hang. Only the scalars may differ. */
 static int same_shape(const seg_desc_t *a, const seg_desc_t *b)
 {
     return a->coll == b->coll && a->chunk == b->chunk && a->count == b->count && a->kind == b->kind &&
-           a->dtype == b->dtype && a->root == b->root && a->op == b->op;
+           a->dtype == b->dtype && a->root == b->root && a->op == b->op && a->scaled == b->scaled;
 }
 
 static void peer_gone(comm_t *c, int r, uint64_t k)

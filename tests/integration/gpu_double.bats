@@ -72,6 +72,12 @@ same_checksums() {
     gpu 3 DPSHIM_DATA_MODE=split -- --batch 7 --dtype all
     assert_success
     same_checksums
+    # shares of 1, 1 and 0: every rank still issues the pre-multiplied sum (the double fails
+    # ranks that mix it with a plain sum, as NCCL's algorithm choice may hang on them)
+    gpu 3 DPSHIM_DATA_MODE=split -- --batch 2 --dtype all
+    assert_success
+    refute_output --partial "disagree"
+    same_checksums
     # the empty share holds NaN (integers: -1, 255): floats must not spread it, integers are
     # summed as they are, modulo 2^bits on both paths
     gpu 2 DPSHIM_DATA_MODE=split -- --batch 1 --nan-if-empty --dtype all
@@ -129,6 +135,14 @@ same_checksums() {
     gpu 2 GPU_DOUBLE_DELAY_MS=300 -- --stream --capture-after --dtype f32 --steps 2
     assert_success
     refute_output --partial "capture failed"
+}
+
+@test "NCCL's communicator is made on the tensors' GPU, not the device the program left current" {
+    gpu 2 DPSHIM_GPU_BIND=off GPU_DOUBLE_ONE_DEVICE=0 DPSHIM_DIAG_LOG=info -- --device local --current 0 --dtype all
+    assert_success
+    assert_output --partial "GPU tensors go through NCCL"
+    refute_output --partial "Duplicate GPU"
+    same_checksums
 }
 
 @test "device memory passed as DP_HOST is found and reduced on the GPU" {

@@ -386,18 +386,15 @@ static int nccl_done(dps_ncclResult_t r, const char *what)
     return nccl_ok(r, what);
 }
 
-static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double scale)
+static int allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double scale, int weighted)
 {
     if (!st.comm) return fail("NCCL all-reduce before the communicator exists");
     dps_ncclResult_t r;
     dps_ncclRedOp_t nop = op == DPS_RED_MIN ? DPS_ncclMin : op == DPS_RED_MAX ? DPS_ncclMax : DPS_ncclSum;
     int floating = dtype == DP_F32 || dtype == DP_F64 || dtype == DP_F16 || dtype == DP_BF16;
-    int weighted = op == DPS_RED_SUM && floating && scale != 1.0;
-    if (weighted && scale == 0.0) {
-        /* an empty share: exact zeros, never 0 x NaN */
-        if (zero(buf, count * dps_dtype_size(dtype))) return -1;
-        weighted = 0;
-    }
+    weighted = weighted && op == DPS_RED_SUM && floating;
+    /* an empty share: exact zeros, never 0 x NaN; still the pre-multiplied sum the others issue */
+    if (weighted && scale == 0.0 && zero(buf, count * dps_dtype_size(dtype))) return -1;
     if (weighted) {
         unsigned char s[8];
         scalar_of(dtype, scale, s);
