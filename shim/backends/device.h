@@ -76,10 +76,11 @@ typedef struct dps_device {
     /* The communicator given up for good (abort, bounded) while the stream goes on: the
      * staged fallback when NCCL could not start on every rank. */
     void (*drop)(void);
-    /* At exit: the queued work gets limit_s to finish, then the communicator is aborted, never
-     * destroyed (ncclCommDestroy can block on a peer that is gone). 1: all of it finished; 0: not
-     * within limit_s; -1: it failed (last_error says why); -2: the CUDA runtime was already torn
-     * down by its own exit handler, so nothing could be asked. */
+    /* At exit: the queued work gets limit_s to finish, then the communicator is finalized (what
+     * peers still need from this rank is flushed, for limit_s at most) and destroyed; it is
+     * aborted only where that failed or timed out, or the work did not finish. 1: all of it
+     * finished; 0: not within limit_s; -1: it failed (last_error says why); -2: the CUDA runtime
+     * was already torn down by its own exit handler, so nothing could be asked. */
     int (*finish)(double limit_s);
 } dps_device_t;
 

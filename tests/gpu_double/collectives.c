@@ -159,6 +159,9 @@ static void coll_steps(coll_t *x)
             if (w > 0) peer_gone(c, w - 1, x->k);
             return;
         }
+        /* GPU_DOUBLE_SLOW_RANK: this rank reads the others' data late, as a rank whose GPU is
+         * busier finishes the same collective later than its peers */
+        if (dps_dbl_conf()->slow_rank == c->rank) dps_dbl_sleep_us(dps_dbl_conf()->slow_ms * 1000);
         for (int r = 0; r < c->nranks; r++)
             if (!same_shape(&h->rank[r].desc, &m->desc)) {
                 char mine[160], theirs[160];
@@ -178,6 +181,13 @@ static void coll_steps(coll_t *x)
             dps_dbl_reduce(x->desc.dtype, x->desc.op, c->nranks, in, scale, x->recv + off * esz, n);
         } else {
             memcpy(x->recv + off * esz, dps_dbl_slot(c, x->desc.root), n * esz);
+        }
+        /* a peer that aborted meanwhile tore its side down while this rank was still reading
+         * from it (its proxy, its connections): what was read cannot be trusted */
+        int gone = dps_dbl_aborted_peer(c);
+        if (gone >= 0) {
+            peer_gone(c, gone, x->k);
+            return;
         }
         atomic_store(&m->done, step);
         dps_dbl_ring(h);

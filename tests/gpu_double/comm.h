@@ -99,6 +99,7 @@ typedef struct comm {
     atomic_int caller;     /* the thread (tid) inside an API call on this comm, 0: none */
     const char *call_name; /* what it called */
     int dead;              /* under comms_lock: aborted or destroyed; the handle must not be used */
+    int finalized;         /* ncclCommFinalize was called */
     int has_pending; /* under mu: a collective of a non-blocking comm, launched at the next poll */
     dps_dbl_work_t pending;
     void *pending_stream;
@@ -148,6 +149,8 @@ void dps_dbl_late_failure(comm_t *c);
  * dropped) here, from ncclCommGetAsyncError (or an abort), and the comm's state leaves
  * ncclInProgress. */
 void dps_dbl_launch_pending(comm_t *c, int discard);
+/* A peer that aborted while this rank may still read its data: -1 none, else its rank. */
+int dps_dbl_aborted_peer(comm_t *c);
 /* Nonzero (and NCCL's error text set) once the CUDA runtime's exit handler ran: NCCL's calls
  * that need CUDA then fail with ncclUnhandledCudaError, as NCCL's own cudart calls would. */
 int dps_dbl_nccl_runtime_gone(void);

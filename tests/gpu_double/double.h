@@ -47,6 +47,8 @@ enum {
     X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)                                                    \
     X(abort_ms, "GPU_DOUBLE_ABORT_MS", 0)                                                                 \
     X(one_device, "GPU_DOUBLE_ONE_DEVICE", 0)                                                             \
+    X(slow_rank, "GPU_DOUBLE_SLOW_RANK", -1)                                                              \
+    X(slow_ms, "GPU_DOUBLE_SLOW_MS", 0)                                                                   \
     X(call_us, "GPU_DOUBLE_CALL_US", 100)
 
 typedef struct dps_dbl_conf {

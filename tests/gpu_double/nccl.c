@@ -261,6 +261,13 @@ static void sweep_stale_segments(void)
     if (d) closedir(d);
 }
 
+int dps_dbl_aborted_peer(comm_t *c)
+{
+    for (int r = 0; r < c->nranks; r++)
+        if (r != c->rank && atomic_load(&c->seg->rank[r].health) == HEALTH_ABORTED) return r;
+    return -1;
+}
+
 int dps_dbl_wait_ranks(comm_t *c, int which, uint64_t v)
 {
     seg_hdr_t *h = c->seg;
@@ -560,15 +567,73 @@ DPS_DBL_API int ncclCommDestroy(void *comm)
     return NCCL_OK;
 }
 
+/* What finalize flushes: this rank's queued collectives finish, and every peer has read what this
+ * rank sent (its "done" reaches this rank's last step), so that a destroy or an abort after it
+ * takes nothing from a peer still inside a collective. Bounded only by an abort. */
+static void finalize_run(comm_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (c->finished < c->queued && !atomic_load(&c->aborted))
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    int w = c->joined && c->step ? dps_dbl_wait_ranks(c, WAIT_DONE, c->step) : 0;
+    if (w > 0)
+        dps_dbl_comm_fail(c, NCCL_REMOTE_ERROR, "test double: rank %d failed or aborted before it finished reading "
+                          "this rank's data", w - 1);
+    int busy = NCCL_IN_PROGRESS;
+    if (!w) atomic_compare_exchange_strong(&c->async, &busy, NCCL_OK);
+}
+
+static void *finalize_thread(void *p)
+{
+    comm_t *c = p;
+    finalize_run(c);
+    pthread_mutex_lock(&c->mu);
+    c->busy--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    dps_dbl_comm_put(c);
+    return NULL;
+}
+
 DPS_DBL_API int ncclCommFinalize(void *comm)
 {
     dps_dbl_trace("ncclCommFinalize comm=%p", comm);
+    if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
     comm_t *c = dps_dbl_comm_get(comm);
     if (!c) return NCCL_INVALID_ARGUMENT;
     dps_dbl_comm_enter(c, "ncclCommFinalize");
+    int err = NCCL_OK, ok = NCCL_OK;
+    if (dps_dbl_busy_comm(c) || c->finalized) {
+        err = NCCL_INVALID_ARGUMENT; /* NCCL refuses a second finalize */
+    } else if (!atomic_compare_exchange_strong(&c->async, &ok, NCCL_IN_PROGRESS)) {
+        err = ok; /* a failed comm: its error */
+    } else {
+        c->finalized = 1;
+        if (c->nonblocking) {
+            pthread_mutex_lock(&c->mu);
+            c->busy++;
+            pthread_mutex_unlock(&c->mu);
+            pthread_mutex_lock(&comms_lock);
+            c->refs++; /* the thread's */
+            pthread_mutex_unlock(&comms_lock);
+            err = NCCL_IN_PROGRESS;
+            if (dps_dbl_start_thread(finalize_thread, c)) {
+                pthread_mutex_lock(&c->mu);
+                c->busy--;
+                pthread_mutex_unlock(&c->mu);
+                finalize_run(c);
+                err = atomic_load(&c->async);
+                dps_dbl_comm_put(c);
+            }
+        } else {
+            finalize_run(c);
+            err = atomic_load(&c->async);
+        }
+    }
     dps_dbl_comm_leave(c);
     dps_dbl_comm_put(c);
-    return NCCL_OK;
+    return err;
 }
 
 DPS_DBL_API int ncclCommGetAsyncError(void *comm, int *state)

@@ -113,6 +113,19 @@ same_checksums() {
     done
 }
 
+@test "a rank that ends first finalizes NCCL: a peer still reading its last data is not cut off" {
+    # rank 1 reads the last collective's data 500 ms after rank 0 is done with it, and nothing on
+    # the host makes rank 0 wait (no desync check at the step's end): rank 0 reaches its exit
+    # while rank 1 is still inside; aborting there breaks rank 1 (the double's peers see it)
+    gpu 2 DPSHIM_GUARD_DESYNC=off GPU_DOUBLE_SLOW_RANK=1 GPU_DOUBLE_SLOW_MS=500 \
+        GPU_DOUBLE_TRACE="$BATS_TEST_TMPDIR/trace" -- --stream --dtype f32
+    assert_success
+    refute_output --partial "failed or aborted"
+    same_checksums
+    [ "$(grep -c ncclCommFinalize "$BATS_TEST_TMPDIR/trace")" -eq 2 ] || fail "not finalized on both ranks"
+    ! grep -q ncclCommAbort "$BATS_TEST_TMPDIR/trace" || fail "a healthy job aborted its communicator"
+}
+
 @test "the watchdog never calls NCCL on a communicator another thread is calling" {
     # gradients queued during backward (dp_grad_ready) are watched while the main thread polls
     # its own collective; every NCCL call is held 2 ms, so an overlap is certain to be seen (the

@@ -52,6 +52,8 @@ static struct {
     dps_ncclResult_t (*CommInitRankConfig)(dps_ncclComm_t *, int, dps_ncclUniqueId, int, dps_ncclConfig_t *);
     dps_ncclResult_t (*CommGetAsyncError)(dps_ncclComm_t, dps_ncclResult_t *);
     dps_ncclResult_t (*CommAbort)(dps_ncclComm_t);
+    dps_ncclResult_t (*CommFinalize)(dps_ncclComm_t);
+    dps_ncclResult_t (*CommDestroy)(dps_ncclComm_t);
     dps_ncclResult_t (*AllReduce)(const void *, void *, size_t, dps_ncclDataType_t, dps_ncclRedOp_t, dps_ncclComm_t, dps_cudaStream_t);
     dps_ncclResult_t (*Broadcast)(const void *, void *, size_t, dps_ncclDataType_t, int, dps_ncclComm_t, dps_cudaStream_t);
     dps_ncclResult_t (*RedOpCreatePreMulSum)(dps_ncclRedOp_t *, void *, dps_ncclDataType_t, int, dps_ncclComm_t);
@@ -87,6 +89,8 @@ static const dps_sym_row_t nccl_syms[] = {
     {"ncclCommInitRankConfig", (void **)&nc.CommInitRankConfig},
     {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
     {"ncclCommAbort", (void **)&nc.CommAbort},
+    {"ncclCommFinalize", (void **)&nc.CommFinalize},
+    {"ncclCommDestroy", (void **)&nc.CommDestroy},
     {"ncclAllReduce", (void **)&nc.AllReduce},
     {"ncclBroadcast", (void **)&nc.Broadcast},
     {"ncclRedOpCreatePreMulSum", (void **)&nc.RedOpCreatePreMulSum},
@@ -606,13 +610,39 @@ static void drop(void)
     atomic_store(&st.aborted, 0); /* staged work on the stream has nothing to do with NCCL */
 }
 
+/* The end of a healthy communicator: ncclCommFinalize flushes what peers still need from this
+ * rank (with the socket transport a peer's last collective can still be reading from this rank's
+ * proxy; an abort would break it), polled up to limit_s, then ncclCommDestroy frees it. -1 when
+ * finalize failed or did not finish. */
+static int finalize_comm(double limit_s)
+{
+    dps_ncclResult_t r, got;
+    ON_COMM(r, nc.CommFinalize(st.comm));
+    double t0 = now_s();
+    for (long us = 2; r == DPS_ncclInProgress && now_s() - t0 < limit_s; us = us < 500 ? us * 2 : 500) {
+        pause_us(us);
+        ON_COMM(got, nc.CommGetAsyncError(st.comm, &r));
+        if (got != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed while finalizing");
+    }
+    if (r == DPS_ncclInProgress)
+        return fail("ncclCommFinalize did not complete within %.0f s (a peer has not taken this rank's last data)",
+                    limit_s);
+    if (nccl_ok(r, "ncclCommFinalize")) return -1;
+    pthread_mutex_lock(&comm_mu);
+    r = nc.CommDestroy(st.comm); /* on a non-blocking communicator NCCL may finish freeing it in its own thread */
+    st.comm = NULL;
+    pthread_mutex_unlock(&comm_mu);
+    return r == DPS_ncclSuccess || r == DPS_ncclInProgress ? 0 : nccl_failed(NULL, r, "ncclCommDestroy");
+}
+
 static int finish(double limit_s)
 {
     if (!st.stream) return 1;
     void *m = mark();
     int done = m ? settle(m, limit_s) : -1;
     if (done < 0 && err_unloading) return -2; /* nothing of CUDA's left to ask, or to abort with */
-    if (st.comm) abort_comm(done == 1 ? limit_s : 1.0);
+    if (done == 1 && st.comm && finalize_comm(limit_s)) done = -1;
+    if (st.comm) abort_comm(done == 1 ? limit_s : 1.0); /* only past a limit or on a failure */
     return done;
 }
 
