@@ -3,7 +3,8 @@
 #   ./dev.sh demo [NP]   install what is missing, build, train Fashion-MNIST on NP ranks (default 4)
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
-#   ./dev.sh gpu-check   on a machine with a GPU: run every GPU check (building there unless
+#   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
+#                        preflight, staged, nccl, torch, bench or all) building there unless
 #                        gpu-pack built it here), write docs/gpu-check.md
 #   ./dev.sh gpu-pack [DIR]  build what gpu-check runs into DIR (build-gpu/), to carry to a GPU
 #                        machine that cannot build it (no PMIx or libffi headers there)
@@ -358,7 +359,7 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-gpu-check) exec bash tests/gpu/gpu_check.sh ;;
+gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
 bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard && bench_ddp ;;
 *)

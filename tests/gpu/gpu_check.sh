@@ -1,109 +1,176 @@
 #!/usr/bin/env bash
-# Every GPU check in one command, for a machine with a GPU (./dev.sh gpu-check): builds the tree
-# there, then runs the GPU path through the real CUDA runtime and NCCL, and writes what it ran and
-# what it measured to docs/gpu-check.md (the record that goes into the repository).
+# Every GPU check in one command, for a machine with a GPU (./dev.sh gpu-check [PART] [--out DIR]):
+# runs the GPU path through the real CUDA runtime and NCCL and appends each check's command,
+# output and result to DIR/gpu-check.md as it goes (default docs/), so a run cut short still
+# leaves what it did.
 #
-# It builds there (cmake, a C compiler, nvcc, Open MPI with its headers, PMIx and libffi headers)
-# unless build-gpu/ holds what `./dev.sh gpu-pack` built elsewhere and carried over; libraries in
-# build-gpu/carry-lib are used only where the machine lacks them. Each check prints PASS or
-# FAIL; the exit status is the number of FAILs.
+# PART: preflight | staged | nccl | torch | bench | all (default). Every part starts with the
+# pre-flight: what was found where (driver, GPU, torch, NCCL and cudart, mpirun). It builds there
+# (cmake, a C compiler, nvcc, Open MPI with its headers, PMIx and libffi headers) unless
+# build-gpu/ holds what `./dev.sh gpu-pack` built elsewhere; libraries in build-gpu/carry-lib are
+# used only where the machine lacks them. NCCL and the CUDA runtime are taken where PyTorch keeps
+# them when the library path has none. A check meant for NCCL that ran staged FAILS. Each check is
+# bounded (120 s); the exit status is the number of FAILs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BUILD=${BUILD_DIR:-$ROOT/build-gpu}
-RECORD=${GPU_RECORD:-$ROOT/docs/gpu-check.md}
+part=all out_dir=$ROOT/docs
+while [ $# -gt 0 ]; do
+    case $1 in
+    --out) out_dir=$2; shift 2 ;;
+    preflight | staged | nccl | torch | bench | all) part=$1; shift ;;
+    *) echo "gpu_check: unknown argument '$1' (PART: preflight|staged|nccl|torch|bench|all; --out DIR)" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$out_dir" || exit 2
+RECORD=$out_dir/gpu-check.md
 fails=0
-log=$(mktemp)
 
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-note() { echo "$*" | tee -a "$log"; }
-# check NAME CMD...: runs CMD (output kept in the record), PASS on exit 0.
+note() { echo "$*" | tee -a "$RECORD"; }
+# check NAME EXPECT CMD...: runs CMD (120 s at most; output kept in the record); PASS on exit 0
+# with EXPECT (a regular expression, or "" for none) in its output: the path the check took.
 check() {
-    local name=$1
-    shift
+    local name=$1 expect=$2
+    shift 2
     note ""
     note "### $name"
     note '```'
     note "\$ $*"
     local t0=$SECONDS out rc
-    out=$(timeout --kill-after=10 300 bash -c '"$@"' check "$@" 2>&1) # bash: `mpi` is a function
+    out=$(timeout --kill-after=10 120 bash -c '"$@"' check "$@" 2>&1) # bash: `mpi` is a function
     rc=$?
-    echo "$out" | tail -n 40 | tee -a "$log"
+    echo "$out" | tail -n 40 | tee -a "$RECORD"
     note '```'
-    if [ $rc -eq 0 ]; then note "PASS ($((SECONDS - t0)) s)"; else note "FAIL (exit $rc, $((SECONDS - t0)) s)"; fails=$((fails + 1)); fi
+    if [ $rc -eq 0 ] && { [ -z "$expect" ] || grep -Eq -- "$expect" <<<"$out"; }; then
+        note "PASS ($((SECONDS - t0)) s)"
+    else
+        [ $rc -eq 0 ] && rc="0, but no line matching '$expect': another path than the one meant"
+        note "FAIL (exit $rc, $((SECONDS - t0)) s)"
+        fails=$((fails + 1))
+    fi
 }
 mpi() { mpirun --oversubscribe --allow-run-as-root -np "$@"; }
 export -f mpi
+want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 
-note "# GPU check, $(date -u +%F)"
 note ""
-note "Machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores"
+note "# GPU check ($part), $(date -u '+%F %T') UTC, $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+note ""
+note "## Pre-flight"
+note ""
+note "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
+note "- cores: $(nproc)"
+torch_info=$(python3 -c 'import torch, os; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), os.path.dirname(torch.__file__))' 2>/dev/null)
+note "- torch: ${torch_info:-not importable}"
+# NCCL and cudart: the library path's, else where PyTorch's wheels keep them
+site=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+find_lib() {
+    local name=$1 f
+    f=$(ldconfig -p | awk -v l="$name" '$1 == l { print $NF; exit }')
+    [ -n "$f" ] || for d in $site /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+        f=$(find "$d" -name "$name" 2>/dev/null | head -1)
+        [ -n "$f" ] && break
+    done
+    echo "$f"
+}
+nccl=$(find_lib libnccl.so.2)
+cudart=$(find_lib libcudart.so.13)
+[ -n "$cudart" ] || cudart=$(find_lib libcudart.so.12)
+[ -n "$nccl" ] && export DPSHIM_NCCL_LIB=$nccl
+[ -n "$cudart" ] && export DPSHIM_CUDART_LIB=$cudart
+note "- NCCL: ${nccl:-none found} (DPSHIM_NCCL_LIB)"
+note "- CUDA runtime: ${cudart:-none found} (DPSHIM_CUDART_LIB)"
+note "- mpirun: $(command -v mpirun || echo 'none: carry an Open MPI runtime and put it on PATH') $(mpirun --version 2>/dev/null | head -1)"
+if ! command -v mpirun >/dev/null; then note ""; note "No mpirun: nothing else can run."; exit 1; fi
 
 if [ -x "$BUILD/bin/dpshim-diag" ] && [ -x "$BUILD/bin/gpu_hooks_cuda" ] && [ -d "$BUILD/carry-lib" ]; then
-    note ""
-    note "Prebuilt by ./dev.sh gpu-pack: $BUILD"
+    note "- build: prebuilt by ./dev.sh gpu-pack, $BUILD"
 else
-    check "build" bash "$ROOT/dev.sh" gpu-pack "$BUILD"
+    check "build" "" bash "$ROOT/dev.sh" gpu-pack "$BUILD"
 fi
 # the carried libraries this machine lacks, and only those (none where it built them)
 lacking=$(mktemp -d)
 have=$(ldconfig -p)
 for lib in "$BUILD"/carry-lib/*; do
+    [ -e "$lib" ] || continue
     grep -q "^[[:space:]]*$(basename "$lib") " <<<"$have" || ln -s "$lib" "$lacking/"
 done
-note "Carried libraries used: $(ls "$lacking" | tr '\n' ' ')"
+note "- carried libraries used: $(ls "$lacking" | tr '\n' ' ')"
 export LD_LIBRARY_PATH=$lacking${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 SHIM=$BUILD/lib/libdpshim.so
 G=$BUILD/bin/gpu_hooks_cuda
-check "dpshim-diag env" "$BUILD/bin/dpshim-diag" env
+H=$ROOT/tests/gpu/own_hostid.sh
+NCCL_PATH="GPU tensors go through NCCL"
+STAGED_PATH="GPU tensors go through host memory and MPI \(staged\)"
+check "dpshim-diag env" "" "$BUILD/bin/dpshim-diag" env
+[ "$part" = preflight ] && { note ""; note "$fails check(s) failed."; exit $fails; }
 
 # Two ranks on the one GPU: NCCL refuses that, so the ranks agree on staging; then the same
 # through real NCCL, each rank with its own NCCL_HOSTID so NCCL's duplicate check lets it pass.
-for hook in grads ready params bn; do
-    check "np=2 on one GPU, staged: gpu_hooks --hook $hook, every dtype, against the host path" \
-        mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$G" --hook $hook --dtype all
-done
-H=$ROOT/tests/gpu/own_hostid.sh
-for hook in grads ready params bn; do
-    check "np=2 on one GPU, NCCL with one NCCL_HOSTID per rank: gpu_hooks --hook $hook, every dtype" \
-        mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$G" --hook $hook --dtype all
-done
-check "np=2 NCCL, a named stream and a late producer" \
-    mpi 2 env CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$SHIM" "$H" "$G" --stream --late --dtype all --steps 3
-check "np=2 NCCL, split mode with uneven shares" \
-    mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DATA_MODE=split LD_PRELOAD="$SHIM" "$H" "$G" --batch 7 --dtype all
+if want staged; then
+    for hook in grads ready params bn; do
+        check "np=2 on one GPU, staged: gpu_hooks --hook $hook, every dtype, against the host path" "$STAGED_PATH" \
+            mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$G" --hook $hook --dtype all
+    done
+fi
+if want nccl; then
+    for hook in grads ready params bn; do
+        check "np=2 on one GPU, NCCL with one NCCL_HOSTID per rank: gpu_hooks --hook $hook, every dtype" "$NCCL_PATH" \
+            mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$G" --hook $hook --dtype all
+    done
+    check "np=2 NCCL, a named stream and a late producer" "$NCCL_PATH" \
+        mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$G" --stream --late --dtype all --steps 3
+    check "np=2 NCCL, split mode with uneven and empty shares (one operation on every rank)" "$NCCL_PATH" \
+        mpi 3 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_DATA_MODE=split LD_PRELOAD="$SHIM" "$H" "$G" --batch 2 --dtype all
+fi
 
-# The CUDA example alone and on two ranks: the same final parameters up to float rounding.
-T=$BUILD/bin/cuda_train
-check "cuda_train alone vs np=2 (staged)" sh -c "'$T' --steps 50 --save /tmp/alone.bin >/tmp/alone.txt &&
-    mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_FILES_RANK0_ONLY='/tmp/np2.bin' LD_PRELOAD='$SHIM' '$T' --steps 50 --save /tmp/np2.bin >/tmp/np2.txt &&
-    tail -1 /tmp/alone.txt && tail -1 /tmp/np2.txt && python3 -c \"import numpy as np
+# The CUDA example alone and on two ranks (staged, then NCCL): the same final parameters up to
+# float rounding.
+if want staged || want nccl; then
+    T=$BUILD/bin/cuda_train
+    for way in staged nccl; do
+        want $way || continue
+        wrap=; expect=$STAGED_PATH
+        [ $way = nccl ] && wrap=$H expect=$NCCL_PATH
+        check "cuda_train alone vs np=2 ($way)" "$expect" sh -c "'$T' --steps 50 --save /tmp/alone.bin >/tmp/alone.txt &&
+            mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_FILES_RANK0_ONLY='/tmp/np2.bin' LD_PRELOAD='$SHIM' $wrap '$T' --steps 50 --save /tmp/np2.bin >/tmp/np2.txt &&
+            tail -1 /tmp/alone.txt && tail -1 /tmp/np2.txt && python3 -c \"import numpy as np
 a, b = (np.fromfile(f, dtype=np.uint8)[24:].view(np.float32) for f in ('/tmp/alone.bin', '/tmp/np2.bin'))
 d = float(np.abs(a - b).max() / np.abs(a).max()); print('max rel diff', d); assert d < 1e-4\""
+    done
+    # A rank that stops calling hooks after its first step: its peer's GPU collective never
+    # completes, and the guard ends the job within timeout + 15 s, in the hook and queued.
+    for stream in "" --stream; do
+        check "a stalled GPU collective ends the job within timeout + 15 s ${stream:-(legacy stream)}" "" sh -c "t0=\$(date +%s);
+            mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_GUARD_TIMEOUT=5 LD_PRELOAD='$SHIM' '$H' \
+                '$G' $stream --dtype f32 --steps 3 --sleep-rank 1; rc=\$?;
+            echo exit \$rc after \$((\$(date +%s) - t0)) s; [ \$rc -eq 75 ] && [ \$((\$(date +%s) - t0)) -le 25 ]"
+    done
+fi
 
-# A rank that stops calling hooks after its first step: its peer's GPU collective never completes,
-# and the guard ends the job within timeout + 15 s, waiting in the hook and with a named stream.
-for stream in "" --stream; do
-    check "a stalled GPU collective ends the job within timeout + 15 s ${stream:-(legacy stream)}" sh -c "t0=\$(date +%s);
-        mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_GUARD_TIMEOUT=5 LD_PRELOAD='$SHIM' '$H' \
-            '$G' $stream --dtype f32 --steps 3 --sleep-rank 1; rc=\$?;
-        echo exit \$rc after \$((\$(date +%s) - t0)) s; [ \$rc -ne 0 ] && [ \$((\$(date +%s) - t0)) -le 25 ]"
-done
-
-# PyTorch on CUDA: the adapter hands CUDA tensors to the hooks with torch's current stream.
-check "PyTorch CUDA script alone vs np=2" sh -c "cd '$ROOT/tests/gpu' && python3 torch_cuda.py --out /tmp/t1.pt &&
-    mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_FILES_RANK0_ONLY='/tmp/t2.pt' LD_PRELOAD='$SHIM' python3 torch_cuda.py --out /tmp/t2.pt &&
-    python3 -c \"import torch; a=torch.load('/tmp/t1.pt'); b=torch.load('/tmp/t2.pt'); d=max(((a[k]-b[k]).abs().max()/a[k].abs().max().clamp(min=1e-30)).item() for k in a if a[k].is_floating_point()); print('max rel diff', d); assert d < 1e-4\""
+# PyTorch on CUDA: the adapter hands CUDA tensors to the hooks with torch's current stream; TF32
+# off, since the comparison has a tolerance.
+if want torch; then
+    for way in staged nccl; do
+        wrap=; expect=$STAGED_PATH
+        [ $way = nccl ] && wrap=$H expect=$NCCL_PATH
+        check "PyTorch CUDA script alone vs np=2 ($way)" "$expect" sh -c "cd '$ROOT/tests/gpu' && python3 torch_cuda.py --out /tmp/t1.pt &&
+            mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_FILES_RANK0_ONLY='/tmp/t2.pt' LD_PRELOAD='$SHIM' $wrap python3 torch_cuda.py --out /tmp/t2.pt &&
+            python3 -c \"import torch; a=torch.load('/tmp/t1.pt'); b=torch.load('/tmp/t2.pt'); d=max(((a[k]-b[k]).abs().max()/a[k].abs().max().clamp(min=1e-30)).item() for k in a if a[k].is_floating_point()); print('max rel diff', d); assert d < 1e-4\""
+    done
+fi
 
 # Benchmarks (figures, never pass/fail on a timing): copies through pinned vs pageable memory,
 # and dp_grads on a device buffer against the host path, staging by hand and NCCL directly.
-check "benchmark: staged (backend = mpi), 64 MiB on np=2" \
-    mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_COMM_BACKEND=mpi LD_PRELOAD="$SHIM" "$H" "$BUILD/bin/dpshim-diag" bench gpu
-check "benchmark: NCCL (one NCCL_HOSTID per rank), 64 MiB on np=2" \
-    mpi 2 env CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$SHIM" "$H" "$BUILD/bin/dpshim-diag" bench gpu
+if want bench; then
+    check "benchmark: staged (backend = mpi), 64 MiB on np=2" "" \
+        mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_COMM_BACKEND=mpi LD_PRELOAD="$SHIM" "$H" "$BUILD/bin/dpshim-diag" bench gpu
+    check "benchmark: NCCL (one NCCL_HOSTID per rank), 64 MiB on np=2" "" \
+        mpi 2 env CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$SHIM" "$H" "$BUILD/bin/dpshim-diag" bench gpu
+fi
 
 note ""
 note "$fails check(s) failed."
-mkdir -p "$(dirname "$RECORD")"
-cp "$log" "$RECORD"
 exit $fails
