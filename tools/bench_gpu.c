@@ -6,16 +6,22 @@
  *             log says which), against dp_grads on the same data in host memory (the host
  *             path), against the same staging done by hand (cudaMemcpy to pinned memory,
  *             MPI_Allreduce, cudaMemcpy back) and, where NCCL starts, against ncclAllReduce
- *             called directly on a communicator of the benchmark's own.
+ *             called directly on a communicator of the benchmark's own;
+ *   NCCL      a blocking communicator against a non-blocking one polled as the shim's plugin
+ *             polls it (the plugin's choice: NCCL from 2.23 launches each collective of a
+ *             non-blocking communicator on a thread of its own), on the whole buffer and on
+ *             loops of 4 KiB calls, where the latency shows.
  * Every result is checked bitwise against the host path (integer-valued floats). The CUDA
- * runtime and NCCL are opened with dlopen, as the shim's plugin opens them: this program builds
- * without the toolkit and runs against the real libraries or the test double. */
+ * runtime and NCCL are opened with dlopen, as the shim's plugin opens them ($DPSHIM_CUDART_LIB and
+ * $DPSHIM_NCCL_LIB first): this program builds without the toolkit and runs against the real
+ * libraries or the test double. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DPSHIM_HOOKS_WEAK
 #include <dpshim/hooks.h>
@@ -37,15 +43,22 @@ static struct {
 
 static struct {
     dps_ncclResult_t (*GetUniqueId)(dps_ncclUniqueId *);
-    dps_ncclResult_t (*CommInitRank)(dps_ncclComm_t *, int, dps_ncclUniqueId, int);
+    dps_ncclResult_t (*CommInitRankConfig)(dps_ncclComm_t *, int, dps_ncclUniqueId, int, dps_ncclConfig_t *);
+    dps_ncclResult_t (*CommGetAsyncError)(dps_ncclComm_t, dps_ncclResult_t *);
     dps_ncclResult_t (*AllReduce)(const void *, void *, size_t, int, int, dps_ncclComm_t, dps_cudaStream_t);
     dps_ncclResult_t (*CommDestroy)(dps_ncclComm_t);
 } nc;
 
-/* Every symbol of `want` from the first library of `names` that has them all: 1, or 0. */
-static int load(const char *const *names, const dps_sym_row_t *want, size_t n)
+/* Every symbol of `want` from $env's library, else the first of `names` that has them all: 1,
+ * or 0. */
+static int load(const char *env, const char *const *names, const dps_sym_row_t *want, size_t n)
 {
     char missing[64];
+    const char *user = getenv(env);
+    if (user && *user) {
+        void *h = dlopen(user, RTLD_NOW | RTLD_LOCAL);
+        return h && dps_bind_syms(h, want, n, missing, sizeof missing) == 0;
+    }
     for (; *names; names++) {
         void *h = dlopen(*names, RTLD_NOW | RTLD_LOCAL);
         if (h && dps_bind_syms(h, want, n, missing, sizeof missing) == 0) return 1;
@@ -76,6 +89,9 @@ typedef struct {
     float *host;     /* pageable or pinned host buffer */
     size_t n, bytes;
     dps_ncclComm_t comm;
+    int nonblocking; /* comm was made with blocking = 0: its calls are polled */
+    size_t count;    /* elements per NCCL call: n, or the small calls' */
+    int calls;       /* NCCL calls per timed run */
     dps_cudaStream_t stream;
     int failed;
 } run_t;
@@ -113,10 +129,22 @@ static void by_hand(void *a)
     r->failed |= cu.Memcpy(r->dev, r->host, r->bytes, DPS_cudaMemcpyHostToDevice) != 0;
 }
 
+/* A call on a non-blocking communicator, polled to its end as the shim's plugin polls (sleeps
+ * from 2 us doubling to 500 us). */
+static void nccl_poll(run_t *r, dps_ncclResult_t rc)
+{
+    for (long us = 2; rc == DPS_ncclInProgress; us = us < 500 ? us * 2 : 500) {
+        nanosleep(&(struct timespec){0, us * 1000}, NULL);
+        if (nc.CommGetAsyncError(r->comm, &rc) != DPS_ncclSuccess) rc = -1;
+    }
+    r->failed |= rc != DPS_ncclSuccess;
+}
+
 static void nccl_direct(void *a)
 {
     run_t *r = a;
-    r->failed |= nc.AllReduce(r->dev, r->dev, r->n, DPS_ncclFloat32, DPS_ncclSum, r->comm, r->stream) != 0;
+    for (int i = 0; i < r->calls; i++)
+        nccl_poll(r, nc.AllReduce(r->dev, r->dev, r->count, DPS_ncclFloat32, DPS_ncclSum, r->comm, r->stream));
     r->failed |= cu.StreamSynchronize(r->stream) != 0;
 }
 
@@ -129,28 +157,37 @@ static int device_equals(run_t *r, const float *want, float *scratch)
     return same;
 }
 
-/* The benchmark's own NCCL communicator, or NULL where NCCL does not start (two ranks on one
- * GPU without their own NCCL_HOSTID, say): every rank learns whether all of them have one. */
-static dps_ncclComm_t own_comm(void)
+/* The benchmark's own NCCL communicator (blocking, or non-blocking and polled to its end), or
+ * NULL where NCCL does not start (two ranks on one GPU without their own NCCL_HOSTID, say):
+ * every rank learns whether all of them have one. */
+static dps_ncclComm_t own_comm(run_t *r, int blocking)
 {
     static const char *const libs[] = {"libnccl.so.2", "libnccl.so", NULL};
     const dps_sym_row_t want[] = {{"ncclGetUniqueId", (void **)&nc.GetUniqueId},
-                          {"ncclCommInitRank", (void **)&nc.CommInitRank},
+                          {"ncclCommInitRankConfig", (void **)&nc.CommInitRankConfig},
+                          {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
                           {"ncclAllReduce", (void **)&nc.AllReduce},
                           {"ncclCommDestroy", (void **)&nc.CommDestroy}};
-    int ok = load(libs, want, sizeof want / sizeof *want), all;
+    int ok = load("DPSHIM_NCCL_LIB", libs, want, sizeof want / sizeof *want), all;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all) return NULL;
     dps_ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (rank == 0 && nc.GetUniqueId(&id) != 0) memset(&id, 0, sizeof id);
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    dps_ncclComm_t comm = NULL;
-    ok = nc.CommInitRank(&comm, size, id, rank) == 0;
+    dps_ncclConfig_t cfg = {sizeof cfg, DPS_NCCL_CONFIG_MAGIC, DPS_NCCL_CONFIG_VERSION, blocking,
+                            DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT,
+                            (const char *)(uintptr_t)0};
+    r->comm = NULL;
+    r->nonblocking = !blocking;
+    r->failed = 0;
+    nccl_poll(r, nc.CommInitRankConfig(&r->comm, size, id, rank, &cfg));
+    ok = r->comm && !r->failed;
+    r->failed = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (all) return comm;
+    if (all) return r->comm;
     /* a failed communicator is left alone: destroying it can wait for a peer that is gone */
-    return NULL;
+    return r->comm = NULL;
 }
 
 static void line(const char *what, double s, double bytes, double ref_s, const char *ref)
@@ -175,7 +212,9 @@ int bench_gpu(const char *arg, int my_rank, int world)
                           {"cudaStreamCreateWithFlags", (void **)&cu.StreamCreateWithFlags},
                           {"cudaStreamSynchronize", (void **)&cu.StreamSynchronize}};
     int gpus = 0;
-    int ok = load(libs, want, sizeof want / sizeof *want) && cu.GetDeviceCount(&gpus) == 0 && gpus > 0, all;
+    int ok = load("DPSHIM_CUDART_LIB", libs, want, sizeof want / sizeof *want) && cu.GetDeviceCount(&gpus) == 0 &&
+             gpus > 0,
+        all;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all) {
         if (!rank) printf("gpu: no GPU (or no CUDA runtime) on some rank: device buffers not measured\n");
@@ -230,32 +269,46 @@ int bench_gpu(const char *arg, int my_rank, int world)
     by_hand(&r);
     int same_hand = device_equals(&r, want_sum, pageable);
 
-    r.comm = own_comm();
-    double nccl_s = 0;
-    int same_nccl = 0;
-    if (r.comm) {
-        nccl_s = best_of_5(nccl_direct, &r);
+    /* NCCL called directly: a blocking communicator, then a non-blocking one polled as the
+     * plugin polls; the whole buffer once, and 200 calls of 4 KiB (latency) */
+    int failed = r.failed, same_nccl = 0, have_nccl = 0;
+    double nccl_s[2] = {0, 0}, small_s[2] = {0, 0};
+    for (int blocking = 1; blocking >= 0; blocking--) {
+        if (!own_comm(&r, blocking)) break;
+        have_nccl++;
+        r.count = r.n, r.calls = 1;
+        nccl_s[blocking] = best_of_5(nccl_direct, &r);
         put(&r);
         nccl_direct(&r);
-        same_nccl = device_equals(&r, want_sum, pageable);
+        same_nccl += device_equals(&r, want_sum, pageable);
+        r.count = 1024, r.calls = 200;
+        small_s[blocking] = best_of_5(nccl_direct, &r) / r.calls;
+        failed |= r.failed;
+        nc.CommDestroy(r.comm);
+        r.failed = 0;
     }
-    int failed = r.failed;
+    r.comm = NULL;
+    failed |= r.failed;
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (!rank) {
         line("dp_grads, host buffer (the host path)", host_s, bytes, 0, NULL);
         line("by hand: copy to pinned, MPI_Allreduce, back", hand_s, bytes, 0, NULL);
-        if (r.comm) line("ncclAllReduce called directly", nccl_s, bytes, 0, NULL);
+        if (have_nccl) line("ncclAllReduce called directly", nccl_s[1], bytes, 0, NULL);
         else printf("  ncclAllReduce called directly: NCCL did not start on every rank (not measured)\n");
+        if (have_nccl == 2) {
+            line("the same, non-blocking communicator, polled", nccl_s[0], bytes, nccl_s[1], "the blocking one");
+            printf("  4 KiB ncclAllReduce: blocking communicator %.1f us per call, non-blocking and polled %.1f us (%.2fx)\n",
+                   small_s[1] * 1e6, small_s[0] * 1e6, small_s[1] / small_s[0]);
+        }
         line("dp_grads, device buffer", dev_s, bytes, host_s, "the host path");
         printf("  dp_grads on the device buffer vs by hand %.2fx", hand_s / dev_s);
-        if (r.comm) printf(", vs NCCL called directly %.2fx", nccl_s / dev_s);
+        if (have_nccl) printf(", vs NCCL called directly %.2fx", nccl_s[1] / dev_s);
         printf("\n  results bitwise equal to the host path: dp_grads %s, by hand %s", same_dev ? "yes" : "NO",
                same_hand ? "yes" : "NO");
-        if (r.comm) printf(", NCCL %s", same_nccl ? "yes" : "NO");
+        if (have_nccl) printf(", NCCL %s", same_nccl == have_nccl ? "yes" : "NO");
         printf("%s\n", failed ? "; a CUDA or NCCL call FAILED" : "");
     }
-    if (r.comm) nc.CommDestroy(r.comm);
     cu.Free(r.dev), cu.FreeHost(pinned);
     free(want_sum), free(pageable), free(r.src);
-    return same_dev && same_hand && (!r.comm || same_nccl) && !failed;
+    return same_dev && same_hand && same_nccl == have_nccl && !failed;
 }

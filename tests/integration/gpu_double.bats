@@ -175,6 +175,16 @@ same_checksums() {
     assert_output --partial "[comm] backend = nccl, but ranks 0 and 1 share the GPU 00000000:10:00.0"
 }
 
+@test "a CUDA runtime without NCCL: the job says it goes staged and why; backend = nccl refuses" {
+    gpu 2 DPSHIM_NCCL_LIB=/nonexistent/libnccl.so.2 -- --dtype f32
+    assert_success
+    assert_output --partial "GPU tensors go through host memory and MPI (staged): rank 0 has no NCCL"
+    same_checksums
+    gpu 2 DPSHIM_NCCL_LIB=/nonexistent/libnccl.so.2 DPSHIM_COMM_BACKEND=nccl -- --dtype f32
+    assert_failure 70
+    assert_output --partial "rank 0 has no NCCL"
+}
+
 @test "NCCL that fails to start on one rank: staged with auto, an error naming the rank with nccl" {
     gpu 3 GPU_DOUBLE_INIT_FAIL_RANK=2 -- --dtype f32
     assert_success
@@ -265,6 +275,9 @@ same_checksums() {
         assert_output --regexp "pinned memory .* GB/s each way  [0-9.]+x pageable"
         assert_output --regexp "dp_grads, device buffer .*x the host path"
         assert_output --partial "bitwise equal to the host path: dp_grads yes, by hand yes, NCCL yes"
+        # the plugin's non-blocking communicator against a blocking one, as figures
+        assert_output --regexp "the same, non-blocking communicator, polled .*x the blocking one"
+        assert_output --regexp "4 KiB ncclAllReduce: blocking communicator [0-9.]+ us per call, non-blocking and polled [0-9.]+ us"
         refute_output --partial "share"
     done
     # without a GPU: said, and nothing else measured
