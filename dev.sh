@@ -285,21 +285,66 @@ bench_ddp() {
     done
 }
 
-# What gpu-check runs, built here with nvcc for Hopper and Ampere, and the shared libraries a
-# GPU machine may lack beside them (build-gpu/carry-lib, used there only for what it lacks).
+# What gpu-check runs, built here with nvcc for Hopper and Ampere, the test double and the
+# program that runs on it (the same checks without a GPU), the shared libraries a GPU machine
+# may lack (build-gpu/carry-lib, used there only for what it lacks), and Open MPI's runtime
+# (build-gpu/ompi): everything a bare GPU machine needs, under 64 MiB.
 gpu_pack() {
     local out
     out=$(realpath -m "${1:-build-gpu}")
     cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
     cmake --build "$out" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
-        gpu_hooks_cuda cuda_train
+        gpu_hooks_cuda cuda_train gpu_hooks dpshim_gpu_double
     mkdir -p "$out/carry-lib"
     local lib
-    for lib in libpmix.so.2 libffi.so.8 libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7 libhwloc.so.15; do
+    for lib in libffi.so.8; do
         cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$out/carry-lib/" 2>/dev/null || true
     done
+    pack_openmpi "$out/ompi" "$out/lib/libdpshim-mpi.so"
+    rm -rf "$out/Testing" "$out/tests/integration" "$out/tests/unit" "$out/examples" "$out"/*/CMakeFiles "$out/CMakeFiles"
     du -sh "$out"
     echo "dev.sh: carry build-gpu (run's carry list) and start ./dev.sh gpu-check there"
+}
+
+# pack_openmpi DIR LIB...: Debian's Open MPI runtime relocated into DIR: mpirun, orted and
+# ompi_info, the components whose libraries a GPU machine has (none for UCX, libfabric, verbs or
+# PSM), PMIx's components, the help and parameter files, and every library these and LIB need
+# that is not glibc's or the compiler runtime's; DIR/env.sh points Open MPI and PMIx there.
+pack_openmpi() {
+    local dst=$1 arch
+    shift
+    arch=$(gcc -print-multiarch)
+    local ompi=/usr/lib/$arch/openmpi/lib pmix=/usr/lib/$arch/pmix2
+    rm -rf "$dst"
+    mkdir -p "$dst"/{bin,lib/openmpi3,lib/pmix,share/openmpi,share/pmix,etc}
+    cp -L /usr/bin/orterun "$dst/bin/mpirun"
+    cp -L /usr/bin/orted /usr/bin/ompi_info "$dst/bin/"
+    cp -L /etc/openmpi/openmpi-mca-params.conf /etc/openmpi/openmpi-default-hostfile "$dst/etc/"
+    cp -rL /usr/share/openmpi/. "$dst/share/openmpi/"
+    cp -rL "$pmix/share/pmix/." "$dst/share/pmix/"
+    local c
+    for c in "$ompi"/openmpi3/*.so; do
+        ldd "$c" | grep -Eq 'not found|libuc[pst]|libfabric|libibverbs|librdmacm|libpsm|libhcoll' || cp -L "$c" "$dst/lib/openmpi3/"
+    done
+    cp -L "$pmix"/lib/pmix/*.so "$dst/lib/pmix/"
+    for c in "$dst"/bin/* "$dst"/lib/openmpi3/*.so "$dst"/lib/pmix/*.so "$@"; do ldd "$c"; done |
+        awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
+            case $(basename "$lib") in
+            libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | ld-linux* | libgcc_s.so.* | libstdc++.so.* | libz.so.*) ;;
+            *) cp -L "$lib" "$dst/lib/" ;;
+            esac
+        done
+    cat >"$dst/env.sh" <<'ENV'
+# Open MPI's runtime from this folder, wherever it was copied: source it before mpirun.
+ompi_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export OPAL_PREFIX=$ompi_here OPAL_EXEC_PREFIX=$ompi_here OPAL_BINDIR=$ompi_here/bin OPAL_SBINDIR=$ompi_here/bin \
+    OPAL_LIBDIR=$ompi_here/lib OPAL_PKGLIBDIR=$ompi_here/lib/openmpi3 OPAL_DATAROOTDIR=$ompi_here/share \
+    OPAL_DATADIR=$ompi_here/share OPAL_PKGDATADIR=$ompi_here/share/openmpi OPAL_SYSCONFDIR=$ompi_here/etc \
+    OPAL_INCLUDEDIR=$ompi_here/include OPAL_LOCALSTATEDIR=/var \
+    PMIX_PREFIX=$ompi_here PMIX_PKGDATADIR=$ompi_here/share/pmix PMIX_MCA_mca_base_component_path=$ompi_here/lib/pmix \
+    PMIX_MCA_pcompress_base_silence_warning=1
+export PATH=$ompi_here/bin:$PATH LD_LIBRARY_PATH=$ompi_here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+ENV
 }
 
 # The shim's all-reduce against plain MPI_Allreduce calls in each kind of program: one that calls

@@ -10,17 +10,21 @@
 # build-gpu/ holds what `./dev.sh gpu-pack` built elsewhere; libraries in build-gpu/carry-lib are
 # used only where the machine lacks them. NCCL and the CUDA runtime are taken where PyTorch keeps
 # them when the library path has none. A check meant for NCCL that ran staged FAILS. Each check is
-# bounded (120 s); the exit status is the number of FAILs.
+# bounded (120 s); the exit status is the number of FAILs. Open MPI's runtime comes from
+# build-gpu/ompi where gpu-pack put it there. --double runs the parts that need no real GPU
+# (staged, nccl, bench) against the CUDA/NCCL test double carried in build-gpu, as a check of
+# the bundle itself on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BUILD=${BUILD_DIR:-$ROOT/build-gpu}
-part=all out_dir=$ROOT/docs
+part=all out_dir=$ROOT/docs double=0
 while [ $# -gt 0 ]; do
     case $1 in
     --out) out_dir=$2; shift 2 ;;
+    --double) double=1; shift ;;
     preflight | staged | nccl | torch | bench | all) part=$1; shift ;;
-    *) echo "gpu_check: unknown argument '$1' (PART: preflight|staged|nccl|torch|bench|all; --out DIR)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument '$1' (PART: preflight|staged|nccl|torch|bench|all; --out DIR; --double)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$out_dir" || exit 2
@@ -53,14 +57,19 @@ check() {
 }
 mpi() { mpirun --oversubscribe --allow-run-as-root -np "$@"; }
 export -f mpi
-want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
+want() { { [ "$part" = all ] || [ "$part" = "$1" ]; } && { [ $double = 0 ] || [ "$1" != torch ]; }; }
+[ -f "$BUILD/ompi/env.sh" ] && . "$BUILD/ompi/env.sh" # the Open MPI runtime gpu-pack carried
 
 note ""
 note "# GPU check ($part), $(date -u '+%F %T') UTC, $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')"
 note ""
 note "## Pre-flight"
 note ""
-note "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
+if [ $double = 1 ]; then
+    note "- GPU: the test double in $BUILD/tests/gpu_double (--double), one device"
+else
+    note "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
+fi
 note "- cores: $(nproc)"
 torch_info=$(python3 -c 'import torch, os; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), os.path.dirname(torch.__file__))' 2>/dev/null)
 note "- torch: ${torch_info:-not importable}"
@@ -75,14 +84,19 @@ find_lib() {
     done
     echo "$f"
 }
-nccl=$(find_lib libnccl.so.2)
-cudart=$(find_lib libcudart.so.13)
-[ -n "$cudart" ] || cudart=$(find_lib libcudart.so.12)
+if [ $double = 1 ]; then
+    nccl=$BUILD/tests/gpu_double/libnccl.so.2 cudart=$BUILD/tests/gpu_double/libcudart.so.13
+    export GPU_DOUBLE_DEVICES=1 LD_LIBRARY_PATH=$BUILD/tests/gpu_double${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+    nccl=$(find_lib libnccl.so.2)
+    cudart=$(find_lib libcudart.so.13)
+    [ -n "$cudart" ] || cudart=$(find_lib libcudart.so.12)
+fi
 [ -n "$nccl" ] && export DPSHIM_NCCL_LIB=$nccl
 [ -n "$cudart" ] && export DPSHIM_CUDART_LIB=$cudart
 note "- NCCL: ${nccl:-none found} (DPSHIM_NCCL_LIB)"
 note "- CUDA runtime: ${cudart:-none found} (DPSHIM_CUDART_LIB)"
-note "- mpirun: $(command -v mpirun || echo 'none: carry an Open MPI runtime and put it on PATH') $(mpirun --version 2>/dev/null | head -1)"
+note "- mpirun: $(command -v mpirun || echo 'none: ./dev.sh gpu-pack carries one in build-gpu/ompi') $(mpirun --version 2>/dev/null | head -1)"
 if ! command -v mpirun >/dev/null; then note ""; note "No mpirun: nothing else can run."; exit 1; fi
 
 if [ -x "$BUILD/bin/dpshim-diag" ] && [ -x "$BUILD/bin/gpu_hooks_cuda" ] && [ -d "$BUILD/carry-lib" ]; then
@@ -101,6 +115,7 @@ note "- carried libraries used: $(ls "$lacking" | tr '\n' ' ')"
 export LD_LIBRARY_PATH=$lacking${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 SHIM=$BUILD/lib/libdpshim.so
 G=$BUILD/bin/gpu_hooks_cuda
+[ $double = 1 ] && G=$BUILD/bin/gpu_hooks
 H=$ROOT/tests/gpu/own_hostid.sh
 NCCL_PATH="GPU tensors go through NCCL"
 STAGED_PATH="GPU tensors go through host memory and MPI \(staged\)"
@@ -122,7 +137,7 @@ if want nccl; then
     done
     check "np=2 NCCL, a named stream and a late producer" "$NCCL_PATH" \
         mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$G" --stream --late --dtype all --steps 3
-    check "np=2 NCCL, split mode with uneven and empty shares (one operation on every rank)" "$NCCL_PATH" \
+    check "np=3 NCCL, split mode with uneven and empty shares (one operation on every rank)" "$NCCL_PATH" \
         mpi 3 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_DATA_MODE=split LD_PRELOAD="$SHIM" "$H" "$G" --batch 2 --dtype all
 fi
 
@@ -131,7 +146,7 @@ fi
 if want staged || want nccl; then
     T=$BUILD/bin/cuda_train
     for way in staged nccl; do
-        want $way || continue
+        want $way && [ $double = 0 ] || continue # built with nvcc against the real runtime
         wrap=; expect=$STAGED_PATH
         [ $way = nccl ] && wrap=$H expect=$NCCL_PATH
         check "cuda_train alone vs np=2 ($way)" "$expect" sh -c "'$T' --steps 50 --save /tmp/alone.bin >/tmp/alone.txt &&
