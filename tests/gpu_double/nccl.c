@@ -380,18 +380,25 @@ typedef struct init_arg {
     char bus[32];
 } init_arg_t;
 
-static void *init_thread(void *p)
+/* A comm's helper thread (init, finalize) ends: the comm is no longer busy with it (an abort
+ * may be waiting for that), and the thread's reference goes. */
+static void *helper_done(comm_t *c)
 {
-    init_arg_t *a = p;
-    comm_t *c = a->c;
-    comm_init_run(c, a->bus);
-    free(a);
     pthread_mutex_lock(&c->mu);
     c->busy--;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     dps_dbl_comm_put(c);
     return NULL;
+}
+
+static void *init_thread(void *p)
+{
+    init_arg_t *a = p;
+    comm_t *c = a->c;
+    comm_init_run(c, a->bus);
+    free(a);
+    return helper_done(c);
 }
 
 DPS_DBL_API int ncclGetVersion(int *v)
@@ -586,14 +593,8 @@ static void finalize_run(comm_t *c)
 
 static void *finalize_thread(void *p)
 {
-    comm_t *c = p;
-    finalize_run(c);
-    pthread_mutex_lock(&c->mu);
-    c->busy--;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    dps_dbl_comm_put(c);
-    return NULL;
+    finalize_run(p);
+    return helper_done(p);
 }
 
 DPS_DBL_API int ncclCommFinalize(void *comm)
