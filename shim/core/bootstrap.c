@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,18 @@ void dps_bootstrap_finalize(void)
     pmix.up = 0;
 }
 
+/* Open MPI's launchers (ORTE's mpirun, PRRTE) always give their processes a way back to them: a
+ * PMIx server's address, or ORTE's daemon's. OMPI_COMM_WORLD_* without one were left in a shell
+ * by an earlier job (or exported by hand), and no peer will ever come. */
+DPS_STARTUP static int openmpi_launcher_alive(void)
+{
+    extern char **environ;
+    if (getenv("OMPI_MCA_orte_hnp_uri") || getenv("OMPI_MCA_orte_local_daemon_uri")) return 1;
+    for (char **e = environ; e && *e; e++)
+        if (!strncmp(*e, "PMIX_SERVER_URI", 15)) return 1;
+    return 0;
+}
+
 /* The launcher environment alone, without PMIx: what a child of the rank process sees. */
 DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
 {
@@ -121,6 +134,14 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
         const launcher_env_t *l = &launcher_envs[i];
         long rank = env_int(l->rank), size = env_int(l->size);
         if (rank == -1 && size == -1) continue;
+        if (!strcmp(l->name, "openmpi") && !openmpi_launcher_alive()) {
+            DPS_WARN("%s=%s and %s=%s are set, but no Open MPI launcher started this process (no PMIx server or "
+                     "mpirun daemon to reach): left over from an earlier job? They are ignored: this process runs "
+                     "alone; unset them, or start the program with mpirun",
+                     l->rank, getenv(l->rank) ? getenv(l->rank) : "(unset)", l->size,
+                     getenv(l->size) ? getenv(l->size) : "(unset)");
+            continue;
+        }
         if (rank < 0 || size <= 0 || rank >= size) {
             snprintf(err, errlen,
                      "the %s launcher environment is inconsistent (%s=%s, %s=%s): rank must be "
@@ -137,6 +158,51 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
         return 0;
     }
     return 0;
+}
+
+/* The command line of this process, shell-quoted where needed, for a message ("..." past len). */
+DPS_STARTUP static void own_command(char *out, size_t len)
+{
+    char buf[4096];
+    size_t n = 0, o = 0;
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        n = r > 0 ? (size_t)r : 0;
+        close(fd);
+    }
+    buf[n] = '\0';
+    out[0] = '\0';
+    for (size_t i = 0; i < n && o + 8 < len; i += strlen(buf + i) + 1) {
+        const char *a = buf + i;
+        int quote = !*a || strpbrk(a, " \t'\"$&;|<>*?()") != NULL;
+        int w = snprintf(out + o, len - o, "%s%s%s%s", o ? " " : "", quote ? "'" : "", a, quote ? "'" : "");
+        if (w < 0 || (size_t)w >= len - o) {
+            snprintf(out + (len > 4 ? len - 4 : 0), 4, "...");
+            return;
+        }
+        o += (size_t)w;
+    }
+}
+
+/* torchrun (and torch.distributed.launch, DeepSpeed's and Accelerate's launchers, which set the
+ * same RANK and WORLD_SIZE) starts its workers as separate programs without an MPI job behind
+ * them: the shim's collectives cannot reach the other ranks. Said at once, with the line to use. */
+DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, size_t errlen)
+{
+    if (strcmp(s->launcher, "torchrun") || s->size < 2) return 0;
+    char cmd[600], lib[512] = "libdpshim.so";
+    Dl_info info;
+    if (dladdr((void *)&refuse_non_mpi_launcher, &info) && info.dli_fname) snprintf(lib, sizeof lib, "%s", info.dli_fname);
+    own_command(cmd, sizeof cmd);
+    snprintf(err, errlen,
+             "this process was started by %s (RANK=%d, WORLD_SIZE=%d%s), which starts its workers without an MPI "
+             "job: dpshim's collectives run over MPI and could not reach the other ranks. Start the unmodified "
+             "program with mpirun instead of the launcher, one process per rank: mpirun -np %d env LD_PRELOAD=%s %s",
+             getenv("TORCHELASTIC_RUN_ID") ? "torchrun" : "a launcher that sets RANK and WORLD_SIZE (torchrun, "
+                                                          "torch.distributed.launch, deepspeed, accelerate)",
+             s->rank, s->size, getenv("TORCHELASTIC_RUN_ID") ? ", TORCHELASTIC_RUN_ID set" : "", s->size, lib, cmd);
+    return -1;
 }
 
 /* The rank process exports its identity so that exec'd children keep their rank's file policy
@@ -186,6 +252,7 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
         return 0;
     }
     s->role = DPS_ROLE_RANK;
+    if (refuse_non_mpi_launcher(s, err, errlen)) return -1;
     s->exec_in_place = parsed && pid == getpid();
     if (strcmp(s->launcher, "singleton") == 0) bootstrap_pmix(s);
     char buf[MARKER_FIELDS * 24];

@@ -52,11 +52,16 @@ DPS_STARTUP static void export_policy_path(void)
         setenv(DPS_ENV_POLICY, abs, 1);
 }
 
-static _Noreturn void config_error(const char *msg)
+static _Noreturn void stop_before_main(const char *msg, const char *hint)
 {
-    DPS_ERROR("%s [the program was not started; dpshim-diag check FILE validates a policy file]", msg);
+    DPS_ERROR("%s [the program was not started%s]", msg, hint);
     dps_bootstrap_finalize();
     exit(DPS_EXIT_CONFIG);
+}
+
+static _Noreturn void config_error(const char *msg)
+{
+    stop_before_main(msg, "; dpshim-diag check FILE validates a policy file");
 }
 
 __attribute__((constructor)) static void dps_init(void)
@@ -66,7 +71,7 @@ __attribute__((constructor)) static void dps_init(void)
      * them pass straight through, whatever the file policy is by then. */
     dps_in_shim++;
     char err[1024];
-    if (dps_bootstrap(&dps_g, err, sizeof err) != 0) config_error(err);
+    if (dps_bootstrap(&dps_g, err, sizeof err) != 0) stop_before_main(err, ""); /* the launch, not a policy */
     dps_policy_init(&dps_g.policy);
     dps_error_t e;
     if (dps_policy_load(&dps_g.policy, environ, &e) != 0) config_error(e.msg);

@@ -55,13 +55,33 @@ train_mpi_np() {
     assert_le "$(rel_diff "$BATS_TEST_TMPDIR/ref.ckpt" "$BATS_TEST_TMPDIR/rank0.ckpt")" 1e-6
 }
 
-@test "identity from torchrun's environment; a launcher MPI cannot join is a clear error" {
-    run env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" \
+@test "torchrun's workers stop at once, naming the launcher and the mpirun line to use" {
+    # torchrun's environment as it gives it to a worker (Debian's torchrun 1.13 itself fails on
+    # Python 3.11 before it starts any worker, with or without the shim)
+    local t0=$SECONDS
+    run env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 TORCHELASTIC_RUN_ID=job7 LD_PRELOAD="$SHIM" \
         "$TRAINER" --steps 1 --no-eval
-    assert_output --partial "[dpshim r1/2] INFO rank 1 of 2 (local 1 of 2, launcher torchrun"
-    # no MPI job behind it: the first collective says so and ends the process
-    assert_equal "$status" 70
-    assert_output --partial "MPI says rank 0 of 1, the launcher said rank 1 of 2"
+    assert_equal "$status" 78
+    [ $((SECONDS - t0)) -le 2 ] || fail "took $((SECONDS - t0)) s"
+    assert_output --partial "started by torchrun (RANK=1, WORLD_SIZE=2, TORCHELASTIC_RUN_ID set)"
+    assert_output --partial "mpirun -np 2 env LD_PRELOAD=$SHIM $TRAINER --steps 1 --no-eval"
+    refute_output --partial "fmnist_train:"
+    # the same variables from another launcher that sets them (deepspeed, accelerate)
+    run env RANK=0 WORLD_SIZE=3 LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_equal "$status" 78
+    assert_output --partial "a launcher that sets RANK and WORLD_SIZE (torchrun"
+    # one worker is a program alone
+    run env RANK=0 WORLD_SIZE=1 LD_PRELOAD="$SHIM" "$TRAINER" --steps 1 --no-eval
+    assert_success
+}
+
+@test "Open MPI's variables left in a shell without a launcher: ignored, with a warning naming them" {
+    run env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" \
+        "$TRAINER" --steps 2 --no-eval --save "$BATS_TEST_TMPDIR/alone.ckpt"
+    assert_success
+    assert_output --partial "OMPI_COMM_WORLD_RANK=1 and OMPI_COMM_WORLD_SIZE=2 are set, but no Open MPI launcher"
+    # rank 0 of 1: the checkpoint is written, not sent to a sink as rank 1's would be
+    [ -s "$BATS_TEST_TMPDIR/alone.ckpt" ] || fail "the checkpoint was not written"
 }
 
 @test "identity from Slurm's environment; an inconsistent one stops before main" {
