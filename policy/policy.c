@@ -493,6 +493,7 @@ static const char *const dps_other_env[] = {
     DPS_ENV_POLICY,
     "DPSHIM_RANK_PID",  /* set by the shim: which process of the rank owns its collectives */
     "DPSHIM_PYTHONPATH", /* set by the shim: the user's PYTHONPATH, which the Python adapter restores */
+    "DPSHIM_HASHSEED",   /* set by the shim: PYTHONHASHSEED was its choice, agreed for the job */
     "DPSHIM_CUDART_LIB", /* the CUDA runtime the GPU plugin opens, where it is not on the library path */
     "DPSHIM_NCCL_LIB",   /* the NCCL the GPU plugin opens, likewise */
 };

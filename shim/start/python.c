@@ -15,12 +15,42 @@
 
 /* The user's PYTHONPATH, for the adapter to put back: "set:VALUE" or "unset". */
 #define DPS_ENV_PYTHONPATH "DPSHIM_PYTHONPATH"
+/* Set with PYTHONHASHSEED when the shim chose it: the variable it was derived from. */
+#define DPS_ENV_HASHSEED "DPSHIM_HASHSEED"
 
 static int is_python(void)
 {
     /* CPython's main program exports these for extension modules; nothing else does */
     return dlsym(RTLD_DEFAULT, "Py_BytesMain") != NULL &&
            dlsym(RTLD_DEFAULT, "PyImport_ImportModule") != NULL;
+}
+
+/* Python's string hashes, and with them the order of a set or dict of strings (a vocabulary
+ * built with list(set(text))), follow PYTHONHASHSEED, random per interpreter when unset: ranks
+ * would build different vocabularies and train one model on both. Unless the user chose a seed,
+ * every rank's interpreter gets the same one, derived from the job's identity: the same on every
+ * rank, another with every job, so as random from run to run as alone. Set here, since the
+ * interpreter reads it before any Python code runs; the adapter checks that the ranks agree.
+ * Without a job identity in the environment nothing is set, and the adapter's check says so. */
+DPS_STARTUP static void agree_hash_seed(const dps_state_t *s)
+{
+    static const char *const job_ids[][2] = {{"PMIX_NAMESPACE", NULL}, {"SLURM_JOB_ID", "SLURM_STEP_ID"},
+                                             {"OMPI_MCA_orte_hnp_uri", NULL}, {"PMI_KVSNAME", NULL}};
+    if (s->size < 2 || getenv("PYTHONHASHSEED")) return;
+    for (size_t i = 0; i < sizeof job_ids / sizeof *job_ids; i++) {
+        if (!getenv(job_ids[i][0])) continue;
+        unsigned long long h = 1469598103934665603ull; /* FNV-1a over the identity's values */
+        for (int k = 0; k < 2 && job_ids[i][k]; k++)
+            for (const char *c = getenv(job_ids[i][k]) ? getenv(job_ids[i][k]) : ""; ; c++) {
+                h = (h ^ (unsigned char)*c) * 1099511628211ull;
+                if (!*c) break;
+            }
+        char seed[24];
+        snprintf(seed, sizeof seed, "%llu", 1 + h % 4294967295ull); /* 1..2^32-1: 0 would turn hashing off */
+        setenv("PYTHONHASHSEED", seed, 1);
+        setenv(DPS_ENV_HASHSEED, job_ids[i][0], 1);
+        return;
+    }
 }
 
 DPS_STARTUP void dps_python_inject(const dps_state_t *s)
@@ -52,5 +82,6 @@ DPS_STARTUP void dps_python_inject(const dps_state_t *s)
     setenv("PYTHONPATH", path, 1);
     free(saved), free(path);
     dps_g.python_adapter = 1;
+    agree_hash_seed(s);
     DPS_DEBUG("[adapters] python: adapter directory %s put first on PYTHONPATH", dir);
 }

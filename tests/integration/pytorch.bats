@@ -200,6 +200,30 @@ lines_of() { sed -n "s/^\[r$1\] //p" <<<"$output"; }
     done
 }
 
+@test "Python's string hashes: one seed for every rank of a job, another for the next job, the user's kept" {
+    case_np 2 hash_order
+    assert_success
+    assert_equal "$(lines_of 1)" "$(lines_of 0)"
+    assert_output --partial "child hashes like a program alone: True"
+    local first=$(lines_of 0 | grep '^vocabulary')
+    case_np 2 hash_order
+    assert_success
+    assert_equal "$(lines_of 1)" "$(lines_of 0)"
+    # a new job, a new seed: as random from run to run as alone (26 words: orders repeat by chance
+    # far less often than once in a million runs)
+    [ "$(lines_of 0 | grep '^vocabulary')" != "$first" ] || fail "two jobs hashed alike: $first"
+    # the user's own seed is the job's
+    case_np 3 hash_order PYTHONHASHSEED=7
+    assert_success
+    assert_equal "$(lines_of 0 | grep '^vocabulary')" "$(PYTHONHASHSEED=7 "$PY" "$SRC/tests/integration/pytorch_cases/hash_order.py" | grep '^vocabulary')"
+    # ... and one that differs between ranks stops every rank
+    cd "$BATS_TEST_TMPDIR" && run mpi 2 sh -c 'PYTHONHASHSEED=$OMPI_COMM_WORLD_RANK exec env LD_PRELOAD="$1" "$2" "$3"' \
+        sh "$SHIM" "$PY" "$SRC/tests/integration/pytorch_cases/hash_order.py"
+    assert_failure
+    assert_output --partial "PYTHONHASHSEED differs between ranks"
+    refute_output --partial "vocabulary"
+}
+
 @test "evaluation passes take the whole data set on every rank: each rank prints what the run alone prints" {
     alone=$(cd "$BATS_TEST_TMPDIR" && "$PY" "$SRC/tests/integration/pytorch_cases/evaluation_passes.py")
     for n in 2 3; do

@@ -867,9 +867,34 @@ def _seed_torch(torch):
     torch.seed = torch.random.seed = seed_now
 
 
+def _check_hash_seed():
+    """Every rank hashes strings alike (set and dict order of strings): PYTHONHASHSEED was set
+    for the job by the shim, or by the user, the same everywhere. A job-wide check: every rank
+    reaches the same verdict."""
+    chosen_by = os.environ.pop("DPSHIM_HASHSEED", None)
+    user_seed = None if chosen_by else os.environ.get("PYTHONHASHSEED")
+    if chosen_by:
+        os.environ.pop("PYTHONHASHSEED", None)  # the script's own children hash as they would alone
+    h = float(hash("dpshim: one hash for the job") & ((1 << 52) - 1))
+    v = (ctypes.c_double * 2)(h, -h)
+    _check(_shim.dp_metric(v, 2, DP_MAX), "dp_metric")
+    if v[0] == -v[1]:
+        return
+    if user_seed is not None:
+        sys.stderr.write("[dpshim] ERROR PYTHONHASHSEED differs between ranks (here %r): set one value for the "
+                         "whole job, or leave it unset and dpshim gives every rank the same one\n" % user_seed)
+        sys.stderr.flush()
+        os._exit(78)
+    if _shim.dp_rank() == 0:
+        sys.stderr.write("[dpshim] WARN Python's string hashes differ between ranks (the launcher gives no job "
+                         "identity to derive one PYTHONHASHSEED from): the order of sets and dicts of strings differs; "
+                         "set PYTHONHASHSEED=<number> on the launch line\n")
+
+
 def _agree_random_state():
     """At interpreter start: rank 0's job seed everywhere, and the generators seeded from it."""
     global _job_seed
+    _check_hash_seed()
     _job_seed = int.from_bytes(_agree_bytes(os.urandom(8)), "little")
     import random
     _seed_random(random)
