@@ -19,6 +19,8 @@ typedef struct dps_engine {
     uint64_t batch_share, batch_n; /* last dp_batch: this rank's share of a global batch */
     int have_batch;
     uint64_t step;
+    /* a hook shared out work across ranks: a gradient averaged, a batch or an epoch split */
+    int shared_work;
 } dps_engine_t;
 
 extern dps_engine_t dps_e;
@@ -26,6 +28,8 @@ extern const dps_backend_t dps_backend_self;
 
 int dps_engine_configure(dps_state_t *s, char *err, size_t errlen);
 void dps_engine_shutdown(void);
+/* Rank 0 at exit: a warning when no hook of the job shared out any work. */
+void dps_engine_say_if_nothing_shared(void);
 /* At exit of a rank process that never opened the backend: opens it for the exit barrier. */
 void dps_engine_join_at_exit(void);
 void dps_engine_before_mpi_finalize(void);

@@ -58,6 +58,7 @@ static size_t batch_(uint64_t *idx, size_t n)
         if (start) memmove(idx, idx + start, share * sizeof *idx);
     }
     dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
+    dps_e.shared_work |= dps_g.eff_size > 1;
     return share;
 }
 
@@ -68,6 +69,7 @@ _Static_assert((int)DPS_UNEVEN_PAD == (int)DPS_V_data_uneven_pad && (int)DPS_UNE
 static size_t epoch_(uint64_t *idx, size_t n)
 {
     if (dps_g.split_mode || dps_g.eff_size == 1) return n;
+    dps_e.shared_work = 1;
     size_t head = n < (size_t)dps_g.eff_size ? n : (size_t)dps_g.eff_size;
     uint64_t *scratch = malloc((head ? head : 1) * sizeof *scratch); /* once per epoch */
     if (!scratch) {
@@ -133,6 +135,7 @@ static int grad_ready_(const dp_tensor *t)
     if (null_list("dp_grad_ready", t, 1)) return -1;
     const dps_backend_t *be = dps_comm("dp_grad_ready");
     if (!be) return 0;
+    dps_e.shared_work |= dps_g.eff_size > 1;
     dp_tensor *host, *device;
     size_t nhost, ndevice;
     int split = dps_device_split(t, 1, &host, &nhost, &device, &ndevice);
@@ -164,6 +167,7 @@ static int grads_(dp_tensor *t, size_t n)
     if (null_list("dp_grads", t, n)) return -1;
     const dps_backend_t *be = dps_comm("dp_grads");
     if (!be) return 0;
+    dps_e.shared_work |= dps_g.eff_size > 1;
     if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest))
         return no_memory("dp_grads", ready.npending + n);
     /* GPU gradients first (queued on the GPU), then the host's */

@@ -33,6 +33,7 @@ static void at_exit(void)
     if (atomic_load(&dps_g.forked)) return;
     if (dps_g.role != DPS_ROLE_RANK) return; /* a child has no guard, diagnostics, PMIx or backend */
     DPS_DEBUG("exit: finalizing the backend and PMIx");
+    dps_engine_say_if_nothing_shared();
     dps_engine_join_at_exit();
     dps_guard_exit();
     dps_diag_write();

@@ -75,6 +75,24 @@ train_mpi_np() {
     assert_success
 }
 
+@test "a job where no hook shared out any work says so once, at rank 0's exit" {
+    run mpi 3 env LD_PRELOAD="$SHIM" /bin/true
+    assert_success
+    assert_equal "$(count 'nothing was distributed in this job of 3 ranks')" 1
+    assert_output --partial "No framework called the hook ABI"
+    # a Python process: the adapter is named, and that evaluation runs whole
+    run mpi 2 env LD_PRELOAD="$SHIM" /usr/bin/python3 -c 'print("scored the whole set")'
+    assert_success
+    assert_equal "$(count 'nothing was distributed')" 1
+    assert_output --partial "PyTorch adapter"
+    # a trainer whose batches and gradients are shared out, and a job of one: nothing to say
+    run train_np 2 "$BATS_TEST_TMPDIR" --steps 3 --no-eval
+    assert_success
+    refute_output --partial "nothing was distributed"
+    run mpi 1 env LD_PRELOAD="$SHIM" /bin/true
+    refute_output --partial "nothing was distributed"
+}
+
 @test "Open MPI's variables left in a shell without a launcher: ignored, with a warning naming them" {
     run env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" \
         "$TRAINER" --steps 2 --no-eval --save "$BATS_TEST_TMPDIR/alone.ckpt"
