@@ -488,15 +488,10 @@ const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len)
     return buf;
 }
 
-/* DPSHIM_* variables that are not policy keys. */
-static const char *const dps_other_env[] = {
-    DPS_ENV_POLICY,
-    "DPSHIM_RANK_PID",  /* set by the shim: which process of the rank owns its collectives */
-    "DPSHIM_PYTHONPATH", /* set by the shim: the user's PYTHONPATH, which the Python adapter restores */
-    "DPSHIM_HASHSEED",   /* set by the shim: PYTHONHASHSEED was its choice, agreed for the job */
-    "DPSHIM_CUDART_LIB", /* the CUDA runtime the GPU plugin opens, where it is not on the library path */
-    "DPSHIM_NCCL_LIB",   /* the NCCL the GPU plugin opens, likewise */
-};
+#define DPS_OTHER_ENV_ROW(name, by, doc) {name, by, doc},
+const dps_env_var_t dps_other_env[] = {DPS_OTHER_ENV(DPS_OTHER_ENV_ROW)};
+#undef DPS_OTHER_ENV_ROW
+const size_t dps_n_other_env = sizeof dps_other_env / sizeof *dps_other_env;
 
 /* 1 when name[0..n) is "DPSHIM_<SECTION>_<KEY>" of key id: compared in place, since every
  * process that preloads the shim reads its environment and most have no such variable. */
@@ -518,7 +513,7 @@ static int unknown_env(const char *name, size_t n, dps_error_t *e)
     const char *cands[DPS_NKEYS + sizeof dps_other_env / sizeof *dps_other_env];
     size_t nc = 0;
     for (int i = 0; i < DPS_NKEYS; i++) cands[nc++] = dps_policy_env_name((dps_key_id_t)i, names[i], 64);
-    for (size_t i = 0; i < sizeof dps_other_env / sizeof *dps_other_env; i++) cands[nc++] = dps_other_env[i];
+    for (size_t i = 0; i < dps_n_other_env; i++) cands[nc++] = dps_other_env[i].name;
     shown_t sv;
     return fail(e, "unknown environment variable %s%s", show(&sv, name, n), hint(h, sizeof h, dps_suggest(name, n, cands, nc)));
 }
@@ -533,8 +528,8 @@ DPS_STARTUP int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_err
         int id = -1, ours = 0;
         for (int i = 0; i < DPS_NKEYS && id < 0; i++)
             if (is_env_name(*ep, nlen, i)) id = i;
-        for (size_t i = 0; id < 0 && i < sizeof dps_other_env / sizeof *dps_other_env; i++)
-            ours |= strlen(dps_other_env[i]) == nlen && memcmp(dps_other_env[i], *ep, nlen) == 0;
+        for (size_t i = 0; id < 0 && i < dps_n_other_env; i++)
+            ours |= strlen(dps_other_env[i].name) == nlen && memcmp(dps_other_env[i].name, *ep, nlen) == 0;
         if (ours) continue; /* not a policy key, but ours */
         if (id < 0) return unknown_env(*ep, nlen, e);
         dps_error_t ve;

@@ -108,8 +108,28 @@ typedef struct dps_error {
     char msg[1024];
 } dps_error_t;
 
-/* Environment variables that are dpshim's own but not policy keys. */
+/* Environment variables that are dpshim's own but not policy keys: name, who sets it, what it
+ * does. Accepted where the policy refuses every other DPSHIM_ name; `dpshim-diag keys` lists
+ * them after the keys, and the README's table is that list. */
 #define DPS_ENV_POLICY "DPSHIM_POLICY"
+#define DPS_OTHER_ENV(X)                                                                                      \
+    X(DPS_ENV_POLICY, "you", "the policy file (else ./dpshim.conf in the directory the program starts in, "   \
+                             "else the built-in defaults)")                                                   \
+    X("DPSHIM_CUDART_LIB", "you", "the CUDA runtime the GPU plugin opens (else the program's own, else the "   \
+                                  "library path's)")                                                          \
+    X("DPSHIM_NCCL_LIB", "you", "the NCCL the GPU plugin opens (else the program's own, else the library "     \
+                                "path's)")                                                                    \
+    X("DPSHIM_LIB", "you", "the libdpshim.so that dpshim-diag env asks (else the one beside dpshim-diag)")    \
+    X("DPSHIM_RANK_PID", "dpshim", "which process of a rank owns its collectives (its children inherit it)")  \
+    X("DPSHIM_PYTHONPATH", "dpshim", "the user's PYTHONPATH, which the Python adapter puts back")             \
+    X("DPSHIM_HASHSEED", "dpshim", "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "   \
+                                   "out of the script's environment)")
+
+typedef struct dps_env_var {
+    const char *name, *set_by, *doc;
+} dps_env_var_t;
+extern const dps_env_var_t dps_other_env[];
+extern const size_t dps_n_other_env;
 
 /* All return 0 on success, -1 with e->msg filled on error. */
 void dps_policy_init(dps_policy_t *p); /* built-in defaults */

@@ -1,7 +1,8 @@
 /* dpshim-diag: explains what dpshim would do here.
  *   config          effective policy, every value with its source (default, file:line, env)
  *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
- *   keys            the policy reference as a Markdown table (the README's comes from it)
+ *   keys            the policy reference as Markdown tables, the keys and the other DPSHIM_
+ *                   variables (the README's come from it)
  *   env             what the shim detects here (host, launcher, ranks, backends, GPUs, versions)
  *   bench [--init WORLD] [SET]
  *                   (under mpirun, with the shim preloaded) all-reduce through the shim
@@ -90,6 +91,9 @@ static int cmd_keys(void)
         md(k->doc);
         printf(" |\n");
     }
+    printf("\n| variable | set by | meaning |\n|---|---|---|\n");
+    for (size_t i = 0; i < dps_n_other_env; i++)
+        printf("| `%s` | %s | %s |\n", dps_other_env[i].name, dps_other_env[i].set_by, dps_other_env[i].doc);
     return 0;
 }
 
