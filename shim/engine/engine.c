@@ -188,7 +188,7 @@ void dps_engine_join_at_exit(void)
  * rank 0, so its own record answers for the job. */
 void dps_engine_say_if_nothing_shared(void)
 {
-    if (dps_g.size < 2 || dps_g.rank != 0 || dps_e.shared_work) return;
+    if (dps_g.size < 2 || dps_g.rank != 0 || dps_e.shared_work || dps_e.aside) return;
     DPS_WARN("nothing was distributed in this job of %d ranks: no gradient was averaged and no batch or epoch was "
              "shared out, so every rank ran the whole program by itself. %s If the launched command only starts the "
              "trainer (a shell line, a wrapper such as /usr/bin/time), launch the trainer itself",

@@ -21,6 +21,8 @@ typedef struct dps_engine {
     uint64_t step;
     /* a hook shared out work across ranks: a gradient averaged, a batch or an epoch split */
     int shared_work;
+    /* the script distributes itself; the Python adapter stepped aside (dpshim_step_aside) */
+    int aside;
 } dps_engine_t;
 
 extern dps_engine_t dps_e;

@@ -10,6 +10,7 @@
 
 #include "backends/device.h"
 #include "core/dps.h"
+#include "engine/engine.h"
 #include "gpu/bind.h"
 
 static void add(char *buf, size_t len, size_t *o, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -74,6 +75,19 @@ DPS_EXPORT const char *dpshim_policy_value(const char *section, const char *key)
 DPS_EXPORT int dpshim_overlap(void)
 {
     return dps_g.overlap;
+}
+
+/* The Python adapter found that the script distributes itself (torch.distributed, DDP, FSDP, a
+ * DistributedSampler) and stopped acting in this process: said once by rank 0, and the exit's
+ * "nothing was distributed" warning would be wrong. */
+DPS_EXPORT void dpshim_step_aside(const char *why)
+{
+    if (dps_e.aside) return;
+    dps_e.aside = 1;
+    if (dps_g.rank == 0)
+        DPS_INFO("the script distributes itself (%s): dpshim steps aside for it (no sharding, gradient averaging, "
+                 "parameter broadcast, BatchNorm synchronization or seed agreement from dpshim); the file and "
+                 "output policy and the guard still apply", why ? why : "?");
 }
 
 DPS_EXPORT int dpshim_describe(char *buf, size_t len)

@@ -194,3 +194,29 @@ PYEOF
     # shared tensor; the rank process must still train as alone (test set counted whole)
     seeded multiprocessing_workers.py model.pt
 }
+
+# ddp N [ENV...]: train_ddp.py on N ranks with ENV (the shim or not), weights to $BATS_TEST_TMPDIR/ddp<tag>.pt
+ddp() {
+    local n=$1 tag=$2
+    shift 2
+    cd "$BATS_TEST_TMPDIR"
+    run mpi "$n" env MASTER_PORT=$((20000 + RANDOM % 20000)) DPSHIM_OUTPUT_STDOUT=rank0 "$@" \
+        "$PY" "$SCRIPTS/train_ddp.py" --out "$BATS_TEST_TMPDIR/ddp$tag.pt"
+    cd - >/dev/null
+    echo "$output"
+    assert_success
+}
+
+@test "a script that distributes itself (gloo, DistributedSampler, DDP): dpshim steps aside, weights bitwise DDP's" {
+    for n in 2 3; do
+        ddp $n alone$n
+        local seen_alone
+        seen_alone=$(grep -o "samples seen by this rank [0-9]*" <<<"$output" | head -1)
+        ddp $n shim$n DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM"
+        assert_output --partial "the script distributes itself (torch.distributed.init_process_group (backend gloo))"
+        refute_output --partial "nothing was distributed"
+        # the DistributedSampler's share, not a share of it
+        assert_output --partial "$seen_alone"
+        assert_equal "$(rel "$BATS_TEST_TMPDIR/ddpalone$n.pt" "$BATS_TEST_TMPDIR/ddpshim$n.pt")" bitwise
+    done
+}

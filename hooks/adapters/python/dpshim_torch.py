@@ -122,6 +122,25 @@ def _sited(hook, site):
 
 _shim = None
 _rank_pid = os.getpid()
+_aside = None  # why the adapter stepped aside: the script distributes itself
+
+
+def _acting():
+    """The adapter acts here: in the rank's own process (not a DataLoader worker or another
+    child), and while the script does not distribute itself."""
+    return _aside is None and os.getpid() == _rank_pid
+
+
+def _step_aside(why):
+    """The script distributes itself (torch.distributed, DDP, FSDP, a DistributedSampler): from
+    now on the adapter shards nothing, averages nothing, broadcasts nothing and leaves BatchNorm
+    and seeds alone, in this process; the shim keeps the file and output policy and the guard.
+    Every rank gets here from the same call of the script (init_process_group is itself
+    collective)."""
+    global _aside
+    if _aside is None and os.getpid() == _rank_pid:
+        _aside = why
+        _shim.lib.dpshim_step_aside(why.encode("utf-8", "replace"))
 # per thread: the nesting depth of optimizer steps and of loss functions, and how many ranks share
 # the batch the loop got last (1, or all of them for a batch every rank takes whole)
 _state = threading.local()
@@ -235,7 +254,7 @@ _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is
 
 
 def _forward_pre_hook(module, args):
-    if module in _synced or os.getpid() != _rank_pid:  # DataLoader workers run transforms
+    if module in _synced or not _acting():  # DataLoader workers run transforms
         return None
     if not _broadcast_module(module):
         return None
@@ -338,7 +357,7 @@ def _trained_parameters():
 
 def _after_backward(loss):
     global _backwards
-    if os.getpid() != _rank_pid:
+    if not _acting():
         return
     _backwards += 1
     params = _trained_parameters()
@@ -434,6 +453,8 @@ def _wrap_step(cls):
 
     @functools.wraps(step)
     def wrapped(self, *args, **kwargs):
+        if not _acting() and not getattr(_state, "depth", 0):
+            return step(self, *args, **kwargs)
         try:
             _before_step(self)
             return step(self, *args, **kwargs)
@@ -453,7 +474,7 @@ def _hook_optimizers(torch):
     def registering_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         _optimizers.append(weakref.ref(self))
-        if os.getpid() == _rank_pid:  # parameters outside any module start as rank 0's too
+        if _acting():  # parameters outside any module start as rank 0's too
             _broadcast_tensors([p for p in _parameters([self]) if not _is_lazy(p)])
 
     base.__init__ = registering_init
@@ -462,7 +483,7 @@ def _hook_optimizers(torch):
     @functools.wraps(backward)
     def reducing_backward(*args, **kwargs):
         global _announcing
-        if os.getpid() == _rank_pid and _announcing is None and _shim.overlap():
+        if _acting() and _announcing is None and _shim.overlap():
             params = _trained_parameters()
             _watch_accumulators(params)
             _announcing = _Announcing(params)
@@ -502,7 +523,7 @@ def _hook_samplers(torch):
     random_iter = sampler.RandomSampler.__iter__
 
     def agreed_random_iter(self):
-        if self.generator is not None or os.getpid() != _rank_pid:
+        if self.generator is not None or not _acting():
             yield from random_iter(self)
             return
         # RandomSampler's own draw from the global generator, then rank 0's value everywhere
@@ -537,7 +558,9 @@ def _hook_samplers(torch):
             return False
 
     def batches(self):
-        if not sized(self.sampler) or os.getpid() != _rank_pid:  # a child's loader: as alone
+        if isinstance(self.sampler, torch.utils.data.distributed.DistributedSampler):
+            _step_aside("a DistributedSampler")
+        if not sized(self.sampler) or not _acting():  # a child's loader, or the script's own sharding: as alone
             yield from batch_iter(self)
             return
         whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
@@ -564,7 +587,9 @@ def _hook_samplers(torch):
             yield [arr[i] for i in range(keep)]
 
     def length(self):
-        if not sized(self.sampler) or os.getpid() != _rank_pid:
+        if isinstance(self.sampler, torch.utils.data.distributed.DistributedSampler):
+            _step_aside("a DistributedSampler")
+        if not sized(self.sampler) or not _acting():
             return batch_len(self)
         n = len(self.sampler)
         whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
@@ -590,7 +615,7 @@ def _hook_samplers(torch):
             _state.replicas = 1  # batches made by hand after it are the script's own
             raise
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
-        if pending and os.getpid() == _rank_pid:  # a forked child's copy is not this pass's
+        if pending and _acting():  # a forked child's copy is not this pass's
             n, replicas = pending.popleft()
             _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
             _state.replicas = replicas
@@ -663,7 +688,7 @@ def _hook_losses(torch):
             finally:
                 _state.in_loss = depth
             # a training loss of a sharded batch (taken whole, its value is already everyone's)
-            if (depth or os.getpid() != _rank_pid or not isinstance(loss, torch.Tensor) or not loss.requires_grad
+            if (depth or not _acting() or not isinstance(loss, torch.Tensor) or not loss.requires_grad
                     or loss.numel() != 1 or not loss.is_floating_point() or getattr(_state, "replicas", 1) != 1
                     or _evaluating()):
                 return loss
@@ -745,7 +770,7 @@ def _hook_batchnorm(torch):
 
     def synced_forward(self, x):
         # batch statistics are used in training, and always by a BatchNorm without running ones
-        if not self.training and not (self.running_mean is None and self.running_var is None):
+        if (not self.training and not (self.running_mean is None and self.running_var is None)) or not _acting():
             return forward(self, x)
         self._check_input_dim(x)
         y, mean, var, total = SyncedBatchNorm.apply(x, self.weight if self.affine else None,
@@ -775,7 +800,7 @@ _job_seed = None  # the agreed value
 
 
 def _agreeing():
-    return _job_seed is not None and os.getpid() == _rank_pid
+    return _job_seed is not None and _acting()
 
 
 def _agree_bytes(data):
@@ -960,6 +985,47 @@ def _install(torch):
     if _shim.bn_sync:
         _hook_batchnorm(torch)
     _hook_losses(torch)
+    _hook_self_distribution(torch)
+
+
+def _hook_self_distribution(torch):
+    """A script that distributes itself: torch.distributed initialized (any backend), or a model
+    wrapped in DistributedDataParallel or FullyShardedDataParallel. (A DistributedSampler is seen
+    where batches are drawn.) The adapter steps aside from that call on, before the first step it
+    would have changed."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return
+    if dist.is_initialized():
+        _step_aside("torch.distributed initialized before the adapter loaded")
+    init = dist.init_process_group
+
+    @functools.wraps(init)
+    def initializing(*args, **kwargs):
+        result = init(*args, **kwargs)
+        _step_aside("torch.distributed.init_process_group (backend %s)" % dist.get_backend())
+        return result
+
+    dist.init_process_group = initializing
+    # the wrappers when the script imports them (FSDP's module is not imported by torch itself)
+    for module_name, cls_name in (("torch.nn.parallel", "DistributedDataParallel"),
+                                  ("torch.distributed.fsdp", "FullyShardedDataParallel")):
+        _on_import(module_name, functools.partial(_wrap_distributing, cls_name))
+
+
+def _wrap_distributing(cls_name, module):
+    cls = getattr(module, cls_name, None)
+    if cls is None or getattr(cls.__init__, "_dpshim", False):
+        return
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def stepping(self, *args, **kwargs):
+        _step_aside(cls_name)
+        return init(self, *args, **kwargs)
+
+    stepping._dpshim = True
+    cls.__init__ = stepping
 
 
 def install_import_hook():
