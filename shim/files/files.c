@@ -486,6 +486,10 @@ static int make_sink(dps_redirect_t *r)
     int fd = DPS_REAL(openat)(r->dirfd, dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) fd = memfd_create("dpshim-sink", MFD_CLOEXEC);
     if (fd < 0) return -1;
+    /* fstat on every rank shows the mode rank 0's file has: the one it was made with, less the
+     * umask, or the one it already had (rank 0's call came first) */
+    struct stat made;
+    if (!tmpfile && fstatat(r->dirfd, r->path, &made, 0) == 0 && S_ISREG(made.st_mode)) fchmod(fd, made.st_mode & 07777);
     if (!tmpfile && !(r->flags & O_TRUNC)) {
         int src = DPS_REAL(openat)(r->dirfd, r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         struct stat st;

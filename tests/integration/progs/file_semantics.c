@@ -129,8 +129,8 @@ static void like_a_file(void)
     note("pread", pread(fd, back, 3, 0) == 3 ? 0 : -1);
     struct stat st;
     note("fstat", fstat(fd, &st));
-    fprintf(report, "  read back \"%s\", size %lld, end at %lld\n", back, (long long)st.st_size,
-            (long long)lseek(fd, 0, SEEK_END));
+    fprintf(report, "  read back \"%s\", size %lld, end at %lld, mode %o\n", back, (long long)st.st_size,
+            (long long)lseek(fd, 0, SEEK_END), (unsigned)(st.st_mode & 07777));
     note("close", close(fd));
 
     fd = open("ckpts/run7.ckpt", O_RDWR); /* an update in place reads what is there */
@@ -139,9 +139,19 @@ static void like_a_file(void)
     note("read it", read(fd, back, 3) == 3 ? 0 : -1);
     fprintf(report, "  read \"%s\"\n", back);
     if (fd >= 0) close(fd);
+    note("chmod run7 0604", chmod("ckpts/run7.ckpt", 0604));
     fd = open("ckpts/run7.ckpt", O_WRONLY | O_APPEND);
     note("open O_APPEND existing", fd);
-    fprintf(report, "  end at %lld\n", (long long)lseek(fd, 0, SEEK_END));
+    st.st_mode = 0;
+    fstat(fd, &st);
+    fprintf(report, "  end at %lld, mode %o\n", (long long)lseek(fd, 0, SEEK_END), (unsigned)(st.st_mode & 07777));
+    if (fd >= 0) close(fd);
+    /* a new file with a mode of its own: rank 0's gets it less the umask, and so must every rank's view */
+    fd = open("ckpts/private.bin", O_CREAT | O_WRONLY | O_TRUNC, 0640);
+    note("open 0640 new", fd);
+    st.st_mode = 0;
+    fstat(fd, &st);
+    fprintf(report, "  mode %o\n", (unsigned)(st.st_mode & 07777));
     if (fd >= 0) close(fd);
 }
 
