@@ -129,10 +129,10 @@ typedef struct files_watch {
     dps_guard_mark_t mark;
 } files_watch_t;
 
-static files_watch_t files_watch_begin(const char *what)
+static files_watch_t files_watch_begin(const char *what, int for_rank0)
 {
     files_watch_t w = {gettid() == getpid(), {0}};
-    if (w.on) w.mark = dps_guard_own_begin(what);
+    if (w.on) w.mark = dps_guard_files_wait_begin(what, for_rank0);
     return w;
 }
 
@@ -145,7 +145,7 @@ static int files_wait(void *msg, size_t len, const char *what)
 {
     const dps_backend_t *be = files_backend();
     if (!be) return -1;
-    files_watch_t w = files_watch_begin(what);
+    files_watch_t w = files_watch_begin(what, 1);
     int rc = be->files_wait(msg, len);
     files_watch_end(w);
     return rc;
@@ -161,7 +161,7 @@ static int files_next_ack(void *msg, size_t len, int *src, const char *what)
 {
     const dps_backend_t *be = files_backend();
     if (!be) return -1;
-    files_watch_t w = files_watch_begin(what);
+    files_watch_t w = files_watch_begin(what, 0);
     int rc = be->files_next_ack(msg, len, src);
     files_watch_end(w);
     return rc;

@@ -73,9 +73,17 @@ dps_guard_mark_t dps_guard_own_begin(const char *what)
     return prev;
 }
 
+dps_guard_mark_t dps_guard_files_wait_begin(const char *what, int for_rank0)
+{
+    dps_guard_mark_t prev = dps_guard_own_begin(what);
+    atomic_store(&dps_guard_pos.files_wait, for_rank0 ? FILES_WAIT_RANK0 : FILES_WAIT_ACKS);
+    return prev;
+}
+
 /* Back to where the program was: its last collective stays the one reports name. */
 void dps_guard_own_end(dps_guard_mark_t prev)
 {
+    atomic_store(&dps_guard_pos.files_wait, 0);
     atomic_store(&dps_guard_pos.hook, prev.hook);
     atomic_store(&dps_guard_pos.coll, prev.coll);
     dps_guard_leave();

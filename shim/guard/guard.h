@@ -70,6 +70,10 @@ void dps_guard_set_reader(dps_guard_reader_fn reader);
  * them as any collective, while they are not counted as the program's; `what` names it. */
 dps_guard_mark_t dps_guard_own_begin(const char *what);
 void dps_guard_own_end(dps_guard_mark_t prev);
+/* The same for the file channel's waits: for rank 0's file operation (for_rank0; only rank 0's
+ * call ends it: the watchdog asks rank 0 where it is, and a rank 0 inside a collective this rank
+ * has not entered, or gone, ends the job at once), or rank 0's for the others' acks. */
+dps_guard_mark_t dps_guard_files_wait_begin(const char *what, int for_rank0);
 /* Every rank's host name (size entries of DPS_GUARD_HOST bytes, in rank order), gathered when the
  * backend opens: the guard's tables and messages name each rank's host. */
 #define DPS_GUARD_HOST 64

@@ -16,11 +16,12 @@
 
 /* --- messages between the ranks' watchdogs --- */
 
-enum { MSG_STATUS = 1, MSG_LEAVING = 2 };
+/* MSG_WHERE asks a rank where it is; its MSG_HERE answers with its status, and starts no report. */
+enum { MSG_STATUS = 1, MSG_LEAVING = 2, MSG_WHERE = 3, MSG_HERE = 4 };
 enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4 };
 
 typedef struct guard_msg {
-    int32_t kind, why, rank, in_coll, leaving, coll, dtype, left_rank;
+    int32_t kind, why, rank, in_coll, leaving, coll, dtype, left_rank, files_wait;
     uint64_t seq, step, count, left_step, left_seq;
     uint64_t call; /* the collective's fingerprint: which call, sizes and dtypes */
     double seconds; /* waiting in the collective, or since the last one */
@@ -50,6 +51,10 @@ static struct {
     int reporting;
     uint64_t deadline;
     guard_msg_t first; /* what started the report */
+    /* this rank's wait for rank 0's file operation: when rank 0 was last asked, and how many of
+     * its answers in a row found it in the same collective this rank has not entered */
+    uint64_t asked_ns, wait_since, rank0_seq; /* rank0_seq: rank 0's place (place()) at the last hit */
+    int rank0_hits;
 } watch;
 
 static guard_msg_t snapshot(int why)
@@ -57,6 +62,7 @@ static guard_msg_t snapshot(int why)
     const dps_guard_pos_t *pos = &dps_guard_pos;
     guard_msg_t m = {.kind = MSG_STATUS, .why = why, .rank = dps_guard_conf.rank, .left_rank = -1};
     m.in_coll = atomic_load(&pos->in_coll);
+    m.files_wait = atomic_load(&pos->files_wait);
     m.leaving = atomic_load(&pos->leaving);
     m.seq = atomic_load(&pos->seq);
     m.step = atomic_load(&pos->step);
@@ -260,13 +266,21 @@ static void start_report(int why, int left_rank)
     watch.deadline = dps_guard_now_ns() + 3000000000u; /* time for every reachable rank to answer */
 }
 
+static void rank0_answered(const guard_msg_t *m);
+
 static void receive(void)
 {
     guard_msg_t m;
     int src;
     while (dps_guard_conf.be->guard_poll(&m, sizeof m, &src) == 1 && known(src)) {
         peer_t *p = &watch.peers[src];
-        if (m.kind == MSG_LEAVING) {
+        if (m.kind == MSG_WHERE) {
+            guard_msg_t here = snapshot(WHY_ANSWER);
+            here.kind = MSG_HERE;
+            dps_guard_conf.be->guard_send(&here, sizeof here, src);
+        } else if (m.kind == MSG_HERE) {
+            if (src == 0) rank0_answered(&m);
+        } else if (m.kind == MSG_LEAVING) {
             if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
             p->left_seq = m.seq, p->left_step = m.step;
         } else if (m.kind == MSG_STATUS) {
@@ -277,11 +291,80 @@ static void receive(void)
     }
 }
 
+/* A wait for rank 0's file operation that no waiting can end: rank 0 left, or is inside a
+ * collective this rank has not entered (a decision only one rank has: a time budget, a
+ * rank-dependent branch, a file touched on some ranks only). Said at once, naming both places. */
+static _Noreturn void file_deadlock(const guard_msg_t *rank0)
+{
+    char mine[DPS_GUARD_HOOK_NAME + 256], theirs[DPS_GUARD_HOOK_NAME + 256], why[2 * DPS_GUARD_HOOK_NAME + 1024];
+    guard_msg_t me = snapshot(WHY_TIMEOUT);
+    describe(&me, mine, sizeof mine);
+    if (rank0) describe(rank0, theirs, sizeof theirs);
+    else snprintf(theirs, sizeof theirs, "left the program");
+    snprintf(why, sizeof why,
+             "guard: rank %d is %s, while rank 0 is %s%s: neither can go on, since only rank 0's file operation "
+             "ends this rank's wait",
+             me.rank, mine, theirs, rank0 ? ", which this rank has not entered" : "");
+    dps_guard_diag_fail(why);
+    DPS_ERROR("%s", why);
+    DPS_ERROR("guard: a decision only one rank has leads here (a time budget, a rank-dependent branch, a rank0_only "
+              "file touched on some ranks only): take it on rank 0 and share it (dp_metric, a broadcast), or make the "
+              "same file calls on every rank");
+    DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
+    dps_guard_end_job(1);
+}
+
+/* Whether rank 0's answer shows it where only this rank can let it go on: inside a collective
+ * beyond this rank's last one, or inside one of the shim's own checks (every rank takes part, and
+ * this rank is not in it). Rank 0's wait for the others' file acks is no proof: another rank's may
+ * be the one missing. */
+static int rank0_needs_me(const guard_msg_t *m)
+{
+    if (m->leaving || !m->in_coll || m->files_wait) return 0;
+    return m->coll < 0 || m->seq > atomic_load(&dps_guard_pos.seq);
+}
+
+/* Two answers in a row, a second apart, that find rank 0 at the same such place while this rank
+ * still makes the same wait: no timing explains that. */
+static void rank0_answered(const guard_msg_t *m)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    int waiting = atomic_load(&pos->files_wait) == FILES_WAIT_RANK0 && atomic_load(&pos->since_ns) == watch.wait_since;
+    if (!waiting || !rank0_needs_me(m)) {
+        watch.rank0_hits = 0;
+        return;
+    }
+    uint64_t at = place(m);
+    watch.rank0_hits = watch.rank0_hits && at == watch.rank0_seq ? watch.rank0_hits + 1 : 1;
+    watch.rank0_seq = at;
+    if (watch.rank0_hits >= 2) file_deadlock(m);
+}
+
+/* This rank waits for rank 0's file operation: rank 0 is asked where it is once a second, from
+ * the first second of the wait on. */
+static void look_at_file_wait(void)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    if (atomic_load(&pos->files_wait) != FILES_WAIT_RANK0 || dps_guard_conf.rank == 0) {
+        watch.rank0_hits = 0;
+        return;
+    }
+    uint64_t since = atomic_load(&pos->since_ns), now = dps_guard_now_ns();
+    if (since != watch.wait_since) watch.wait_since = since, watch.rank0_hits = 0, watch.asked_ns = 0;
+    if (now - since < 1000000000u) return;
+    if (watch.peers[0].left) file_deadlock(NULL);
+    if (now - watch.asked_ns < 1000000000u) return;
+    watch.asked_ns = now;
+    guard_msg_t ask = {.kind = MSG_WHERE, .rank = dps_guard_conf.rank, .left_rank = -1};
+    dps_guard_conf.be->guard_send(&ask, sizeof ask, 0);
+}
+
 /* One look: messages, a collective that cannot complete, a collective that waits too long. */
 static void tick(void)
 {
     const dps_guard_pos_t *pos = &dps_guard_pos;
     receive();
+    if (!watch.reporting) look_at_file_wait();
     if (!watch.reporting && atomic_load(&failed)) start_report(WHY_FAILED, -1);
     if (!watch.reporting && atomic_load_explicit(&pos->in_coll, memory_order_acquire)) {
         uint64_t seq = atomic_load(&pos->seq) + (uint64_t)atomic_load(&pos->before_next);

@@ -270,22 +270,43 @@ SH
     assert_output "$(printf 'metrics.csv\nmetrics.sh\n')"
 }
 
-@test "a rank0_only file written on some ranks only, then a collective: the guard ends the job naming the waiting call" {
+# A gated file call that only rank 0 can answer, made where rank 0 never makes it: a decision only
+# one rank has (a rank-dependent branch, a time budget that ends the loop on one rank first, an
+# rmdir on some ranks). The waiting rank asks rank 0 where it is and ends the job at once, with
+# the default [guard] timeout of 300 s.
+@test "a gated file call rank 0 never makes: the job ends within 10 s, naming both ranks' places" {
     [ -x /usr/bin/python3 ] || skip "no /usr/bin/python3"
     cd "$BATS_TEST_TMPDIR"
-    cat >branch.py <<'PY'
-import ctypes, os
+    cat >one_rank.py <<'PY'
+import ctypes, os, sys
 hooks, one = ctypes.CDLL(None), ctypes.c_double(1)
-hooks.dp_metric(ctypes.byref(one), ctypes.c_size_t(1), 0)
-if os.environ["OMPI_COMM_WORLD_RANK"] != "0":  # code that depends on the rank
+collective = lambda: hooks.dp_metric(ctypes.byref(one), ctypes.c_size_t(1), 0)
+rank0 = os.environ["OMPI_COMM_WORLD_RANK"] == "0"
+collective()
+if sys.argv[1] == "branch" and not rank0:   # code that depends on the rank
     open("others.ckpt", "w").write("x")
-hooks.dp_metric(ctypes.byref(one), ctypes.c_size_t(1), 0)
+elif sys.argv[1] == "budget":               # the time budget ran out on rank 0 one epoch later
+    for epoch in range(3 if rank0 else 2):
+        collective()
+        open("model.ckpt", "w").write("epoch %d" % epoch)
+    open("final.ckpt", "w").write("done")
+elif sys.argv[1] == "rmdir" and not rank0:
+    os.rmdir("ckpts/old")
+collective()
 PY
-    local start=$SECONDS
-    run mpi 2 env DPSHIM_GUARD_TIMEOUT=5 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" /usr/bin/python3 branch.py
-    echo "$output"
-    assert_equal "$status" 75
-    [ $((SECONDS - start)) -le 20 ] || fail "took $((SECONDS - start)) s"
-    assert_output --regexp "rank 1 \([^)]*\): in the shim's wait for rank 0's file operation #1 \(open for writing others.ckpt\).*<-- culprit"
-    [ ! -e others.ckpt ]
+    mkdir -p ckpts/old
+    for case in branch budget rmdir; do
+        for n in 2 4; do
+            local start=$SECONDS
+            run mpi $n env DPSHIM_FILES_RANK0_ONLY='*.ckpt ckpts/**' LD_PRELOAD="$SHIM" /usr/bin/python3 one_rank.py $case
+            echo "$case np=$n: $((SECONDS - start)) s"
+            echo "$output"
+            assert_equal "$status" 75
+            [ $((SECONDS - start)) -le 10 ] || fail "$case np=$n took $((SECONDS - start)) s"
+            assert_output --regexp "guard: rank [1-3] is in the shim's wait for rank 0's file operation #[0-9]+ \((open for writing|rmdir) [^)]*\).*, while rank 0 is in .*: neither can go on"
+            assert_output --partial "a decision only one rank has"
+        done
+    done
+    # rank 0 saved the epochs it finished, and never reached what the others waited for
+    [ ! -e others.ckpt ] && [ -d ckpts/old ] && [ "$(cat model.ckpt)" = "epoch 1" ] && [ ! -e final.ckpt ]
 }
