@@ -6,5 +6,8 @@
 
 /* [adapters] python: a Python rank process gets the PyTorch adapter (python.c). */
 void dps_python_inject(const dps_state_t *s);
+/* Rank 0 warns once where Open MPI's default binding leaves each rank fewer cores than the node
+ * has per local rank (placement.c). */
+void dps_placement_check(const dps_state_t *s);
 
 #endif

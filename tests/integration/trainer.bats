@@ -93,6 +93,21 @@ train_mpi_np() {
     refute_output --partial "nothing was distributed"
 }
 
+@test "Open MPI's default binding that leaves a rank fewer cores than its share: rank 0 says so, with the line to use" {
+    # at np=1 mpirun binds the rank to one core of this machine's $(nproc)
+    [ "$(nproc)" -ge 2 ] || skip "one core: no share to lose"
+    run mpi 1 env LD_PRELOAD="$SHIM" /bin/true
+    assert_success
+    assert_output --partial "Open MPI bound each rank to 1 core(s) (its default binding), while this node has $(nproc) cores"
+    assert_output --partial "mpirun --bind-to none"
+    # a placement the user chose is theirs
+    for choice in "--bind-to none" "--bind-to core" "--map-by slot:PE=1"; do
+        run mpi 1 $choice env LD_PRELOAD="$SHIM" /bin/true
+        assert_success
+        refute_output --partial "default binding"
+    done
+}
+
 @test "Open MPI's variables left in a shell without a launcher: ignored, with a warning naming them" {
     run env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" \
         "$TRAINER" --steps 2 --no-eval --save "$BATS_TEST_TMPDIR/alone.ckpt"
