@@ -126,6 +126,39 @@ DPS_STARTUP static int openmpi_launcher_alive(void)
     return 0;
 }
 
+/* Slurm's tasks on node `node` from a tasks-per-node list such as "2(x3),1" (2 on each of the
+ * first three nodes, 1 on the fourth); -1 when the list does not say. */
+DPS_STARTUP static long slurm_tasks_on_node(const char *spec, long node)
+{
+    long seen = 0;
+    for (const char *p = spec; p && *p;) {
+        char *end;
+        long n = strtol(p, &end, 10), reps = 1;
+        if (end == p || n < 0) return -1;
+        if (end[0] == '(') {
+            if (end[1] != 'x') return -1;
+            reps = strtol(end + 2, &end, 10);
+            if (*end != ')' || reps < 1) return -1;
+            end++;
+        }
+        if (node < seen + reps) return n;
+        seen += reps;
+        if (*end == ',') end++;
+        else if (*end) return -1;
+        p = end;
+    }
+    return -1;
+}
+
+/* This node's task count in the Slurm step (the job's where the step's is missing), or -1. */
+DPS_STARTUP static long slurm_local_size(void)
+{
+    long node = env_int("SLURM_NODEID");
+    const char *spec = getenv("SLURM_STEP_TASKS_PER_NODE");
+    if (!spec) spec = getenv("SLURM_TASKS_PER_NODE");
+    return slurm_tasks_on_node(spec, node >= 0 ? node : 0);
+}
+
 /* The launcher environment alone, without PMIx: what a child of the rank process sees. */
 DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
 {
@@ -151,6 +184,11 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
             return -1;
         }
         long lr = env_int(l->local_rank), ls = env_int(l->local_size);
+        /* Slurm has no local-size variable: its tasks-per-node list gives it; a PMI-2 launch under
+         * Slurm (srun --mpi=pmi2) gives no local values of its own, and Slurm's are right */
+        int under_slurm = !strcmp(l->name, "slurm") || (!strcmp(l->name, "pmi") && lr < 0 && getenv("SLURM_LOCALID"));
+        if (under_slurm && lr < 0) lr = env_int("SLURM_LOCALID");
+        if (under_slurm && ls <= 0) ls = slurm_local_size();
         s->rank = (int)rank, s->size = (int)size;
         s->local_rank = lr >= 0 ? (int)lr : 0;
         s->local_size = ls > 0 ? (int)ls : 1;

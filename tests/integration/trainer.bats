@@ -117,6 +117,27 @@ train_mpi_np() {
     [ -s "$BATS_TEST_TMPDIR/alone.ckpt" ] || fail "the checkpoint was not written"
 }
 
+# identity ENV...: the identity line of a process started with ENV (no launcher behind it: no exit
+# barrier, which would wait for ranks that never come).
+identity() {
+    env "$@" DPSHIM_GUARD_EXIT_BARRIER=off DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" /bin/true 2>&1 |
+        grep -o "rank [0-9]* of [0-9]* (local [0-9]* of [0-9]*, launcher [a-z]*"
+}
+
+@test "Slurm's local size from its tasks-per-node list; a PMI-2 launch under Slurm takes Slurm's local values" {
+    # 2 tasks on each of the first two nodes, then 1: ranks 0-1 on node 0, 2-3 on node 1, 4 on node 2
+    assert_equal "$(identity SLURM_PROCID=3 SLURM_NTASKS=5 SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_STEP_TASKS_PER_NODE='2(x2),1')" \
+        "rank 3 of 5 (local 1 of 2, launcher slurm"
+    assert_equal "$(identity SLURM_PROCID=4 SLURM_NTASKS=5 SLURM_LOCALID=0 SLURM_NODEID=2 SLURM_STEP_TASKS_PER_NODE='2(x2),1')" \
+        "rank 4 of 5 (local 0 of 1, launcher slurm"
+    # the job's list where the step has none
+    assert_equal "$(identity SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=2 SLURM_NODEID=0 SLURM_TASKS_PER_NODE=3)" \
+        "rank 2 of 3 (local 2 of 3, launcher slurm"
+    # srun --mpi=pmi2: PMI's rank and size, Slurm's local rank and size
+    assert_equal "$(identity PMI_RANK=1 PMI_SIZE=2 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_STEP_TASKS_PER_NODE=2)" \
+        "rank 1 of 2 (local 1 of 2, launcher pmi"
+}
+
 @test "identity from Slurm's environment; an inconsistent one stops before main" {
     run env SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" \
         "$TRAINER" --steps 1 --no-eval
