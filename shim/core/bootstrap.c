@@ -104,6 +104,7 @@ static int bootstrap_pmix(dps_state_t *s)
     s->size = (int)size;
     s->local_rank = local_rank >= 0 ? (int)local_rank : 0;
     s->local_size = local_size > 0 ? (int)local_size : 1;
+    s->local_source = local_size > 0 ? "PMIx (PMIX_LOCAL_SIZE)" : "PMIx, without a local size (1 taken)";
     s->launcher = "pmix";
     return 1;
 }
@@ -163,6 +164,7 @@ DPS_STARTUP static long slurm_local_size(void)
 DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
 {
     s->rank = 0, s->size = 1, s->local_rank = 0, s->local_size = 1, s->launcher = "singleton";
+    s->local_source = "a process alone";
     for (size_t i = 0; i < sizeof launcher_envs / sizeof *launcher_envs; i++) {
         const launcher_env_t *l = &launcher_envs[i];
         long rank = env_int(l->rank), size = env_int(l->size);
@@ -188,7 +190,9 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
          * Slurm (srun --mpi=pmi2) gives no local values of its own, and Slurm's are right */
         int under_slurm = !strcmp(l->name, "slurm") || (!strcmp(l->name, "pmi") && lr < 0 && getenv("SLURM_LOCALID"));
         if (under_slurm && lr < 0) lr = env_int("SLURM_LOCALID");
-        if (under_slurm && ls <= 0) ls = slurm_local_size();
+        s->local_source = ls > 0 ? l->local_size : "no variable of the launcher's (1 taken)";
+        if (under_slurm && ls <= 0 && (ls = slurm_local_size()) > 0)
+            s->local_source = getenv("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
         s->rank = (int)rank, s->size = (int)size;
         s->local_rank = lr >= 0 ? (int)lr : 0;
         s->local_size = ls > 0 ? (int)ls : 1;
@@ -287,6 +291,7 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
          * another identity (e.g. a preloaded mpirun, a singleton) says nothing about us. */
         s->role = DPS_ROLE_CHILD;
         s->rank = r, s->size = n, s->local_rank = lr, s->local_size = ls;
+        s->local_source = "the rank process's (DPSHIM_RANK_PID)";
         return 0;
     }
     s->role = DPS_ROLE_RANK;

@@ -222,6 +222,24 @@ static void measure_clocks(const dps_backend_t *be, const char *hosts)
     free(measure);
 }
 
+/* The launcher's local size against the ranks the host table puts on this host: the GPU binding,
+ * overlap's core count and the shared-memory sums follow the local size, so a disagreement ends
+ * the job naming both sources, never a guess. Every rank of a host sees the same table. */
+static void check_local_size(const char *hosts, const char *hook)
+{
+    if (!hosts || dps_g.eff_size != dps_g.size) return;
+    const char *mine = hosts + (size_t)dps_g.rank * DPS_GUARD_HOST;
+    int on_host = 0;
+    for (int r = 0; r < dps_g.size; r++) on_host += strcmp(hosts + (size_t)r * DPS_GUARD_HOST, mine) == 0;
+    if (on_host != dps_g.local_size)
+        dps_fatal("%s: the launcher gives this rank local rank %d of %d (from %s, launcher %s), but %d rank(s) of the "
+                  "job run on this host (%s) by their host names: the GPU binding and the shared-memory sums would "
+                  "be wrong. Check the launch line (a Slurm step with another task layout than the job's, or a "
+                  "hand-set variable), or start with mpirun",
+                  hook, dps_g.local_rank, dps_g.local_size, dps_g.local_source ? dps_g.local_source : "?",
+                  dps_g.launcher, on_host, mine);
+}
+
 void dps_engine_agree(const dps_backend_t *be, const char *hook)
 {
     item_t items[DPS_NKEYS + 2];
@@ -259,6 +277,7 @@ void dps_engine_agree(const dps_backend_t *be, const char *hook)
     }
     char *hosts = gather_hosts(be);
     if (hosts) dps_guard_set_hosts(hosts);
+    check_local_size(hosts, hook);
     if (!v[2 * n + DECIDE_NO_DIAG]) measure_clocks(be, hosts); /* some rank keeps diagnostics */
     free(hosts);
     dps_guard_own_end(mark);

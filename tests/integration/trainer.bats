@@ -138,6 +138,12 @@ identity() {
         "rank 1 of 2 (local 1 of 2, launcher pmi"
 }
 
+@test "a local size the launcher gives that the ranks' hosts contradict ends the job, naming its source" {
+    run mpi 2 sh -c 'OMPI_COMM_WORLD_LOCAL_SIZE=1 exec env LD_PRELOAD="$1" "$2" --steps 2 --no-eval' sh "$SHIM" "$TRAINER"
+    assert_failure
+    assert_output --partial "local rank 0 of 1 (from OMPI_COMM_WORLD_LOCAL_SIZE, launcher openmpi), but 2 rank(s) of the job run on this host ($(hostname))"
+}
+
 @test "identity from Slurm's environment; an inconsistent one stops before main" {
     run env SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" \
         "$TRAINER" --steps 1 --no-eval
