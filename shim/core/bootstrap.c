@@ -115,16 +115,45 @@ void dps_bootstrap_finalize(void)
     pmix.up = 0;
 }
 
+DPS_STARTUP static int pmix_server_in_env(void)
+{
+    extern char **environ;
+    for (char **e = environ; e && *e; e++)
+        if (!strncmp(*e, "PMIX_SERVER_URI", 15)) return 1;
+    return 0;
+}
+
 /* Open MPI's launchers (ORTE's mpirun, PRRTE) always give their processes a way back to them: a
  * PMIx server's address, or ORTE's daemon's. OMPI_COMM_WORLD_* without one were left in a shell
  * by an earlier job (or exported by hand), and no peer will ever come. */
 DPS_STARTUP static int openmpi_launcher_alive(void)
 {
-    extern char **environ;
-    if (getenv("OMPI_MCA_orte_hnp_uri") || getenv("OMPI_MCA_orte_local_daemon_uri")) return 1;
-    for (char **e = environ; e && *e; e++)
-        if (!strncmp(*e, "PMIX_SERVER_URI", 15)) return 1;
-    return 0;
+    return getenv("OMPI_MCA_orte_hnp_uri") || getenv("OMPI_MCA_orte_local_daemon_uri") || pmix_server_in_env();
+}
+
+#ifndef DPS_MPI_LIBDIR
+#define DPS_MPI_LIBDIR "/usr/lib"
+#endif
+
+/* Whether the Open MPI that libdpshim-mpi.so is built with can join a job started without PMIx
+ * (srun --mpi=pmi2, MPICH's PMI): only an Open MPI built --with-pmi has the pmix/s1 and s2
+ * components for that; Debian's has neither. 1 also where it cannot be told (its components are
+ * not where the build found them), so that nothing is refused on a guess. */
+DPS_STARTUP static int mpi_joins_without_pmix(void)
+{
+    const char *relocated = getenv("OPAL_PKGLIBDIR");
+    const char *dirs[] = {relocated, DPS_MPI_LIBDIR "/openmpi3", DPS_MPI_LIBDIR "/openmpi"};
+    char path[1024];
+    int seen = 0;
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        if (!dirs[i] || access(dirs[i], F_OK) != 0) continue;
+        seen = 1;
+        for (int k = 1; k <= 2; k++) {
+            snprintf(path, sizeof path, "%s/mca_pmix_s%d.so", dirs[i], k);
+            if (access(path, F_OK) == 0) return 1;
+        }
+    }
+    return !seen;
 }
 
 /* Slurm's tasks on node `node` from a tasks-per-node list such as "2(x3),1" (2 on each of the
@@ -232,6 +261,19 @@ DPS_STARTUP static void own_command(char *out, size_t len)
  * them: the shim's collectives cannot reach the other ranks. Said at once, with the line to use. */
 DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, size_t errlen)
 {
+    /* srun --mpi=pmi2 (or none), MPICH's mpiexec: the MPI would fail in MPI_Init with words of its
+     * own ("OMPI was not built with SLURM's PMI support"); said here, with the line that works */
+    int slurm = !strcmp(s->launcher, "slurm") || (!strcmp(s->launcher, "pmi") && getenv("SLURM_STEP_ID"));
+    if ((slurm || !strcmp(s->launcher, "pmi")) && s->size > 1 && !pmix_server_in_env() && !mpi_joins_without_pmix()) {
+        snprintf(err, errlen,
+                 "%s started this process without a PMIx server (rank %d of %d), and the MPI dpshim runs on (Open "
+                 "MPI, %s) joins a job only through PMIx: every rank would fail in MPI_Init. %s",
+                 slurm ? "srun" : "a PMI launcher", s->rank, s->size, DPS_MPI_LIBDIR,
+                 slurm ? "Start the step with srun --mpi=pmix (srun --mpi=list shows what this Slurm offers; "
+                         "MpiDefault=pmix in slurm.conf makes it the default)"
+                       : "Start the job with Open MPI's mpirun");
+        return -1;
+    }
     if (strcmp(s->launcher, "torchrun") || s->size < 2) return 0;
     char cmd[600], lib[512] = "libdpshim.so";
     Dl_info info;

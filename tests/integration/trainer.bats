@@ -119,8 +119,10 @@ train_mpi_np() {
 
 # identity ENV...: the identity line of a process started with ENV (no launcher behind it: no exit
 # barrier, which would wait for ranks that never come).
+# PMIX_SERVER_URI2 stands for srun --mpi=pmix's server (PMIx itself is not asked where the
+# environment answers).
 identity() {
-    env "$@" DPSHIM_GUARD_EXIT_BARRIER=off DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" /bin/true 2>&1 |
+    env PMIX_SERVER_URI2=unused "$@" DPSHIM_GUARD_EXIT_BARRIER=off DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" /bin/true 2>&1 |
         grep -o "rank [0-9]* of [0-9]* (local [0-9]* of [0-9]*, launcher [a-z]*"
 }
 
@@ -133,9 +135,17 @@ identity() {
     # the job's list where the step has none
     assert_equal "$(identity SLURM_PROCID=2 SLURM_NTASKS=3 SLURM_LOCALID=2 SLURM_NODEID=0 SLURM_TASKS_PER_NODE=3)" \
         "rank 2 of 3 (local 2 of 3, launcher slurm"
-    # srun --mpi=pmi2: PMI's rank and size, Slurm's local rank and size
-    assert_equal "$(identity PMI_RANK=1 PMI_SIZE=2 SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_STEP_TASKS_PER_NODE=2)" \
+    # srun --mpi=pmi2 with an Open MPI built with Slurm's PMI (its pmix/s2 component): PMI's rank
+    # and size, Slurm's local rank and size
+    mkdir -p "$BATS_TEST_TMPDIR/ompi" && : >"$BATS_TEST_TMPDIR/ompi/mca_pmix_s2.so"
+    assert_equal "$(env -u PMIX_SERVER_URI2 OPAL_PKGLIBDIR="$BATS_TEST_TMPDIR/ompi" PMI_RANK=1 PMI_SIZE=2 SLURM_STEP_ID=0 \
+        SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_NODEID=0 SLURM_STEP_TASKS_PER_NODE=2 DPSHIM_GUARD_EXIT_BARRIER=off \
+        DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" /bin/true 2>&1 | grep -o "rank [0-9]* of [0-9]* (local [0-9]* of [0-9]*, launcher [a-z]*")" \
         "rank 1 of 2 (local 1 of 2, launcher pmi"
+    # ... and with this machine's Open MPI, which joins only through PMIx: stopped before main
+    run env PMI_RANK=1 PMI_SIZE=2 SLURM_STEP_ID=0 SLURM_PROCID=1 SLURM_NTASKS=2 LD_PRELOAD="$SHIM" /bin/true
+    assert_equal "$status" 78
+    assert_output --partial "srun started this process without a PMIx server"
 }
 
 @test "a local size the launcher gives that the ranks' hosts contradict ends the job, naming its source" {
