@@ -105,6 +105,7 @@ static int bootstrap_pmix(dps_state_t *s)
     s->local_rank = local_rank >= 0 ? (int)local_rank : 0;
     s->local_size = local_size > 0 ? (int)local_size : 1;
     s->local_source = local_size > 0 ? "PMIx (PMIX_LOCAL_SIZE)" : "PMIx, without a local size (1 taken)";
+    s->local_rank_source = local_rank >= 0 ? "PMIx (PMIX_LOCAL_RANK)" : "PMIx, without a local rank (0 taken)";
     s->launcher = "pmix";
     return 1;
 }
@@ -193,7 +194,7 @@ DPS_STARTUP static long slurm_local_size(void)
 DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
 {
     s->rank = 0, s->size = 1, s->local_rank = 0, s->local_size = 1, s->launcher = "singleton";
-    s->local_source = "a process alone";
+    s->local_source = s->local_rank_source = "a process alone";
     for (size_t i = 0; i < sizeof launcher_envs / sizeof *launcher_envs; i++) {
         const launcher_env_t *l = &launcher_envs[i];
         long rank = env_int(l->rank), size = env_int(l->size);
@@ -218,7 +219,8 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
         /* Slurm has no local-size variable: its tasks-per-node list gives it; a PMI-2 launch under
          * Slurm (srun --mpi=pmi2) gives no local values of its own, and Slurm's are right */
         int under_slurm = !strcmp(l->name, "slurm") || (!strcmp(l->name, "pmi") && lr < 0 && getenv("SLURM_LOCALID"));
-        if (under_slurm && lr < 0) lr = env_int("SLURM_LOCALID");
+        s->local_rank_source = lr >= 0 ? l->local_rank : "no variable of the launcher's (0 taken)";
+        if (under_slurm && lr < 0 && (lr = env_int("SLURM_LOCALID")) >= 0) s->local_rank_source = "SLURM_LOCALID";
         s->local_source = ls > 0 ? l->local_size : "no variable of the launcher's (1 taken)";
         if (under_slurm && ls <= 0 && (ls = slurm_local_size()) > 0)
             s->local_source = getenv("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
@@ -333,7 +335,7 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
          * another identity (e.g. a preloaded mpirun, a singleton) says nothing about us. */
         s->role = DPS_ROLE_CHILD;
         s->rank = r, s->size = n, s->local_rank = lr, s->local_size = ls;
-        s->local_source = "the rank process's (DPSHIM_RANK_PID)";
+        s->local_source = s->local_rank_source = "the rank process's (DPSHIM_RANK_PID)";
         return 0;
     }
     s->role = DPS_ROLE_RANK;

@@ -100,7 +100,8 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
     add(buf, len, &o, "launcher   %s\n", dps_g.launcher);
     add(buf, len, &o, "rank       %d of %d (local %d of %d), %s process\n", dps_g.rank, dps_g.size,
         dps_g.local_rank, dps_g.local_size, dps_g.role == DPS_ROLE_RANK ? "rank" : "child");
-    add(buf, len, &o, "local      size from %s\n", dps_g.local_source ? dps_g.local_source : "?");
+    add(buf, len, &o, "local      rank from %s, size from %s\n", dps_g.local_rank_source ? dps_g.local_rank_source : "?",
+        dps_g.local_source ? dps_g.local_source : "?");
     add(buf, len, &o, "policy     %s\n", dps_g.policy.file[0] ? dps_g.policy.file : "built-in defaults");
     add(buf, len, &o, "backend    %s (world size %d for collectives)\n",
         dps_g.eff_size == 1 ? "self" : "mpi", dps_g.eff_size);

@@ -251,7 +251,7 @@ lanes() {
     run mpi 2 "$BUILD/bin/dpshim-diag" env
     assert_success
     assert_line --regexp '^rank +1 of 2 \(local 1 of 2\), rank process$'
-    assert_line --regexp '^local +size from OMPI_COMM_WORLD_LOCAL_SIZE$'
+    assert_line --regexp '^local +rank from OMPI_COMM_WORLD_LOCAL_RANK, size from OMPI_COMM_WORLD_LOCAL_SIZE$'
     assert_line --regexp '^backend +mpi \(world size 2 for collectives\)$'
     assert_equal "$(count "host       $(hostname)")" 2
 }
