@@ -153,6 +153,231 @@ placement_run() {
         epoch_seconds
 }
 
+# bench_guard_at NP: the guard's settings against every guard off, NP ranks
+bench_guard_at() {
+    local np=$1 rounds=11 steps=600 mode t off
+    local -A env times to_off
+    local modes="off on step1 full"
+    env[off]="DPSHIM_GUARD_TIMEOUT=0 DPSHIM_GUARD_EXIT_BARRIER=off DPSHIM_GUARD_DESYNC=off DPSHIM_GUARD_DRIFT_EVERY=0"
+    env[on]="DPSHIM_GUARD_DESYNC=step DPSHIM_GUARD_DRIFT_EVERY=100"
+    env[step1]="DPSHIM_GUARD_DESYNC=step DPSHIM_GUARD_DRIFT_EVERY=1"
+    env[full]="DPSHIM_GUARD_DESYNC=full DPSHIM_GUARD_DRIFT_EVERY=1"
+    echo "example trainer, $np ranks, $steps steps (batch 100), $rounds alternating rounds: median times, and the"
+    echo "median of the rounds' ratios to every guard off (what the machine's drift between rounds spares):"
+    for _ in $(seq "$rounds"); do
+        for mode in $modes; do
+            # shellcheck disable=SC2086 # the settings are words
+            t=$(timeout 600 mpirun --oversubscribe -np "$np" env DPSHIM_OUTPUT_STDOUT=rank0 ${env[$mode]} \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps $steps --no-eval \
+                2>/dev/null | epoch_seconds)
+            [ "$mode" = off ] && off=$t
+            times[$mode]+="$t " to_off[$mode]+="$(ratio "$t" "$off") "
+        done
+    done
+    local -A what=([off]="every guard off:" [on]="watchdog, exit barrier, desync = step, drift every 100:"
+        [step1]="the same with the drift check at every step:"
+        [full]="every check at its most (desync = full, drift every step):")
+    for mode in $modes; do
+        printf '  %-60s %.3f s' "${what[$mode]}" "$(xargs -n1 <<<"${times[$mode]}" | median)"
+        [ "$mode" = off ] && echo || printf '   ratio to off: %.3f\n' "$(xargs -n1 <<<"${to_off[$mode]}" | median)"
+    done
+}
+
+bench_single() {
+    local rounds=7 plain=() shim=() np1=()
+    echo "example trainer, 600 steps, median of $rounds alternating rounds:"
+    for _ in $(seq "$rounds"); do
+        plain+=("$("$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval | epoch_seconds)")
+        shim+=("$(LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval | epoch_seconds)")
+        np1+=("$(timeout 600 mpirun -np 1 env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" \
+            --steps 600 --no-eval | epoch_seconds)")
+    done
+    local a b c
+    a=$(printf '%s\n' "${shim[@]}" | median)
+    b=$(printf '%s\n' "${plain[@]}" | median)
+    c=$(printf '%s\n' "${np1[@]}" | median)
+    printf '  without the shim %.3f s; with it, no launcher %.3f s (ratio %.3f), under mpirun -np 1 %.3f s (ratio %.3f)\n' \
+        "$b" "$a" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')" "$c" "$(awk -v x="$c" -v y="$b" 'BEGIN { print x / y }')"
+}
+
+# exec_row LABEL [VAR=VALUE...]: /bin/true plain vs preloaded, started from an environment with VARs.
+exec_row() {
+    local label=$1 n=20 rounds=5 plain=() shim=() r p s
+    shift
+    for _ in $(seq "$rounds"); do
+        r=$(env "$@" "$BUILD_DIR/bin/bench_exec" "$BUILD_DIR/lib/libdpshim.so" $n /bin/true)
+        plain+=("${r% *}") shim+=("${r#* }")
+    done
+    p=$(printf '%s\n' "${plain[@]}" | median)
+    s=$(printf '%s\n' "${shim[@]}" | median)
+    printf '  %-58s plain %6.1f us  shim %6.1f us  +%5.1f us\n' "$label" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN { print a - b }')"
+}
+
+bench_exec() {
+    echo "/bin/true started plainly vs with the shim preloaded (20 alternating blocks of 50 starts each; median of 5 runs' medians):"
+    # what a rank's children see: the marker of a rank process that is not their own pid
+    exec_row "a child of a rank (a shell command, a compiler, an exec)" DPSHIM_RANK_PID=1:0:1:0:1
+    exec_row "a process started alone (a rank of its own)"
+}
+
+bench_ffi() {
+    echo "declarative hook ([hook] section, libffi closure) on a 2-argument function:"
+    printf '  '
+    DPSHIM_POLICY=tests/bench/bench_ffi.conf LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+        "$BUILD_DIR/bin/bench_ffi"
+}
+
+# scale_run NP STEPS OVERLAP: seconds of the example trainer's first epoch in scale mode.
+scale_run() {
+    timeout 600 mpirun -np "$1" env DPSHIM_DATA_MODE=scale DPSHIM_COMM_OVERLAP="$3" DPSHIM_OUTPUT_STDOUT=rank0 \
+        LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --steps "$2" --no-eval 2>/dev/null |
+        epoch_seconds
+}
+
+bench_scale() {
+    local rounds=5 one=() on=() off=()
+    echo "example trainer, scale mode, one thread per rank, 60 000 samples (batch 100 per rank), median of $rounds alternating rounds:"
+    for _ in $(seq "$rounds"); do
+        one+=("$(scale_run 1 600 off)")
+        off+=("$(scale_run 2 300 off)")
+        on+=("$(scale_run 2 300 on)")
+    done
+    local a b c
+    a=$(printf '%s\n' "${one[@]}" | median)
+    b=$(printf '%s\n' "${off[@]}" | median)
+    c=$(printf '%s\n' "${on[@]}" | median)
+    awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN {
+        printf "  np=1 %.0f samples/s; np=2 %.0f samples/s with [comm] overlap off (what auto picks here), %.0f with on\n", 60000 / a, 60000 / b, 60000 / c
+        printf "  np=2 vs np=1: %.2fx (overlap off), %.2fx (on); overlap on vs off: %.3fx\n", a / b, a / c, b / c }'
+}
+
+# ddp_run MODEL KIND BATCH STEPS: global samples/s of one np=2 run of tests/bench/: KIND scale or
+# split runs the plain script under dpshim in that mode (BATCH: the script's batch), nosync scale
+# mode with [bn] sync = off (per-rank BatchNorm, as DDP's), ddp runs torch_ddp.py (BATCH per rank). Debian's interpreter: python3-torch is installed for it, and a
+# python3 first on PATH (a virtual environment) may lack torch.
+ddp_run() {
+    local model=$1 kind=$2 batch=$3 steps=$4 global out port
+    local args=(--model "$model" --steps "$steps" --warmup 3 --batch-size "$batch")
+    if [ "$kind" = ddp ]; then
+        port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+            /usr/bin/python3 tests/bench/torch_ddp.py "${args[@]}" 2>/dev/null) || true
+        global=$((2 * batch))
+    else
+        local mode=${kind/nosync/scale} sync=on
+        [ "$kind" != nosync ] || sync=off
+        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE="$mode" DPSHIM_BN_SYNC="$sync" \
+            DPSHIM_OUTPUT_STDOUT=rank0 LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py \
+            "${args[@]}" 2>/dev/null) || true
+        global=$([ "$mode" = scale ] && echo $((2 * batch)) || echo "$batch")
+    fi
+    sed -n 's/^steps_per_s //p' <<<"$out" | awk -v b="$global" '{ print $1 * b }'
+}
+
+# The plain script under dpshim against the same model converted to DDP, at np=2 with the same
+# global batch: scale mode against DDP at the script's batch per rank, split mode against DDP at
+# half of it. DDP's BatchNorm keeps per-rank statistics (SyncBatchNorm needs CUDA in PyTorch
+# 1.13); dpshim's are the global batch's, and with [bn] sync = off per rank as DDP's.
+bench_ddp() {
+    local rounds=5 row
+    echo "PyTorch: the plain script under dpshim vs DistributedDataParallel (gloo), np=2, one thread per rank,"
+    echo "global samples/s, median of $rounds alternating rounds, and the median and range of the rounds' ratios:"
+    for row in "cnn|64|40|small CNN with BatchNorm, 0.3M parameters, SGD with momentum|scale nosync split" \
+               "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam|scale split" \
+               "embed_sgd|128|20|the same with SGD and momentum|scale split"; do
+        local model batch steps label kinds kind v
+        IFS='|' read -r model batch steps label kinds <<<"$row"
+        local -A got=()
+        for _ in $(seq "$rounds"); do
+            for kind in ddp-scale $kinds ddp-split; do
+                case $kind in
+                ddp-scale) v=$(ddp_run "$model" ddp "$batch" "$steps") ;;
+                ddp-split) v=$(ddp_run "$model" ddp $((batch / 2)) "$steps") ;;
+                *) v=$(ddp_run "$model" "$kind" "$batch" "$steps") ;;
+                esac
+                [ -n "$v" ] || { echo "bench_ddp: $model $kind printed no steps_per_s" >&2; return 1; }
+                got[$kind]+="$v "
+            done
+        done
+        echo "  $model ($label), script batch $batch, $steps steps timed:"
+        for kind in $kinds; do
+            local shim ddp ratios peer=ddp-${kind/nosync/scale}
+            shim=$(xargs -n1 <<<"${got[$kind]}" | median)
+            ddp=$(xargs -n1 <<<"${got[$peer]}" | median)
+            ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[$peer]}") |
+                awk '{ print $1 / $2 }' | sort -g)
+            awk -v k="$kind" -v b="$batch" -v s="$shim" -v d="$ddp" -v m="$(median <<<"$ratios")" \
+                -v lo="$(head -1 <<<"$ratios")" -v hi="$(tail -1 <<<"$ratios")" 'BEGIN {
+                what = (k == "scale") ? sprintf("scale (%d per rank, global %d; DDP %d per rank)", b, 2 * b, b) \
+                     : (k == "nosync") ? sprintf("scale, [bn] sync = off (BatchNorm per rank, as DDP)") \
+                                       : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
+                printf "    %-51s dpshim %7.0f  DDP %7.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", what, s, d, m, lo, hi }'
+        done
+    done
+}
+
+# What gpu-check runs, built here with nvcc for Hopper and Ampere, the test double and the
+# program that runs on it (the same checks without a GPU), the shared libraries a GPU machine
+# may lack (build-gpu/carry-lib, used there only for what it lacks), and Open MPI's runtime
+# (build-gpu/ompi): everything a bare GPU machine needs, under 64 MiB.
+gpu_pack() {
+    local out
+    out=$(realpath -m "${1:-build-gpu}")
+    cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    cmake --build "$out" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
+        gpu_hooks_cuda cuda_train gpu_hooks dpshim_gpu_double
+    mkdir -p "$out/carry-lib"
+    local lib
+    for lib in libffi.so.8; do
+        cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$out/carry-lib/" 2>/dev/null || true
+    done
+    pack_openmpi "$out/ompi" "$out/lib/libdpshim-mpi.so"
+    rm -rf "$out/Testing" "$out/tests/integration" "$out/tests/unit" "$out/examples" "$out"/*/CMakeFiles "$out/CMakeFiles"
+    du -sh "$out"
+    echo "dev.sh: carry build-gpu (run's carry list) and start ./dev.sh gpu-check there"
+}
+
+# pack_openmpi DIR LIB...: Debian's Open MPI runtime relocated into DIR: mpirun, orted and
+# ompi_info, the components whose libraries a GPU machine has (none for UCX, libfabric, verbs or
+# PSM), PMIx's components, the help and parameter files, and every library these and LIB need
+# that is not glibc's or the compiler runtime's; DIR/env.sh points Open MPI and PMIx there.
+pack_openmpi() {
+    local dst=$1 arch
+    shift
+    arch=$(gcc -print-multiarch)
+    local ompi=/usr/lib/$arch/openmpi/lib pmix=/usr/lib/$arch/pmix2
+    rm -rf "$dst"
+    mkdir -p "$dst"/{bin,lib/openmpi3,lib/pmix,share/openmpi,share/pmix,etc}
+    cp -L /usr/bin/orterun "$dst/bin/mpirun"
+    cp -L /usr/bin/orted /usr/bin/ompi_info "$dst/bin/"
+    cp -L /etc/openmpi/openmpi-mca-params.conf /etc/openmpi/openmpi-default-hostfile "$dst/etc/"
+    cp -rL /usr/share/openmpi/. "$dst/share/openmpi/"
+    cp -rL "$pmix/share/pmix/." "$dst/share/pmix/"
+    local c
+    for c in "$ompi"/openmpi3/*.so; do
+        ldd "$c" | grep -Eq 'not found|libuc[pst]|libfabric|libibverbs|librdmacm|libpsm|libhcoll' || cp -L "$c" "$dst/lib/openmpi3/"
+    done
+    cp -L "$pmix"/lib/pmix/*.so "$dst/lib/pmix/"
+    for c in "$dst"/bin/* "$dst"/lib/openmpi3/*.so "$dst"/lib/pmix/*.so "$@"; do ldd "$c"; done |
+        awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
+            case $(basename "$lib") in
+            libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | ld-linux* | libgcc_s.so.* | libstdc++.so.* | libz.so.*) ;;
+            *) cp -L "$lib" "$dst/lib/" ;;
+            esac
+        done
+    cat >"$dst/env.sh" <<'ENV'
+# Open MPI's runtime from this folder, wherever it was copied: source it before mpirun.
+ompi_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export OPAL_PREFIX=$ompi_here OPAL_EXEC_PREFIX=$ompi_here OPAL_BINDIR=$ompi_here/bin OPAL_SBINDIR=$ompi_here/bin \
+    OPAL_LIBDIR=$ompi_here/lib OPAL_PKGLIBDIR=$ompi_here/lib/openmpi3 OPAL_DATAROOTDIR=$ompi_here/share \
+    OPAL_DATADIR=$ompi_here/share OPAL_PKGDATADIR=$ompi_here/share/openmpi OPAL_SYSCONFDIR=$ompi_here/etc \
+    OPAL_INCLUDEDIR=$ompi_here/include OPAL_LOCALSTATEDIR=/var \
+    PMIX_PREFIX=$ompi_here PMIX_PKGDATADIR=$ompi_here/share/pmix PMIX_MCA_mca_base_component_path=$ompi_here/lib/pmix \
+    PMIX_MCA_pcompress_base_silence_warning=1
+export PATH=$ompi_here/bin:$PATH LD_LIBRARY_PATH=$ompi_here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+ENV
+}
+
 # The shim's all-reduce against plain MPI_Allreduce calls in each kind of program: one that calls
 # MPI_Init itself, one that never calls MPI (the shim initializes it), and a Python process with
 # torch loaded. The sweep's ratio per size side by side, then the named sets.
