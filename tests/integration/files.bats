@@ -82,10 +82,10 @@ errno_run() {
         shimmed=$(errno_run $bin "$BATS_TEST_TMPDIR/shim" LD_PRELOAD="$SHIM" \
             DPSHIM_FILES_RANK0_ONLY='*.ckpt ckpts/** /abs/**' DPSHIM_FILES_PER_RANK='*.log')
         assert_equal "$shimmed" "$plain"
-        # rank 1 of 2, where gating is active (the launcher's environment names the rank: Slurm's,
-        # since Open MPI's counts only with a live launcher behind it)
+        # rank 1 of 2, where gating is active (the launcher's environment names the rank: that of
+        # srun --mpi=pmix, since Open MPI's counts only with a live launcher behind it)
         rank1=$(errno_run $bin "$BATS_TEST_TMPDIR/r1" LD_PRELOAD="$SHIM" SLURM_PROCID=1 \
-            SLURM_NTASKS=2 DPSHIM_FILES_RANK0_ONLY='*.ckpt ckpts/** /abs/**' DPSHIM_FILES_PER_RANK='*.log')
+            SLURM_NTASKS=2 PMIX_SERVER_URI2=unused DPSHIM_FILES_RANK0_ONLY='*.ckpt ckpts/** /abs/**' DPSHIM_FILES_PER_RANK='*.log')
         assert_equal "$rank1" "$plain"
     done
 }
