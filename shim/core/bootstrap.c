@@ -258,9 +258,10 @@ DPS_STARTUP static void own_command(char *out, size_t len)
     }
 }
 
-/* torchrun (and torch.distributed.launch, DeepSpeed's and Accelerate's launchers, which set the
- * same RANK and WORLD_SIZE) starts its workers as separate programs without an MPI job behind
- * them: the shim's collectives cannot reach the other ranks. Said at once, with the line to use. */
+/* Launches the shim's MPI cannot join, said at once with the line to use: a Slurm or PMI launch
+ * without a PMIx server, and torchrun (or torch.distributed.launch, DeepSpeed's and Accelerate's
+ * launchers, which set the same RANK and WORLD_SIZE), which starts its workers as separate
+ * programs without an MPI job behind them. */
 DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, size_t errlen)
 {
     /* srun --mpi=pmi2 (or none), MPICH's mpiexec: the MPI would fail in MPI_Init with words of its

@@ -440,14 +440,15 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Drops finished entries from the front; the oldest's state: 1 unfinished, -1 failed, 0 none,
- * 2 not known now (the watchdog found the communicator busy in another thread). */
+/* Drops finished entries from the front; the oldest's state: 1 unfinished, -1 failed, 0 none
+ * (or, for the watchdog, nothing known now: the communicator was busy in another thread, and
+ * the next round looks again). */
 static int queued_front(int watchdog)
 {
     while (queued.n) {
         void *m = queued.q[queued.head].marker;
         int q = watchdog ? dv.gpu->peek(m) : dv.gpu->query(m);
-        if (q == -2) return 2;
+        if (q == -2) return 0;
         if (q <= 0) return q < 0 ? -1 : 1;
         dv.gpu->release(m);
         queued.head = (queued.head + 1) % QUEUED_MAX, queued.n--;
@@ -460,7 +461,6 @@ static int probe(char *what, size_t len, double *age_s)
 {
     pthread_mutex_lock(&queued.lock);
     int state = queued_front(1);
-    if (state == 2) state = 0; /* busy: the next round looks again */
     if (state) {
         const queued_work_t *e = &queued.q[queued.head];
         *age_s = (double)(now_ns() - e->since_ns) * 1e-9;

@@ -39,14 +39,13 @@ DPS_STARTUP static void agree_hash_seed(const dps_state_t *s)
     if (s->size < 2 || getenv("PYTHONHASHSEED")) return;
     for (size_t i = 0; i < sizeof job_ids / sizeof *job_ids; i++) {
         if (!getenv(job_ids[i][0])) continue;
-        unsigned long long h = 1469598103934665603ull; /* FNV-1a over the identity's values */
-        for (int k = 0; k < 2 && job_ids[i][k]; k++)
-            for (const char *c = getenv(job_ids[i][k]) ? getenv(job_ids[i][k]) : ""; ; c++) {
-                h = (h ^ (unsigned char)*c) * 1099511628211ull;
-                if (!*c) break;
-            }
+        uint64_t h = DPS_FNV_SEED; /* over the identity's values, each with its terminating NUL */
+        for (int k = 0; k < 2 && job_ids[i][k]; k++) {
+            const char *v = getenv(job_ids[i][k]) ? getenv(job_ids[i][k]) : "";
+            h = dps_fnv1a(h, v, strlen(v) + 1);
+        }
         char seed[24];
-        snprintf(seed, sizeof seed, "%llu", 1 + h % 4294967295ull); /* 1..2^32-1: 0 would turn hashing off */
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)(1 + h % 4294967295ull)); /* 1..2^32-1: 0 turns hashing off */
         setenv("PYTHONHASHSEED", seed, 1);
         setenv(DPS_ENV_HASHSEED, job_ids[i][0], 1);
         return;

@@ -910,7 +910,7 @@ def _check_hash_seed():
                          "whole job, or leave it unset and dpshim gives every rank the same one\n" % user_seed)
         sys.stderr.flush()
         os._exit(78)
-    if _shim.dp_rank() == 0:
+    if _shim.rank == 0:
         sys.stderr.write("[dpshim] WARN Python's string hashes differ between ranks (the launcher gives no job "
                          "identity to derive one PYTHONHASHSEED from): the order of sets and dicts of strings differs; "
                          "set PYTHONHASHSEED=<number> on the launch line\n")
