@@ -20,6 +20,7 @@
 #define DPS_EXIT_CONFIG 78
 /* Exit status when the shim ends a job it cannot run correctly. */
 #define DPS_EXIT_FATAL 70
+#define DPS_EXIT_IO 74 /* sysexits' EX_IOERR: rank 0 left a gated file short */
 
 /* The log levels are [diag] log's values; DPS_LOG compares them with <=, quietest first. */
 typedef dps_diag_log_t dps_log_level_t;

@@ -58,6 +58,7 @@ DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, int size, c
         snprintf(err, errlen, "out of memory reading [files] globs");
         return -1;
     }
+    dps_files_set_standin_bound((off_t)dps_policy_num(p, DPS_P_files_standin_mb) << 20);
     atomic_store(&dps_files_on, rank0_only.n + per_rank.n > 0);
     return 0;
 }
@@ -104,7 +105,7 @@ static void normalize(const char *src, char *dst, size_t cap)
 }
 
 /* Absolute, normalized form of (dirfd, path) into out; 0 on success. */
-static int absolute(int dirfd, const char *path, char *out, size_t cap)
+int dps_files_absolute(int dirfd, const char *path, char *out, size_t cap)
 {
     char tmp[2 * DPS_PATH_BUF], dir[DPS_PATH_BUF];
     const char *base = dir;
@@ -137,7 +138,7 @@ static void make_views(views_t *v, int dirfd, const char *path)
     const char *slash = strrchr(path, '/');
     v->base = slash ? slash + 1 : path;
     v->abs = v->rel = NULL;
-    if (!need_cwd || absolute(dirfd, path, v->absbuf, sizeof v->absbuf) != 0) return;
+    if (!need_cwd || dps_files_absolute(dirfd, path, v->absbuf, sizeof v->absbuf) != 0) return;
     v->abs = v->absbuf;
     const char *c = cwd();
     size_t cl = c ? strlen(c) : 0;
@@ -184,7 +185,7 @@ static int is_learned(int dirfd, const char *path)
 {
     size_t n = atomic_load_explicit(&nlearned_pub, memory_order_acquire);
     char abs[DPS_PATH_BUF];
-    if (!n || absolute(dirfd, path, abs, sizeof abs) != 0) return 0;
+    if (!n || dps_files_absolute(dirfd, path, abs, sizeof abs) != 0) return 0;
     for (size_t i = 0; i < n; i++)
         if (!strcmp(learned[i], abs)) return 1;
     return 0;
@@ -194,7 +195,7 @@ static int is_learned(int dirfd, const char *path)
 static void learn(int dirfd, const char *src, const char *dst)
 {
     char abs[DPS_PATH_BUF];
-    if (absolute(dirfd, src, abs, sizeof abs) != 0 || is_learned(dirfd, src)) return;
+    if (dps_files_absolute(dirfd, src, abs, sizeof abs) != 0 || is_learned(dirfd, src)) return;
     pthread_mutex_lock(&learned_lock);
     char **l = realloc(learned, (nlearned + 1) * sizeof *l); /* readers see the old array's prefix */
     char *copy = strdup(abs);
@@ -334,7 +335,7 @@ static void set_mark(marks_t *l, int rank, uint32_t path, uint64_t until)
     l->m[l->n++] = (read_mark_t){rank, path, until};
 }
 
-static const char *op_name(dps_file_op_t op)
+const char *dps_files_op_name(dps_file_op_t op)
 {
     static const char *const names[] = {
 #define DPS_FILE_OP_NAME(id, text) text,
@@ -351,7 +352,7 @@ static uint32_t path_hash(const char *p) { return (uint32_t)dps_fnv1a(DPS_FNV_SE
 static uint32_t path_key(int dirfd, const char *p)
 {
     char abs[DPS_PATH_BUF];
-    return absolute(dirfd, p, abs, sizeof abs) == 0 ? path_hash(abs) : path_hash(p);
+    return dps_files_absolute(dirfd, p, abs, sizeof abs) == 0 ? path_hash(abs) : path_hash(p);
 }
 
 /* Children, forked or exec'd, have no channel: a leader's child never posts and a follower's
@@ -362,7 +363,7 @@ static const dps_files_channel_t *usable_channel(void)
     return atomic_load(&channel);
 }
 
-static void lead(dps_redirect_t *r, int ok)
+void dps_files_post(dps_redirect_t *r, int ok)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
@@ -385,7 +386,7 @@ static void lead(dps_redirect_t *r, int ok)
 static void acknowledge(uint64_t seq, uint32_t path);
 
 /* Rank 0's outcome of this call into r->rc0/err0; 0, or -1 where there is no channel. */
-static int wait_for_leader(dps_redirect_t *r)
+int dps_files_take(dps_redirect_t *r)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return -1;
@@ -395,7 +396,7 @@ static int wait_for_leader(dps_redirect_t *r)
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
     snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
-             op_name(r->op), r->orig);
+             dps_files_op_name(r->op), r->orig);
     int rc = c->wait(&o, sizeof o, what);
     if (rc == 0) next_seq++;
     pthread_mutex_unlock(&order_lock);
@@ -406,8 +407,8 @@ static int wait_for_leader(dps_redirect_t *r)
         DPS_WARN_ONCE("[files] rank 0's gated file operation #%llu was '%s', this rank's is '%s' of %s: the "
                       "ranks' operations on rank0_only paths come in another order (threads, or code that "
                       "depends on the rank); this rank decides such calls alone",
-                      (unsigned long long)o.seq + 1, o.op >= 0 && o.op <= DPS_FOP_CHMOD ? op_name(o.op) : "?",
-                      op_name(r->op), r->orig);
+                      (unsigned long long)o.seq + 1, o.op >= 0 && o.op < DPS_FOP_COUNT ? dps_files_op_name(o.op) : "?",
+                      dps_files_op_name(r->op), r->orig);
         if (is_read(o.op)) acknowledge(o.seq, o.path); /* past it: rank 0 must not wait for it */
         return -1;
     }
@@ -459,8 +460,8 @@ static void settle_reads(const dps_redirect_t *r)
     dps_in_shim++;
     pthread_mutex_lock(&ack_lock);
     if (reads.n) {
-        settle_path(c, r->dirfd, r->orig, op_name(r->op));
-        if (r->first) settle_path(c, r->first_dirfd, r->first, op_name(r->op));
+        settle_path(c, r->dirfd, r->orig, dps_files_op_name(r->op));
+        if (r->first) settle_path(c, r->first_dirfd, r->first, dps_files_op_name(r->op));
     }
     pthread_mutex_unlock(&ack_lock);
     dps_in_shim--;
@@ -471,20 +472,14 @@ static void settle_reads(const dps_redirect_t *r)
 DPS_REAL_DECLARE(int, openat, (int, const char *, int, ...));
 DPS_REAL_DECLARE(int, close, (int));
 
-/* A file of this rank's own for an open that writes `r->path`: unlinked, in the same directory
- * where the file system allows (so it behaves as the file would, and takes no memory), else in
- * memory. When the call does not truncate, it starts as the file is (its content where the call
- * may read, its size where it only writes). */
+/* A file of this rank's own for an open that writes `r->path`: in memory, so that it takes no
+ * space where rank 0's file lies (a full disk, a quota, NFS's .nfs files would otherwise fail a
+ * save alone succeeds in); handles.c bounds what it keeps. When the call does not truncate, it
+ * starts as the file is (its content where the call may read, its size where it only writes). */
 static int make_sink(dps_redirect_t *r)
 {
     int tmpfile = (r->flags & O_TMPFILE) == O_TMPFILE;
-    char dir[DPS_PATH_BUF];
-    const char *slash = strrchr(r->path, '/');
-    if (tmpfile) snprintf(dir, sizeof dir, "%s", r->path);
-    else if (slash) snprintf(dir, sizeof dir, "%.*s", slash == r->path ? 1 : (int)(slash - r->path), r->path);
-    else snprintf(dir, sizeof dir, ".");
-    int fd = DPS_REAL(openat)(r->dirfd, dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) fd = memfd_create("dpshim-sink", MFD_CLOEXEC);
+    int fd = memfd_create("dpshim-standin", MFD_CLOEXEC);
     if (fd < 0) return -1;
     /* fstat on every rank shows the mode rank 0's file has: the one it was made with, less the
      * umask, or the one it already had (rank 0's call came first) */
@@ -494,14 +489,16 @@ static int make_sink(dps_redirect_t *r)
         int src = DPS_REAL(openat)(r->dirfd, r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         struct stat st;
         if (src >= 0 && fstat(src, &st) == 0 && S_ISREG(st.st_mode)) {
-            if ((r->flags & O_ACCMODE) == O_WRONLY) {
-                if (ftruncate(fd, st.st_size) != 0) DPS_DEBUG("sink for %s: %s", r->orig, strerror(errno));
-            } else {
-                for (off_t left = st.st_size; left > 0;) { /* in the kernel; a copy where it cannot */
+            /* what it reads back: the content, up to the bound the stand-in keeps */
+            off_t keep = (r->flags & O_ACCMODE) == O_WRONLY ? 0 : st.st_size;
+            if (keep > dps_files_standin_bound()) keep = dps_files_standin_bound();
+            if (ftruncate(fd, st.st_size) != 0) DPS_DEBUG("sink for %s: %s", r->orig, strerror(errno));
+            if (keep) {
+                for (off_t left = keep; left > 0;) { /* in the kernel; a copy where it cannot */
                     ssize_t k = copy_file_range(src, NULL, fd, NULL, (size_t)left, 0);
                     if (k <= 0) {
                         char buf[1 << 16];
-                        k = read(src, buf, sizeof buf);
+                        k = read(src, buf, (size_t)left < sizeof buf ? (size_t)left : sizeof buf);
                         if (k <= 0 || write(fd, buf, (size_t)k) != k) break;
                     }
                     left -= k;
@@ -527,7 +524,7 @@ static int sink_flags(int flags)
 int dps_files_follow(dps_redirect_t *r)
 {
     int saved = errno;
-    if (wait_for_leader(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's call is taken to succeed */
+    if (dps_files_take(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's call is taken to succeed */
     int real = 1;
     if (r->op == DPS_FOP_OPEN_WRITE) {
         if (r->rc0 == 0) {
@@ -562,7 +559,7 @@ int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb)
     int saved = errno;
     uint32_t mine = path_key(ra->dirfd, ra->orig);
     rb->path0 = mine; /* without a channel: rank 0's name is taken for ours */
-    if (wait_for_leader(rb) != 0) rb->rc0 = 0, rb->err0 = 0;
+    if (dps_files_take(rb) != 0) rb->rc0 = 0, rb->err0 = 0;
     /* A rename takes the source away. Under a name of this rank's own (a per-call temporary)
      * the source is this rank's file: it goes. Under rank 0's name it was rank 0's, renamed by
      * now, or a copy on a file system rank 0 does not see: left alone. */
@@ -580,7 +577,7 @@ int dps_files_done(dps_redirect_t *r, int ok)
 {
     int saved = errno, keep = 1;
     if (r->action == DPS_FILE_LEAD) {
-        lead(r, ok);
+        dps_files_post(r, ok);
     } else if (r->action == DPS_FILE_FOLLOW) {
         if (r->sink >= 0) DPS_REAL(close)(r->sink), r->sink = -1;
         if (is_read(r->op)) acknowledge(r->seq, r->path0);

@@ -8,9 +8,9 @@
  * channel, in order; the others follow: each gated call waits for rank 0's outcome of the same
  * call (the n-th gated call of one rank is the n-th of the other, as the ranks run one program)
  * and then
- *   - an open that writes gives a sink, a real file of its own (an unlinked file in the same
- *     directory, else a memory file) that supports what the file would (fsync, ftruncate,
- *     fallocate, mmap, reading back, starting from the file's content when not truncated);
+ *   - an open that writes gives a sink (a stand-in), a memory file of its own that supports what
+ *     the file would (fsync, ftruncate, fallocate, mmap, reading back, starting from the file's
+ *     content when not truncated) and takes no space where the file lies;
  *   - a call that changes the tree (rename, unlink, mkdir, rmdir, link, symlink, truncate,
  *     chmod) returns rank 0's result and does nothing;
  *   - a lookup or an open that reads runs for real after rank 0's, so a file rank 0 wrote earlier
@@ -27,6 +27,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include "policy.h"
 
@@ -42,11 +44,13 @@ typedef enum {
 #define DPS_FILE_OPS(X)                                                                          \
     X(OPEN_WRITE, "open for writing") X(OPEN_READ, "open for reading") X(LOOKUP, "lookup")       \
     X(RENAME, "rename") X(UNLINK, "unlink") X(MKDIR, "mkdir") X(RMDIR, "rmdir") X(LINK, "link")  \
-    X(SYMLINK, "symlink") X(TRUNCATE, "truncate") X(CHMOD, "chmod")
+    X(SYMLINK, "symlink") X(TRUNCATE, "truncate") X(CHMOD, "chmod") X(CLOSE, "close")             \
+    X(SYNC, "fsync") X(FLUSH, "fflush")
 typedef enum {
 #define DPS_FILE_OP_ENUM(id, text) DPS_FOP_##id,
     DPS_FILE_OPS(DPS_FILE_OP_ENUM)
 #undef DPS_FILE_OP_ENUM
+    DPS_FOP_COUNT
 } dps_file_op_t;
 
 typedef struct dps_redirect {
@@ -103,6 +107,43 @@ int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb);
  * outcome. FOLLOW: closes the sink; returns 0 when rank 0 failed where this rank succeeded
  * (the caller undoes its call and returns -1 with errno = r->err0), else 1. */
 int dps_files_done(dps_redirect_t *r, int ok);
+
+/* --- open gated files (handles.c) ---
+ * An open that wrote a gated path (rank 0's real file, another rank's stand-in) is a handle until
+ * it is closed. A stand-in keeps the first [files] standin_mb of what the rank writes in memory;
+ * past that, writes move the size and the offset only. Writes are each rank's own (rank 0's
+ * through to the file); closing and syncing are paired like the calls above: every rank gets
+ * rank 0's outcome, and rank 0's close carries a write of that file that failed before it. */
+extern atomic_int dps_files_handles; /* open handles: the write family's fast path */
+enum { DPS_HANDLE_NONE, DPS_HANDLE_RANK0, DPS_HANDLE_STANDIN };
+void dps_files_set_standin_bound(off_t bytes);
+off_t dps_files_standin_bound(void);
+/* After an open on r that returned fd (any action; only opens that write a gated path count). */
+void dps_files_opened(const dps_redirect_t *r, int fd);
+int dps_files_handle_kind(int fd);
+/* A write to a stand-in, at off (-1: at the file offset); the program's result. */
+ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t off);
+/* Rank 0 wrote `asked` bytes at off (-1: at the file offset), with result rc and errno err;
+ * errno is left as err. */
+void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err);
+/* close, fsync, fdatasync, fclose, fflush on fd: begin is 0 where fd is no handle (make the
+ * plain call); else make the real call, then return what end returns (its errno set). */
+typedef struct dps_fdcall {
+    int sink, err; /* a stand-in; rank 0: the errno of a write that failed before */
+    off_t end;     /* rank 0: how far the program wrote */
+    dps_redirect_t r;
+} dps_fdcall_t;
+int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op);
+int dps_files_fd_end(dps_fdcall_t *c, int rc, int err);
+/* Rank 0 at exit: the gated files left shorter than the program wrote them, each reported;
+ * their number. */
+int dps_files_exit_check(void);
+
+/* Between files.c and handles.c: an absolute path, the channel's two ends, an op's name. */
+int dps_files_absolute(int dirfd, const char *path, char *out, size_t cap);
+void dps_files_post(dps_redirect_t *r, int ok);
+int dps_files_take(dps_redirect_t *r);
+const char *dps_files_op_name(dps_file_op_t op);
 
 /* chdir/fchdir happened: relative paths resolve elsewhere now. */
 void dps_files_cwd_changed(void);

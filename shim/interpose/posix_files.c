@@ -47,7 +47,10 @@ DPS_REAL_DECLARE(int, close, (int));
         errno = saved_;                                                             \
         if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
         int fd_ = CALL(r_.path, r_.flags);                                          \
-        if (dps_files_done(&r_, fd_ >= 0)) return fd_;                              \
+        if (dps_files_done(&r_, fd_ >= 0)) {                                        \
+            dps_files_opened(&r_, fd_);                                             \
+            return fd_;                                                             \
+        }                                                                           \
         DPS_REAL(close)(fd_);                                                       \
         return LEADERS_RESULT(r_);                                                  \
     } while (0)

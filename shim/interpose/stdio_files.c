@@ -53,7 +53,10 @@ DPS_REAL_DECLARE(int, fclose, (FILE *));
             return NULL;                                                            \
         }                                                                           \
         FILE *f_ = CALL(r_.path, r_.sink >= 0 ? sink_mode(mode_, m_, sizeof m_) : mode_); \
-        if (dps_files_done(&r_, f_ != NULL)) return f_;                             \
+        if (dps_files_done(&r_, f_ != NULL)) {                                      \
+            if (f_) dps_files_opened(&r_, fileno(f_));                              \
+            return f_;                                                              \
+        }                                                                           \
         DPS_REAL(fclose)(f_); /* freopen's stream is closed on failure too */        \
         errno = r_.err0;                                                            \
         return NULL;                                                                \
@@ -90,3 +93,26 @@ DPS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
     FOPEN_BODY(path, mode, CALL, DPS_REAL(fclose)(stream));
 #undef CALL
 }
+
+/* Closing and flushing a gated stream: rank 0's outcome on every rank, as close(2) (handles.c);
+ * glibc closes and writes the stream's descriptor internally, so these need wrappers too. */
+DPS_REAL_DECLARE(int, fflush, (FILE *));
+
+#define STREAM_BODY(f_, op_, CALL)                                                  \
+    do {                                                                            \
+        dps_fdcall_t c_;                                                            \
+        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim || \
+            !(f_) || !dps_files_fd_begin(&c_, fileno(f_), DPS_FOP_##op_))           \
+            return CALL;                                                            \
+        if (!c_.sink && DPS_FOP_##op_ == DPS_FOP_CLOSE) {                           \
+            /* stdio wrote the stream through glibc's own write: what it left */     \
+            off_t at_ = ftello(f_);                                                 \
+            if (at_ > c_.end) c_.end = at_;                                         \
+            if (!c_.err && ferror(f_)) c_.err = EIO;                                \
+        }                                                                           \
+        int rc_ = CALL;                                                             \
+        return dps_files_fd_end(&c_, rc_ == 0 ? 0 : -1, errno) == 0 ? 0 : EOF;      \
+    } while (0)
+
+DPS_EXPORT int fclose(FILE *f) { STREAM_BODY(f, CLOSE, DPS_REAL(fclose)(f)); }
+DPS_EXPORT int fflush(FILE *f) { STREAM_BODY(f, FLUSH, DPS_REAL(fflush)(f)); }

@@ -41,6 +41,12 @@ static void at_exit(void)
      * finalized only when the last reference goes, which must be MPI's own. */
     dps_bootstrap_finalize();
     dps_engine_shutdown();
+    /* a save that failed on rank 0 and was swallowed must not end as a job that succeeded; last,
+     * as the program's other exit work is done by now */
+    if (dps_files_exit_check()) {
+        fflush(NULL);
+        _exit(DPS_EXIT_IO);
+    }
 }
 
 /* Children must find the same policy after a chdir (system("cd sub && ...")), and so must this

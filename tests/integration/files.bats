@@ -310,3 +310,76 @@ PY
     # rank 0 saved the epochs it finished, and never reached what the others waited for
     [ ! -e others.ckpt ] && [ -d ckpts/old ] && [ "$(cat model.ckpt)" = "epoch 1" ] && [ ! -e final.ckpt ]
 }
+
+# small_disk SIZE DIR OUT N ARGS...: mpirun -np N ARGS with a tmpfs of SIZE mounted at DIR, in a
+# mount namespace of the test's own; what DIR holds at the end is copied to OUT.
+small_disk() {
+    local size=$1 dir=$2 out=$3
+    shift 3
+    mkdir -p "$dir" "$out"
+    timeout --kill-after=10 "$MPI_TIMEOUT" unshare -m sh -c 'size=$1 dir=$2 out=$3; shift 3
+        mount -t tmpfs -o size="$size" tmpfs "$dir" || exit 99
+        mpirun --oversubscribe -np "$@"; rc=$?
+        cp -a "$dir/." "$out/"; exit $rc' sh "$size" "$dir" "$out" "$@" </dev/null
+}
+
+saves_setup() {
+    [ -x /usr/bin/python3 ] || skip "no /usr/bin/python3"
+    unshare -m true 2>/dev/null || skip "no mount namespaces here (needs root)"
+    cd "$BATS_TEST_TMPDIR"
+    SAVES=$SRC/tests/integration/files/saves.py
+    GATED='*.pt *.npy *.bin *.tmp'
+}
+
+# Where rank 0's file lies there is room for one copy of each save: the other ranks' stand-ins
+# are in memory, so every rank's save succeeds and rank 0's files are the ones saved alone.
+@test "gated saves need room for one copy only: torch.save, np.save, fwrite, tmp+replace at np=2, 4, 8" {
+    saves_setup
+    mkdir alone && /usr/bin/python3 "$SAVES" alone held
+    local room=$(($(du -B1 -s alone | cut -f1) + 16384)) n # less than a second copy of any file
+    for n in 2 4 8; do
+        run small_disk "$room" disk$n out$n "$n" env DPSHIM_FILES_RANK0_ONLY="$GATED" LD_PRELOAD="$SHIM" \
+            /usr/bin/python3 "$SAVES" disk$n held
+        echo "np=$n: $output"
+        assert_success
+        refute_output --partial failed
+        assert_equal "$(count ' ok')" $((6 * n))
+        assert_equal "$(ls out$n)" "$(ls alone)"
+        local f
+        for f in held.bin zip.pt array.npy fwrite.bin replaced.pt; do cmp "alone/$f" "out$n/$f"; done
+        # the legacy format names storages by address: equal as loaded
+        /usr/bin/python3 -c 'import sys, torch; a, b = (torch.load(p)["w"] for p in sys.argv[1:]); assert torch.equal(a, b)' \
+            alone/legacy.pt out$n/legacy.pt
+    done
+}
+
+# A save that fails on rank 0 (the disk is full) fails on every rank, so `except` runs on all of
+# them or none; the truncated files rank 0 was left with end the job with status 74, naming them.
+@test "a gated save that fails on rank 0 fails on every rank, and the job does not exit 0" {
+    saves_setup
+    local n
+    for n in 2 4; do
+        run small_disk 16k disk$n out$n "$n" env DPSHIM_FILES_RANK0_ONLY="$GATED" LD_PRELOAD="$SHIM" \
+            /usr/bin/python3 "$SAVES" disk$n fail
+        echo "np=$n: $output"
+        assert_equal "$status" 74
+        refute_output --partial " ok"
+        assert_equal "$(grep -oE 'rank [0-9]+ [a-z]+\.[a-z]+ failed' <<<"$output" | wc -l)" $((3 * n))
+        assert_output --regexp "\[files\] [^ ]*/legacy.pt is 16384 bytes, short of the 403[0-9]{2} the program wrote to it: its write failed \(No space left on device\)"
+    done
+}
+
+# A rank's stand-in keeps [files] standin_mb of what it writes; past that, size and offsets only.
+@test "a stand-in keeps at most [files] standin_mb in memory; rank 0's file is whole" {
+    saves_setup
+    run mpi 2 env DPSHIM_FILES_RANK0_ONLY="$GATED" DPSHIM_FILES_STANDIN_MB=1 LD_PRELOAD="$SHIM" \
+        /usr/bin/python3 "$SAVES" . bound
+    echo "$output"
+    assert_success
+    assert_equal "$(count ' ok')" 2
+    local kept=$(sed -n 's/.*rank 1 size 3145728 kept \([0-9]*\).*/\1/p' <<<"$output")
+    [ -n "$kept" ] && [ "$kept" -le $((1024 * 1024 + 65536)) ] || fail "rank 1's stand-in kept ${kept:-?} bytes"
+    assert_output --partial "rank 0 size 3145728 kept 3145728"
+    assert_equal "$(stat -c %s bound.bin)" 3145728
+    assert_equal "$(tail -c 65536 bound.bin | od -An -v -tu1 | tr -s ' \n' '\n' | sort -u | grep -v '^$')" 47
+}

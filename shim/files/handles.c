@@ -1,0 +1,276 @@
+/* Open files on gated paths (files.h): what a stand-in keeps in memory, rank 0's outcome of
+ * closing and syncing on every rank, and the files rank 0 was left short of at exit.
+ *
+ * A handle is an open that wrote through the file policy on this rank: rank 0's real file, or
+ * another rank's stand-in. The table is scanned without a lock (a write to an untracked file,
+ * from any thread or a signal handler, reads the fds and leaves); only a handle's own details
+ * are changed under the lock. A handle records the file's device and inode, so an fd number
+ * closed behind the shim's back (close_range, a child's cleanup) and reused is never taken for
+ * the gated file. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/dps.h"
+#include "files.h"
+
+#define MAX_HANDLES 64
+
+typedef struct handle {
+    _Atomic int fd; /* -1: a free slot */
+    int sink;       /* a stand-in (not rank 0) */
+    dev_t dev;
+    ino_t ino;
+    char *path;  /* the program's path, absolute where known: messages and the channel's key */
+    off_t end;   /* rank 0: how far the program wrote (the end of its furthest write) */
+    int err;     /* rank 0: the errno of the first write that failed; 0 while none did */
+    int dropped; /* stand-in: bytes past the bound were counted, not kept */
+} handle_t;
+
+static handle_t handles[MAX_HANDLES] = {[0 ... MAX_HANDLES - 1] = {.fd = -1}};
+atomic_int dps_files_handles;
+static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
+static off_t standin_bound = (off_t)64 << 20;
+
+/* Rank 0's files whose last writer failed and that are short of what the program wrote. */
+typedef struct short_file {
+    char *path;
+    off_t end;
+    int err;
+    const char *where;
+} short_file_t;
+static short_file_t *shorts;
+static size_t nshorts;
+
+void dps_files_set_standin_bound(off_t bytes) { standin_bound = bytes; }
+off_t dps_files_standin_bound(void) { return standin_bound; }
+
+static int slot_of(int fd)
+{
+    if (fd < 0) return -1;
+    for (int i = 0; i < MAX_HANDLES; i++)
+        if (atomic_load_explicit(&handles[i].fd, memory_order_acquire) == fd) return i;
+    return -1;
+}
+
+static void release(int i)
+{
+    free(handles[i].path);
+    handles[i].path = NULL;
+    atomic_store(&handles[i].fd, -1);
+    atomic_fetch_sub(&dps_files_handles, 1);
+}
+
+/* The handle fd stands for, with the lock held; -1 (lock released) when fd is no gated file. */
+static int lock_handle(int fd)
+{
+    if (slot_of(fd) < 0) return -1;
+    struct stat st;
+    int have = fstat(fd, &st) == 0;
+    pthread_mutex_lock(&handles_lock);
+    int i = slot_of(fd);
+    if (i >= 0 && (!have || st.st_dev != handles[i].dev || st.st_ino != handles[i].ino)) {
+        release(i); /* the number was reused behind the shim's back */
+        i = -1;
+    }
+    if (i < 0) pthread_mutex_unlock(&handles_lock);
+    return i;
+}
+
+static void forget_short(const char *path)
+{
+    for (size_t k = 0; k < nshorts; k++)
+        if (!strcmp(shorts[k].path, path)) {
+            free(shorts[k].path);
+            shorts[k] = shorts[--nshorts];
+            return;
+        }
+}
+
+void dps_files_opened(const dps_redirect_t *r, int fd)
+{
+    if (r->action == DPS_FILE_PASS || r->op != DPS_FOP_OPEN_WRITE || fd < 0) return;
+    int saved = errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0) return;
+    char abs[DPS_PATH_BUF];
+    dps_in_shim++;
+    if (dps_files_absolute(r->dirfd, r->orig, abs, sizeof abs) != 0) snprintf(abs, sizeof abs, "%s", r->orig);
+    char *path = strdup(abs);
+    pthread_mutex_lock(&handles_lock);
+    int i = slot_of(fd);
+    if (i >= 0) release(i); /* closed behind the shim's back */
+    for (i = 0; i < MAX_HANDLES && atomic_load(&handles[i].fd) >= 0; i++) {}
+    if (i < MAX_HANDLES && path) {
+        handles[i] = (handle_t){.fd = -1, .sink = r->action == DPS_FILE_FOLLOW, .dev = st.st_dev,
+                                .ino = st.st_ino, .path = path};
+        atomic_fetch_add(&dps_files_handles, 1);
+        atomic_store_explicit(&handles[i].fd, fd, memory_order_release);
+        path = NULL;
+    }
+    pthread_mutex_unlock(&handles_lock);
+    dps_in_shim--;
+    if (path) {
+        free(path);
+        /* the same on every rank (they open the same files), so close stays paired */
+        DPS_WARN_ONCE("[files] more than %d gated files open at once: %s is written without a bound on the "
+                      "other ranks' memory and closed without rank 0's outcome", MAX_HANDLES, abs);
+    }
+    errno = saved;
+}
+
+int dps_files_handle_kind(int fd)
+{
+    int i = lock_handle(fd);
+    if (i < 0) return DPS_HANDLE_NONE;
+    int kind = handles[i].sink ? DPS_HANDLE_STANDIN : DPS_HANDLE_RANK0;
+    pthread_mutex_unlock(&handles_lock);
+    return kind;
+}
+
+/* --- stand-ins: the first bytes kept, the rest counted --------------------------------------- */
+
+static size_t iov_total(const struct iovec *iov, int n)
+{
+    size_t t = 0;
+    for (int k = 0; k < n; k++) t += iov[k].iov_len;
+    return t;
+}
+
+ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t off)
+{
+    int saved = errno;
+    size_t total = iov_total(iov, n);
+    dps_in_shim++;
+    off_t pos = off;
+    if (pos < 0) {
+        struct stat st;
+        pos = (fcntl(fd, F_GETFL) & O_APPEND) && fstat(fd, &st) == 0 ? st.st_size : lseek(fd, 0, SEEK_CUR);
+    }
+    ssize_t rc = (ssize_t)total;
+    if (pos >= 0 && pos + (off_t)total <= standin_bound) {
+        rc = off < 0 ? writev(fd, iov, n) : pwritev(fd, iov, n, off);
+    } else if (pos >= 0) {
+        /* keep what lies below the bound; past it, only the size and the offset move */
+        size_t keep = pos < standin_bound ? (size_t)(standin_bound - pos) : 0;
+        for (int k = 0; k < n && keep; k++) {
+            size_t part = iov[k].iov_len < keep ? iov[k].iov_len : keep;
+            if (pwrite(fd, iov[k].iov_base, part, pos + (off_t)(total - iov_total(iov + k, n - k))) != (ssize_t)part)
+                break;
+            keep -= part;
+        }
+        struct stat st;
+        off_t end = pos + (off_t)total;
+        if (fstat(fd, &st) == 0 && st.st_size < end && ftruncate(fd, end) != 0) rc = -1;
+        if (off < 0 && rc >= 0) lseek(fd, end, SEEK_SET);
+        int i = lock_handle(fd);
+        if (i >= 0) {
+            int first = !handles[i].dropped;
+            handles[i].dropped = 1;
+            if (first)
+                DPS_INFO("[files] the stand-in for %s keeps its first %lld MiB in memory; what this rank "
+                         "writes past that is counted, not kept (reading it back here gives zeros; rank "
+                         "0's file is whole)", handles[i].path, (long long)(standin_bound >> 20));
+            pthread_mutex_unlock(&handles_lock);
+        }
+    }
+    dps_in_shim--;
+    if (rc >= 0) errno = saved;
+    return rc;
+}
+
+/* --- rank 0's writes ----------------------------------------------------------------------- */
+
+void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err)
+{
+    int i = lock_handle(fd);
+    if (i < 0) return;
+    handle_t *h = &handles[i];
+    off_t now = off >= 0 ? off : lseek(fd, 0, SEEK_CUR);
+    off_t before = off >= 0 ? off : now - (rc > 0 ? rc : 0);
+    if (now >= 0 && before + (off_t)asked > h->end) h->end = before + (off_t)asked;
+    if (rc < 0 && !h->err) h->err = err;
+    pthread_mutex_unlock(&handles_lock);
+    errno = err;
+}
+
+/* --- closing and syncing: rank 0's outcome on every rank ---------------------------------------- */
+
+static void note_short(const char *path, off_t end, int err, const char *where)
+{
+    forget_short(path);
+    short_file_t *s = realloc(shorts, (nshorts + 1) * sizeof *s);
+    if (!s) return;
+    shorts = s;
+    char *p = strdup(path);
+    if (p) shorts[nshorts++] = (short_file_t){p, end, err, where};
+}
+
+int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op)
+{
+    int i = lock_handle(fd);
+    if (i < 0) return 0;
+    c->sink = handles[i].sink, c->end = handles[i].end, c->err = handles[i].err;
+    dps_redirect_t *r = &c->r;
+    memset(r, 0, sizeof *r);
+    r->action = c->sink ? DPS_FILE_FOLLOW : DPS_FILE_LEAD;
+    r->op = op, r->dirfd = AT_FDCWD, r->sink = -1, r->seq = UINT64_MAX;
+    snprintf(r->buf, sizeof r->buf, "%s", handles[i].path);
+    r->orig = r->path = r->buf;
+    /* before the real close: from it on, another thread's open may get the same number */
+    if (op == DPS_FOP_CLOSE) release(i);
+    pthread_mutex_unlock(&handles_lock);
+    if (c->sink && dps_files_take(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's taken to succeed */
+    return 1;
+}
+
+int dps_files_fd_end(dps_fdcall_t *c, int rc, int err)
+{
+    dps_redirect_t *r = &c->r;
+    if (!c->sink) {
+        /* rank 0's close also carries a write of this file that failed before it: the other
+         * ranks' writes went to their stand-ins and succeeded; their close is where they learn */
+        int sticky = r->op == DPS_FOP_CLOSE ? c->err : 0;
+        pthread_mutex_lock(&handles_lock);
+        if (rc < 0 || sticky) note_short(r->buf, c->end, rc < 0 ? err : sticky, rc < 0 ? dps_files_op_name(r->op) : "write");
+        else if (r->op == DPS_FOP_CLOSE) forget_short(r->buf);
+        pthread_mutex_unlock(&handles_lock);
+        errno = rc < 0 ? err : sticky;
+        dps_files_post(r, rc == 0 && !sticky);
+        errno = err;
+        return rc;
+    }
+    if (r->rc0 != 0) {
+        errno = r->err0;
+        return -1;
+    }
+    errno = err;
+    return rc < 0 && r->op != DPS_FOP_CLOSE ? rc : 0;
+}
+
+int dps_files_exit_check(void)
+{
+    int left = 0;
+    dps_in_shim++;
+    pthread_mutex_lock(&handles_lock);
+    for (size_t k = 0; k < nshorts; k++) {
+        struct stat st;
+        if (stat(shorts[k].path, &st) != 0 || st.st_size >= shorts[k].end) continue;
+        DPS_ERROR("[files] %s is %lld bytes, short of the %lld the program wrote to it: its %s failed (%s) on "
+                  "rank 0, the only rank that writes it. Make room for one copy where it lies and run "
+                  "again; this rank exits %d",
+                  shorts[k].path, (long long)st.st_size, (long long)shorts[k].end, shorts[k].where,
+                  strerror(shorts[k].err), DPS_EXIT_IO);
+        left++;
+    }
+    pthread_mutex_unlock(&handles_lock);
+    dps_in_shim--;
+    return left;
+}
