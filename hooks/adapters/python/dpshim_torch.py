@@ -141,8 +141,9 @@ def _step_aside(why):
     if _aside is None and os.getpid() == _rank_pid:
         _aside = why
         _shim.lib.dpshim_step_aside(why.encode("utf-8", "replace"))
-# per thread: the nesting depth of optimizer steps and of loss functions, and how many ranks share
-# the batch the loop got last (1, or all of them for a batch every rank takes whole)
+# per thread: the nesting depth of optimizer steps and of loss functions, how many ranks share
+# the batch the loop got last (1, or all of them for a batch every rank takes whole), and whether
+# this rank holds a share of it (not so for a batch every rank takes whole or makes by hand)
 _state = threading.local()
 
 
@@ -299,14 +300,14 @@ def _reduce_gradients(params):
         have = (ctypes.c_double * len(params))(*[0.0 if p.grad is None else 1.0 for p in params])
         _check(_shim.dp_metric(have, len(params), DP_MAX), "dp_metric")
         _anywhere[key] = anywhere = [bool(h) for h in have]
-        _in_place(_shim.dp_grads, "dp_grads", _with_zeros(params, anywhere))
+        _average(_with_zeros(params, anywhere))
         return
     # the same parameters as last time, most likely: their gradients go at once, and which ones
     # each rank has rides along as a small tensor (its weighted sum is positive where any rank
     # has one); where that differs from last time, every rank sees it alike and fixes it up
     flags = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], dtype=torch.float64)
     zeroed = [i for i, (p, a) in enumerate(zip(params, anywhere)) if a and p.grad is None]
-    _in_place(_shim.dp_grads, "dp_grads", _with_zeros(params, anywhere) + [flags])
+    _average(_with_zeros(params, anywhere) + [flags])
     now = [f > 0 for f in flags.tolist()]
     if now != anywhere:
         _anywhere[key] = now
@@ -314,7 +315,25 @@ def _reduce_gradients(params):
             if not now[i]:
                 params[i].grad = None  # no rank had it: left alone, as without the shim
         late = [p for p, a, n in zip(params, anywhere, now) if n and not a]
-        _in_place(_shim.dp_grads, "dp_grads", _with_zeros(late, [True] * len(late)))
+        _average(_with_zeros(late, [True] * len(late)))
+
+
+def _average(grads):
+    """dp_grads on grads, in place. Where no rank holds a share (every rank computed the same
+    whole batch: one the script makes itself, or one taken whole), the mean of N equal gradients
+    must be that gradient, as alone; summed in float32 it is not (3g rounds, and a third of it is
+    g only to an ulp, which thousands of SGD steps amplify), so narrower floats go as float64
+    copies: N equal values sum exactly there, and the mean rounds back to g."""
+    import torch
+    if getattr(_state, "shared", False):
+        _in_place(_shim.dp_grads, "dp_grads", grads)
+        return
+    wide = [g.double() if g.is_floating_point() and g.dtype != torch.float64 else g for g in grads]
+    _in_place(_shim.dp_grads, "dp_grads", wide)
+    with torch.no_grad():
+        for g, w in zip(grads, wide):
+            if w is not g:
+                g.copy_(w)
 
 
 _anywhere = {}  # the parameter list's ids -> which of them had a gradient on some rank last time
@@ -483,7 +502,7 @@ def _hook_optimizers(torch):
     @functools.wraps(backward)
     def reducing_backward(*args, **kwargs):
         global _announcing
-        if _acting() and _announcing is None and _shim.overlap():
+        if _acting() and _announcing is None and _shim.overlap() and getattr(_state, "shared", False):
             params = _trained_parameters()
             _watch_accumulators(params)
             _announcing = _Announcing(params)
@@ -612,13 +631,13 @@ def _hook_samplers(torch):
             batches = self._index_sampler
             if _backwards != getattr(batches, "_dpshim_backwards", _backwards):
                 batches.__dict__["_dpshim_trained_on"] = True
-            _state.replicas = 1  # batches made by hand after it are the script's own
+            _state.replicas, _state.shared = 1, False  # batches made by hand after it are the script's own
             raise
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
         if pending and _acting():  # a forked child's copy is not this pass's
             n, replicas = pending.popleft()
             _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
-            _state.replicas = replicas
+            _state.replicas, _state.shared = replicas, replicas == 1
         return data
 
     base_iter.__next__ = delivered
