@@ -162,21 +162,23 @@ static int announced(const void *data)
     return 0;
 }
 
-static int grads_(dp_tensor *t, size_t n)
+/* dp_grads with the weight w, under the name hook: the average, or the plain sum of a step whose
+ * loss is a sum over the batch (dpshim_grads_summed). */
+static int grads_weighted(const char *hook, dp_tensor *t, size_t n, dps_weight_t w)
 {
-    if (null_list("dp_grads", t, n)) return -1;
-    const dps_backend_t *be = dps_comm("dp_grads");
+    if (null_list(hook, t, n)) return -1;
+    const dps_backend_t *be = dps_comm(hook);
     if (!be) return 0;
     dps_e.shared_work |= dps_g.eff_size > 1;
     if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest))
-        return no_memory("dp_grads", ready.npending + n);
+        return no_memory(hook, ready.npending + n);
     /* GPU gradients first (queued on the GPU), then the host's */
     dp_tensor *host, *device;
     size_t nhost, ndevice;
     int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
     if (split < 0) return -1;
     if (split || dps_device_outstanding()) {
-        if (dps_device_grads(be, split ? device : NULL, split ? ndevice : 0, grad_weight())) return -1;
+        if (dps_device_grads(be, split ? device : NULL, split ? ndevice : 0, w)) return -1;
         if (split) t = host, n = nhost;
     }
     size_t m = 0;
@@ -184,23 +186,31 @@ static int grads_(dp_tensor *t, size_t n)
     for (size_t i = 0; i < n; i++)
         if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
     ready.npending = ready.pending_bytes = ready.ndone = 0;
-    if (!ready.submitted) return dps_fused_host("dp_grads", be, ready.rest, m, DPS_FUSE_GRADS, grad_weight(), DPS_RED_SUM);
+    if (!ready.submitted) return dps_fused_host(hook, be, ready.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM);
     /* [comm] overlap: the rest joins the queue, and the wait is what the guard watches */
     if (m && submit(ready.rest, m)) return -1;
-    dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);
+    dps_guard_enter(hook, DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);
     ready.submitted = 0, ready.submitted_count = 0;
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
     char err[1024];
     int rc = dps_progress_wait(err, sizeof err);
-    if (dps_diag_on) dps_diag_collective("dp_grads", 0, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    if (dps_diag_on) dps_diag_collective(hook, 0, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     dps_guard_leave();
     if (rc) {
         char where[96];
         dps_guard_where(where, sizeof where);
-        dps_fatal("dp_grads (%s): %s", where, err);
+        dps_fatal("%s (%s): %s", hook, where, err);
     }
     return 0;
 }
+
+static int grads_(dp_tensor *t, size_t n) { return grads_weighted("dp_grads", t, n, grad_weight()); }
+
+/* The adapter's, for a step whose loss sums over the batch (reduction='sum'): each rank's
+ * gradient is a sum over its share, so the global one is their plain sum, whatever [comm] reduce
+ * says. Its own name in the collective record, so the desync check sees a rank that averages
+ * where another sums. */
+static int grads_summed_(dp_tensor *t, size_t n) { return grads_weighted("dp_grads(sum)", t, n, DPS_UNWEIGHTED); }
 
 static int bn_stats_(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
 {
@@ -349,6 +359,7 @@ DPS_EXPORT ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t *idx, s
 DPS_EXPORT ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t *idx, size_t n), (idx, n))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_grads, "dp_grads", grads_, (dp_tensor *t, size_t n), (t, n))
+DPS_EXPORT ONE_AT_A_TIME(int, dpshim_grads_summed, "dp_grads(sum)", grads_summed_, (dp_tensor *t, size_t n), (t, n))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_bn_stats, "dp_bn_stats", bn_stats_, (dp_tensor *sum, dp_tensor *sumsq, uint64_t *count), (sum, sumsq, count))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_metric, "dp_metric", metric_, (double *v, size_t n, int op), (v, n, op))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_scope_begin, "dp_scope_begin", scope_begin_, (const char *name), (name))

@@ -202,6 +202,37 @@ PYEOF
     done
 }
 
+# summary_lines DIR FILE: the "====>" lines (epoch averages and test losses) of DIR/FILE.
+summary_lines() { grep '====>' "$1/$2" >"$1/$2.summary"; }
+
+@test "VAE, a loss summed over the batch plus a KL term by hand: alone's averages and weights, no setting" {
+    # pytorch/examples' vae/main.py: binary_cross_entropy(reduction='sum') + a torch.sum term; its
+    # "Average loss" sums loss.item() over its own batches and divides by the data set's length.
+    # Averaged gradients were half the summed ones (np=2), and "Average loss" half alone's.
+    local d=$BATS_TEST_TMPDIR
+    alone vae_summed.py
+    summary_lines "$d/alone" out
+    for n in 2 3; do
+        ranks "$n" vae_summed.py
+        for r in $(seq 0 $((n - 1))); do
+            summary_lines "$d/np$n" "out.$r"
+            same_numbers "$d/alone/out.summary" "$d/np$n/out.$r.summary" || fail "np=$n rank $r: other averages than alone"
+        done
+        saved_equal "$n" model.pt
+        assert_output --partial "taken to be sums over the batch"
+    done
+    # [comm] reduce = sum gave 2x the average (the loss's value summed the global sum again)
+    DPSHIM_COMM_REDUCE=sum ranks 2 vae_summed.py
+    summary_lines "$d/np2" out.0
+    same_numbers "$d/alone/out.summary" "$d/np2/out.0.summary" || fail "[comm] reduce = sum: other averages than alone"
+    saved_equal 2 model.pt
+}
+
+@test "a step mixing summed and mean losses is told once, naming both calls" {
+    ranks 2 vae_summed.py --mixed
+    assert_equal "$(count "mixes losses summed over the batch (binary_cross_entropy at vae_summed.py:41 in loss_function) with means (mse_loss at vae_summed.py:44 in loss_function)")" 1
+}
+
 @test "torch.multiprocessing: a spawned process, a Pool and DataLoader workers beside a data-parallel rank" {
     # the children are not ranks: the Pool runs a module's forward, the spawned process fills a
     # shared tensor; the rank process must still train as alone (test set counted whole)

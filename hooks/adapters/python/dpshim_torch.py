@@ -38,6 +38,7 @@ import ctypes
 import functools
 import importlib.abc
 import importlib.machinery
+import inspect
 import os
 import struct
 import sys
@@ -73,6 +74,7 @@ class _Shim:
                 ("dp_batch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dp_epoch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dp_grads", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
+                ("dpshim_grads_summed", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
                 ("dp_grad_ready", ctypes.c_int, [ctypes.POINTER(_Tensor)]),
                 ("dp_bn_stats", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.POINTER(_Tensor),
                                                ctypes.POINTER(ctypes.c_uint64)]),
@@ -94,7 +96,8 @@ class _Shim:
         self.steps = 0
 
 
-_COLLECTIVES = ("dp_params", "dp_seed", "dp_grads", "dp_grad_ready", "dp_bn_stats", "dp_metric", "dp_step_end")
+_COLLECTIVES = ("dp_params", "dp_seed", "dp_grads", "dpshim_grads_summed", "dp_grad_ready", "dp_bn_stats",
+                "dp_metric", "dp_step_end")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Python's standard library, the adapter, and torch's package once imported: no script lines there
 _LIBRARY_DIRS = (os.path.dirname(os.__file__) + os.sep, _HERE + os.sep)
@@ -288,7 +291,7 @@ def _live_optimizers():
     return [o for o in live if o is not None]
 
 
-def _reduce_gradients(params):
+def _reduce_gradients(params, summed=False):
     import torch
     if not params:
         return
@@ -300,14 +303,14 @@ def _reduce_gradients(params):
         have = (ctypes.c_double * len(params))(*[0.0 if p.grad is None else 1.0 for p in params])
         _check(_shim.dp_metric(have, len(params), DP_MAX), "dp_metric")
         _anywhere[key] = anywhere = [bool(h) for h in have]
-        _average(_with_zeros(params, anywhere))
+        _average(_with_zeros(params, anywhere), summed)
         return
     # the same parameters as last time, most likely: their gradients go at once, and which ones
     # each rank has rides along as a small tensor (its weighted sum is positive where any rank
     # has one); where that differs from last time, every rank sees it alike and fixes it up
     flags = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], dtype=torch.float64)
     zeroed = [i for i, (p, a) in enumerate(zip(params, anywhere)) if a and p.grad is None]
-    _average(_with_zeros(params, anywhere) + [flags])
+    _average(_with_zeros(params, anywhere) + [flags], summed)
     now = [f > 0 for f in flags.tolist()]
     if now != anywhere:
         _anywhere[key] = now
@@ -315,16 +318,20 @@ def _reduce_gradients(params):
             if not now[i]:
                 params[i].grad = None  # no rank had it: left alone, as without the shim
         late = [p for p, a, n in zip(params, anywhere, now) if n and not a]
-        _average(_with_zeros(late, [True] * len(late)))
+        _average(_with_zeros(late, [True] * len(late)), summed)
 
 
-def _average(grads):
-    """dp_grads on grads, in place. Where no rank holds a share (every rank computed the same
+def _average(grads, summed=False):
+    """dp_grads on grads, in place; summed: their plain sum (a step whose loss sums over a
+    sharded batch, see _after_backward). Where no rank holds a share (every rank computed the same
     whole batch: one the script makes itself, or one taken whole), the mean of N equal gradients
     must be that gradient, as alone; summed in float32 it is not (3g rounds, and a third of it is
     g only to an ulp, which thousands of SGD steps amplify), so narrower floats go as float64
     copies: N equal values sum exactly there, and the mean rounds back to g."""
     import torch
+    if summed:
+        _in_place(_shim.dpshim_grads_summed, "dpshim_grads_summed", grads)
+        return
     if getattr(_state, "shared", False):
         _in_place(_shim.dp_grads, "dp_grads", grads)
         return
@@ -380,14 +387,75 @@ def _after_backward(loss):
         return
     _backwards += 1
     params = _trained_parameters()
-    _reduce_gradients(params)
+    summed, offset, losses = _step_reduction()
+    _reduce_gradients(params, summed)
     _reduced.update(id(p) for p in params)
     # the loss value too, so that what the script does with it (a line search, a plateau
     # scheduler, a print) sees the global batch's loss, as alone
     import torch
     if (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
             and not getattr(loss, "_dpshim_global", False)):
-        loss.data.copy_(_global_value(loss))
+        if summed:
+            # terms added by hand (a KL term written with torch.sum) are taken to be sums too;
+            # the loss functions' own values in it are global already: counted once
+            _say_once("summed-terms", "WARN", "the loss that %s backpropagates adds terms to %s that are not loss "
+                      "functions of torch.nn.functional; they are taken to be sums over the batch as those are "
+                      "(a KL term written with torch.sum is): gradients are summed over the ranks. A term that is "
+                      "a mean over the batch would weigh N times too much" % (_caller(), _named(losses)))
+            loss.data.copy_(_global_sum(loss, -offset))
+        else:
+            loss.data.copy_(_global_value(loss))
+
+
+# The training losses of this step so far: (reduction, "name at file:line") of each loss function
+# call on a sharded batch, and how much the summed ones' returned (global) values exceed their
+# own; taken by the backward that follows.
+_state_losses = []
+
+
+def _step_reduction():
+    """(summed, offset, losses) for the backward now: summed where every training loss the step called
+    sums over the batch (reduction='sum'), so each rank's gradient is a sum over its share and the
+    global gradient their plain sum, exactly alone's; offset: what the summed values returned
+    exceed this rank's own. Reductions that mix are told once: the mean is kept, as before."""
+    losses = list(_state_losses)
+    del _state_losses[:]
+    offset, _state.sum_offset = getattr(_state, "sum_offset", 0.0), 0.0
+    kinds = {kind for kind, _ in losses}
+    if len(kinds) > 1:
+        _say_once("mixed-reductions", "WARN", "one step's loss mixes losses summed over the batch (%s) with means "
+                  "(%s): no one weighting of the ranks' gradients gives both exactly; they are averaged as the "
+                  "means need, which divides the summed terms' weight by the number of ranks. Make the reductions alike to "
+                  "train as alone" % (_named([x for x in losses if x[0] == "sum"]),
+                                      _named([x for x in losses if x[0] != "sum"])))
+    return kinds == {"sum"}, offset, losses
+
+
+def _named(losses):
+    return ", ".join(sorted({name for _, name in losses})) or "the loss"
+
+
+def _caller():
+    return _script_line().decode() or "the script"
+
+
+_said = set()
+
+
+def _say_once(key, level, text):
+    if key not in _said:
+        _said.add(key)
+        if _shim.rank == 0:
+            sys.stderr.write("[dpshim] %s %s\n" % (level, text))
+            sys.stderr.flush()
+
+
+def _global_sum(loss, shift=0.0):
+    """The sum over ranks of a scalar loss's value (plus shift), in float64, then its dtype."""
+    import torch
+    v = (ctypes.c_double * 1)(float(loss.detach()) + shift)
+    _check(_shim.dp_metric(v, 1, DP_SUM), "dp_metric")
+    return torch.tensor(v[0], dtype=torch.float64).to(loss.dtype).reshape(loss.shape)
 
 
 def _global_value(loss):
@@ -502,7 +570,9 @@ def _hook_optimizers(torch):
     @functools.wraps(backward)
     def reducing_backward(*args, **kwargs):
         global _announcing
-        if _acting() and _announcing is None and _shim.overlap() and getattr(_state, "shared", False):
+        # (a summed step's gradients go at the end, plainly summed: see _step_reduction)
+        if (_acting() and _announcing is None and _shim.overlap() and getattr(_state, "shared", False)
+                and not any(kind == "sum" for kind, _ in _state_losses)):
             params = _trained_parameters()
             _watch_accumulators(params)
             _announcing = _Announcing(params)
@@ -711,10 +781,31 @@ def _hook_losses(torch):
                     or loss.numel() != 1 or not loss.is_floating_point() or getattr(_state, "replicas", 1) != 1
                     or _evaluating()):
                 return loss
-            out = GlobalValue.apply(loss, _global_value(loss))
+            # a sum over this rank's share of a batch split over the ranks: the global value is
+            # the plain sum (a batch every rank computes whole is averaged: its sums are alike)
+            summed = _reduction(loss_fn, args, kwargs) == "sum" and _shim.split and getattr(_state, "shared", False)
+            out = GlobalValue.apply(loss, _global_sum(loss) if summed else _global_value(loss))
             out._dpshim_global = True  # the backward that follows does not average it again
+            if summed:
+                _state.sum_offset = getattr(_state, "sum_offset", 0.0) + float(out.detach()) - float(loss.detach())
+            if getattr(_state, "shared", False):
+                _state_losses.append(("sum" if summed else "mean", "%s at %s" % (loss_fn.__name__, _caller())))
             return out
         return wrapped
+
+    signatures = {}
+
+    def _reduction(loss_fn, args, kwargs):
+        """The reduction a loss call asked for, its legacy size_average/reduce arguments included."""
+        try:
+            sig = signatures.get(loss_fn) or signatures.setdefault(loss_fn, inspect.signature(loss_fn))
+            given = sig.bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):
+            return kwargs.get("reduction", "mean")
+        if given.get("size_average") is not None or given.get("reduce") is not None:
+            return torch.nn._reduction.legacy_get_string(given.get("size_average"), given.get("reduce"),
+                                                         emit_warning=False)
+        return given.get("reduction", "mean")
 
     for name in _LOSSES:
         fn = getattr(functional, name, None)
