@@ -120,7 +120,7 @@ typedef struct dps_error {
     X("DPSHIM_NCCL_LIB", "you", "the NCCL the GPU plugin opens (else the program's own, else the library "     \
                                 "path's)")                                                                    \
     X("DPSHIM_LIB", "you", "the libdpshim.so that dpshim-diag env asks (else the one beside dpshim-diag)")    \
-    X("DPSHIM_RANK_PID", "dpshim", "which process of a rank owns its collectives (its children inherit it)")  \
+    X("DPSHIM_RANK_PID", "dpshim", "the rank process and the descriptor of its claim on the rank's place (its children inherit it)") \
     X("DPSHIM_PYTHONPATH", "dpshim", "the user's PYTHONPATH, which the Python adapter puts back")             \
     X("DPSHIM_HASHSEED", "dpshim", "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "   \
                                    "out of the script's environment)")

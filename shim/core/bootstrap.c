@@ -293,13 +293,14 @@ DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, 
 }
 
 /* The rank process exports its identity so that exec'd children keep their rank's file policy
- * and never enter collectives: "pid:rank:size:local_rank:local_size". Read and written by hand:
+ * and find the rank's place (claim.c): "pid:rank:size:local_rank:local_size:claim_fd", 0 for
+ * no claim file. Read and written by hand:
  * every process of the job passes here, and stdio's formatting is the costliest code a short
  * child (a shell, a compiler) would otherwise run at start (README: cost for other programs). */
 #define DPS_ENV_RANK_PID "DPSHIM_RANK_PID"
-enum { MARKER_FIELDS = 5 };
+enum { MARKER_FIELDS = 6 };
 
-/* "1:2:3:4:5" into v[5]; 1 when it is exactly five non-negative integers. */
+/* "1:2:3:4:5:6" into v[6]; 1 when it is exactly six non-negative integers. */
 DPS_STARTUP static int parse_marker(const char *m, long v[MARKER_FIELDS])
 {
     for (int i = 0; i < MARKER_FIELDS; i++)
@@ -320,11 +321,21 @@ DPS_STARTUP static void format_marker(char *out, const long v[MARKER_FIELDS])
     }
 }
 
+static int claim_fd = -1;
+
+static void export_marker(const dps_state_t *s)
+{
+    char buf[MARKER_FIELDS * 24];
+    format_marker(buf, (long[MARKER_FIELDS]){(long)getpid(), s->rank, s->size, s->local_rank, s->local_size,
+                                             claim_fd > 0 ? (long)claim_fd : 0L});
+    setenv(DPS_ENV_RANK_PID, buf, 1);
+}
+
 DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
 {
     if (bootstrap_env(s, err, errlen) != 0) return -1;
     const char *marker = getenv(DPS_ENV_RANK_PID);
-    long m[MARKER_FIELDS] = {-1, -1, -1, 0, 1};
+    long m[MARKER_FIELDS] = {-1, -1, -1, 0, 1, 0};
     int parsed = marker && parse_marker(marker, m);
     long pid = m[0];
     int r = (int)m[1], n = (int)m[2], lr = (int)m[3], ls = (int)m[4];
@@ -337,14 +348,18 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
         s->role = DPS_ROLE_CHILD;
         s->rank = r, s->size = n, s->local_rank = lr, s->local_size = ls;
         s->local_source = s->local_rank_source = "the rank process's (DPSHIM_RANK_PID)";
+        if (n > 1 && m[5] > 0) claim_fd = dps_claim_setup(DPS_ROLE_CHILD, (int)m[5]);
         return 0;
     }
     s->role = DPS_ROLE_RANK;
     if (refuse_non_mpi_launcher(s, err, errlen)) return -1;
     s->exec_in_place = parsed && pid == getpid();
     if (strcmp(s->launcher, "singleton") == 0) bootstrap_pmix(s);
-    char buf[MARKER_FIELDS * 24];
-    format_marker(buf, (long[MARKER_FIELDS]){(long)getpid(), s->rank, s->size, s->local_rank, s->local_size});
-    setenv(DPS_ENV_RANK_PID, buf, 1);
+    /* after an exec in place, the claim file the earlier image made */
+    if (s->size > 1) claim_fd = dps_claim_setup(DPS_ROLE_RANK, s->exec_in_place && m[5] > 0 ? (int)m[5] : -1);
+    export_marker(s);
     return 0;
 }
+
+/* This process is the rank process from now on: its children are its own. */
+void dps_bootstrap_export_marker(void) { export_marker(&dps_g); }

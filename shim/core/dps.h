@@ -90,7 +90,20 @@ void dps_run_before_fatal_exit(void);
  * function, so the shim never applies its own file policy to itself (state.c). */
 extern __thread int dps_in_shim __attribute__((tls_model("initial-exec")));
 
+/* claim.c: which process of a rank's tree talks to the other ranks (the rank's place).
+ * dps_claim_setup: the rank process (fd -1, or its claim file's descriptor after an exec in
+ * place) makes the claim file, a child maps the one named by fd; returns the descriptor to
+ * export, or -1. dps_claim_rank: 1 where this process holds the place or now takes it (a child
+ * then becomes the rank process and runs dps_on_rank_claimed), 0 where another process holds it.
+ * dps_rank_owner: the holder's pid, 0 while nobody holds it or without a claim file. */
+int dps_claim_setup(int role, int fd);
+int dps_claim_rank(void);
+int dps_rank_owner(void);
+int dps_rank_place_free(void);
+extern void (*volatile dps_on_rank_claimed)(void);
+
 /* bootstrap.c: who this process is in the job */
+void dps_bootstrap_export_marker(void);
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
 void dps_bootstrap_finalize(void);
 

@@ -88,9 +88,18 @@ const dps_backend_t *dps_comm(const char *hook)
                           "acts as world size 1 here", hook, dps_e.scope_name ? dps_e.scope_name : "");
         return NULL;
     }
-    if (DPS_UNLIKELY(dps_g.role == DPS_ROLE_CHILD || atomic_load_explicit(&dps_g.forked, memory_order_relaxed))) {
-        DPS_WARN_ONCE("%s called in process %d, a child of rank %d's process: children never "
-                      "enter collectives, so it acts as world size 1 here", hook, (int)getpid(), dps_g.rank);
+    /* the first process of the rank's tree to reach a collective holds the rank's place (claim.c):
+     * the rank process, or the trainer a wrapper started; a forked worker never */
+    int forked = atomic_load_explicit(&dps_g.forked, memory_order_relaxed);
+    if (DPS_UNLIKELY(forked || (!__atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE) && !dps_claim_rank()))) {
+        if (dps_g.role == DPS_ROLE_RANK && !forked)
+            dps_fatal("%s in rank %d's process %d, but its child %d took the rank's place in the job by calling a "
+                      "hook first: the job can have one process per rank. Launch the trainer itself (mpirun ... "
+                      "env LD_PRELOAD=libdpshim.so ./trainer), and let a program that starts other programs call "
+                      "its first hook before it starts them", hook, dps_g.rank, (int)getpid(), dps_rank_owner());
+        DPS_WARN_ONCE("%s called in process %d, a child of rank %d's process, which holds the rank's place: "
+                      "children never enter collectives, so it acts as world size 1 here", hook, (int)getpid(),
+                      dps_g.rank);
         return NULL;
     }
     if (DPS_UNLIKELY(dps_e.released)) {

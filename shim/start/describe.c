@@ -80,6 +80,10 @@ DPS_EXPORT int dpshim_overlap(void)
 /* The Python adapter found that the script distributes itself (torch.distributed, DDP, FSDP, a
  * DistributedSampler) and stopped acting in this process: said once by rank 0, and the exit's
  * "nothing was distributed" warning would be wrong. */
+/* The PyTorch adapter at the interpreter's start: 1 where this process holds the rank's place
+ * or takes it now (claim.c), so the adapter acts here; 0 in a child of the process that does. */
+DPS_EXPORT int dpshim_claim_rank(void) { return dps_claim_rank(); }
+
 DPS_EXPORT void dpshim_step_aside(const char *why)
 {
     if (dps_e.aside) return;

@@ -32,6 +32,12 @@ static void at_exit(void)
 {
     if (atomic_load(&dps_g.forked)) return;
     if (dps_g.role != DPS_ROLE_RANK) return; /* a child has no guard, diagnostics, PMIx or backend */
+    int holder = dps_rank_owner();
+    if (holder && holder != (int)getpid()) {
+        /* a wrapper: the trainer it started held the rank's place and did the exit work */
+        DPS_DEBUG("exit: process %d held the rank's place", holder);
+        return;
+    }
     DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_engine_say_if_nothing_shared();
     dps_engine_join_at_exit();
@@ -57,6 +63,23 @@ DPS_STARTUP static void export_policy_path(void)
     char abs[PATH_MAX];
     if (dps_g.policy.file[0] && dps_g.policy.file[0] != '/' && realpath(dps_g.policy.file, abs))
         setenv(DPS_ENV_POLICY, abs, 1);
+}
+
+static atomic_int exit_work_registered;
+
+static void register_exit_work(void)
+{
+    if (atomic_exchange(&exit_work_registered, 1)) return;
+    pthread_atfork(NULL, NULL, on_fork_child);
+    atexit(at_exit);
+}
+
+/* A child that took the rank's place (claim.c): what start-up gives a rank process and a child
+ * lacks. The output policy and the GPU binding came with the environment it inherited. */
+static void became_rank(void)
+{
+    if (dps_g.size > 1) dps_guard_install_crash_handlers();
+    register_exit_work();
 }
 
 static _Noreturn void stop_before_main(const char *msg, const char *hint)
@@ -101,10 +124,8 @@ __attribute__((constructor)) static void dps_init(void)
         DPS_WARN("[output] stdout = %s could not be set up (%s); output is not filtered",
                  dps_policy_text(&dps_g.policy, DPS_P_output_stdout), strerror(errno));
     /* a child without [files] globs has nothing to do at fork or exit (a shell command, a compiler) */
-    if (dps_g.role == DPS_ROLE_RANK || atomic_load(&dps_files_on)) {
-        pthread_atfork(NULL, NULL, on_fork_child);
-        atexit(at_exit);
-    }
+    if (dps_g.role == DPS_ROLE_RANK || atomic_load(&dps_files_on)) register_exit_work();
+    dps_on_rank_claimed = became_rank;
     DPS_INFO("rank %d of %d (local %d of %d, launcher %s, %s process, policy %s)", dps_g.rank,
              dps_g.size, dps_g.local_rank, dps_g.local_size, dps_g.launcher,
              dps_g.role == DPS_ROLE_RANK ? "rank" : "child",

@@ -54,7 +54,10 @@ DPS_STARTUP static void agree_hash_seed(const dps_state_t *s)
 
 DPS_STARTUP void dps_python_inject(const dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python())
+    /* a child Python gets the adapter too while the rank's place is free: the trainer a wrapper
+     * starts (the adapter takes the place at its start) */
+    if ((s->role != DPS_ROLE_RANK && !dps_rank_place_free()) ||
+        DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python())
         return;
     Dl_info info;
     char lib[1024], dir[1100];

@@ -38,7 +38,7 @@ load helpers
         case $name in
         DPSHIM_POLICY) value=$BATS_TEST_TMPDIR/empty.conf ;;
         *_LIB) value=/nonexistent/lib.so ;;
-        DPSHIM_RANK_PID) value=1:0:1:0:1 ;;
+        DPSHIM_RANK_PID) value=1:0:1:0:1:0 ;;
         DPSHIM_PYTHONPATH) value=unset ;;
         DPSHIM_HASHSEED) value=PMIX_NAMESPACE ;;
         esac

@@ -55,13 +55,20 @@ class _Tensor(ctypes.Structure):
 
 
 def _library_handle():
-    return ctypes.CDLL(os.path.join(os.path.dirname(_HERE), "libdpshim.so"))
+    """The preloaded libdpshim.so; None where this process does not have it loaded (a child
+    started without LD_PRELOAD that inherited the path to the adapter)."""
+    try:
+        return ctypes.CDLL("libdpshim.so", mode=os.RTLD_NOLOAD)  # by its soname, wherever it lies
+    except OSError:
+        return None
 
 
-def _is_rank_process():
-    """The process that owns the rank's collectives (not a child, e.g. a DataLoader worker)."""
-    marker = os.environ.get("DPSHIM_RANK_PID", "")
-    return marker.split(":", 1)[0] == str(os.getpid())
+def _holds_rank(lib):
+    """This process holds the rank's place in the job, or takes it now: the rank process, or the
+    trainer a wrapper (/usr/bin/time, a shell line) started; not a child of the process that
+    holds it (a subprocess of the script, a spawned worker)."""
+    lib.dpshim_claim_rank.restype, lib.dpshim_claim_rank.argtypes = ctypes.c_int, []
+    return lib.dpshim_claim_rank() == 1
 
 
 class _Shim:
@@ -1140,8 +1147,8 @@ def _wrap_distributing(cls_name, module):
 
 def install_import_hook():
     global _shim
-    lib = _library_handle() if _is_rank_process() and "torch" not in sys.modules else None
-    if lib is not None and lib.dp_world_size() > 1:
+    lib = _library_handle() if "torch" not in sys.modules else None
+    if lib is not None and lib.dp_world_size() > 1 and _holds_rank(lib):
         _shim = _Shim(lib)
         _agree_random_state()
         _on_import("torch", _install)

@@ -1,6 +1,8 @@
 /* A rank process with DataLoader-style workers: forked children, a vfork+exec child and a
  * system() child call collectives too. They must act alone (world size 1) and never block or
- * break the parent's job, whose own collectives go on working.  usage: fork_workers [child] */
+ * break the parent's job, whose own collectives go on working. "wrapped": one collective, as a
+ * trainer a wrapper starts; "child-first": a system() child calls a hook before this process
+ * does.  usage: fork_workers [child | wrapped | child-first] */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,17 @@ int main(int argc, char **argv)
 {
     if (!dp_metric) return 2;
     if (argc > 1 && !strcmp(argv[1], "child")) return sum_of_ones() == 1 ? 0 : 3; /* exec'd child */
+    if (argc > 1 && !strcmp(argv[1], "wrapped")) { /* started by a wrapper: it holds the rank's place */
+        printf("fork_workers wrapped rank %d: sum %g\n", dp_rank(), sum_of_ones());
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "child-first")) { /* a child calls a hook before this process */
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "'%s' wrapped", argv[0]);
+        if (system(cmd) != 0) return 4;
+        sum_of_ones(); /* the child holds the rank's place now: the job ends here */
+        return 0;
+    }
     int size = dp_world_size(), ok = sum_of_ones() == size;
     pid_t workers[3];
     for (int k = 0; k < 3; k++)

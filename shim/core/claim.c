@@ -1,0 +1,73 @@
+/* The rank's place in the job: one process of a rank's process tree talks to the other ranks.
+ * The process the launcher started (the rank process) holds it unless it never calls a hook:
+ * a wrapper that starts the trainer as its child (/usr/bin/time, a shell line, a script that
+ * prepares a folder first) leaves the place to the first process of its tree that calls one.
+ * The holder is one word in a memory file the rank process makes and its children inherit (its
+ * descriptor is named in DPSHIM_RANK_PID, bootstrap.c; no name on any file system, so nothing is
+ * left behind however a process ends); the first process to set it from 0 to its pid holds the
+ * place for the rest of the job. A child that cannot see the word (a program closed the
+ * descriptor) never takes the place. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dps.h"
+
+#define CLAIM_NAME "dpshim-rank"
+#define CLAIM_FD_MIN 100 /* above the low numbers shells and scripts use themselves */
+
+static _Atomic int32_t *owner_word;
+void (*volatile dps_on_rank_claimed)(void);
+
+/* fd, if it is the claim file: mapped, else NULL. */
+static _Atomic int32_t *map_word(int fd)
+{
+    char link[64], target[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) return NULL;
+    target[n] = '\0';
+    if (strncmp(target, "/memfd:" CLAIM_NAME " ", sizeof "/memfd:" CLAIM_NAME) != 0) return NULL;
+    void *p = mmap(NULL, sizeof(int32_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+DPS_STARTUP int dps_claim_setup(int role, int fd)
+{
+    dps_in_shim++;
+    if (role == DPS_ROLE_RANK && fd < 0) {
+        int made = memfd_create(CLAIM_NAME, 0); /* inherited across exec: no close-on-exec */
+        fd = made >= 0 && ftruncate(made, sizeof(int32_t)) == 0 ? fcntl(made, F_DUPFD, CLAIM_FD_MIN) : -1;
+        if (made >= 0) close(made);
+        if (fd < 0) DPS_DEBUG("no claim file (%s): the rank process keeps the rank's place", strerror(errno));
+    }
+    if (fd >= 0) owner_word = map_word(fd);
+    dps_in_shim--;
+    return owner_word ? fd : -1;
+}
+
+int dps_rank_owner(void) { return owner_word ? atomic_load(owner_word) : 0; }
+
+int dps_rank_place_free(void) { return owner_word && atomic_load(owner_word) == 0; }
+
+int dps_claim_rank(void)
+{
+    if (atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) return 0; /* a worker, never the rank */
+    if (!owner_word) return dps_g.role == DPS_ROLE_RANK;
+    int32_t holder = 0, me = (int32_t)getpid();
+    if (!atomic_compare_exchange_strong(owner_word, &holder, me) && holder != me) return 0;
+    if (dps_g.role == DPS_ROLE_CHILD) {
+        dps_g.role = DPS_ROLE_RANK;
+        dps_bootstrap_export_marker();
+        DPS_INFO("rank %d: this process (%d) takes the rank's place in the job: the process the launcher "
+                 "started never called a hook", dps_g.rank, (int)me);
+        if (dps_on_rank_claimed) dps_on_rank_claimed();
+    }
+    return 1;
+}
