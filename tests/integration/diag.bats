@@ -75,7 +75,8 @@ lanes() {
     assert_line --regexp '^rank  steps .* arrived last  host$'
     for r in 0 1 2 3; do assert_line --regexp "^ +$r +30 +[0-9]+ +[0-9.]+ .* $host\$"; done
     assert_output --partial "3 writes to a sink"
-    assert_output --partial "3 calls that took rank 0's outcome"
+    # the trainer's 3 saves: each an open and a close that took rank 0's outcome
+    assert_output --partial "6 calls that took rank 0's outcome"
     assert_line "problems: none"
     refute_output --partial "trace cap"
     # the trace is JSON with a lane per rank, the picture is SVG with one per rank
