@@ -331,7 +331,7 @@ gpu_pack() {
     for lib in libffi.so.8; do
         cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$out/carry-lib/" 2>/dev/null || true
     done
-    pack_openmpi "$out/ompi" "$out/lib/libdpshim-mpi.so"
+    pack_openmpi "$out/ompi" "$out/lib/dpshim/libdpshim-mpi.so"
     rm -rf "$out/Testing" "$out/tests/integration" "$out/tests/unit" "$out/examples" "$out"/*/CMakeFiles "$out/CMakeFiles"
     du -sh "$out"
     echo "dev.sh: carry build-gpu (run's carry list) and start ./dev.sh gpu-check there"

@@ -119,7 +119,10 @@ typedef struct dps_error {
                                   "library path's)")                                                          \
     X("DPSHIM_NCCL_LIB", "you", "the NCCL the GPU plugin opens (else the program's own, else the library "     \
                                 "path's)")                                                                    \
-    X("DPSHIM_LIB", "you", "the libdpshim.so that dpshim-diag env asks (else the one beside dpshim-diag)")    \
+    X("DPSHIM_LIB", "you", "the libdpshim.so that dpshim-diag env asks (else the one its install or build "   \
+                           "tree has)")                                                                       \
+    X("DPSHIM_PLUGIN_DIR", "you", "where the plugins (libdpshim-mpi.so, libdpshim-nccl.so) and the Python "   \
+                                  "adapter are (else dpshim/ beside libdpshim.so)")                            \
     X("DPSHIM_RANK_PID", "dpshim", "the rank process and the descriptor of its claim on the rank's place (its children inherit it)") \
     X("DPSHIM_PYTHONPATH", "dpshim", "the user's PYTHONPATH, which the Python adapter puts back")             \
     X("DPSHIM_HASHSEED", "dpshim", "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "   \

@@ -6,10 +6,11 @@
  *   env             what the shim detects here (host, launcher, ranks, backends, GPUs, versions)
  *   bench [--init WORLD] [SET]
  *                   (under mpirun, with the shim preloaded) all-reduce through the shim
- *                   against plain MPI: dpshim-bench beside this program does the work, in a
+ *                   against plain MPI: the helper dpshim-bench does the work, in a
  *                   program that initialized MPI itself or not, or in a Python process
  *   report DIR [--trace OUT.json] [--svg OUT.svg]
- *                   merge the per-rank files of a [diag] dir */
+ *                   merge the per-rank files of a [diag] dir
+ *   --help, --version */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -22,6 +23,7 @@
 #include "diag_model.h"
 #include "diag_report.h"
 #include "policy.h"
+#include <dpshim/hooks.h>
 
 extern char **environ;
 
@@ -97,16 +99,18 @@ static int cmd_keys(void)
     return 0;
 }
 
-/* The shim answers for itself: dpshim-diag loads libdpshim.so (from ../lib beside this program,
- * or DPSHIM_LIB) and asks it what its start-up found, after the host it runs on, which tells the
- * ranks of a job across machines apart. */
+/* The shim answers for itself: dpshim-diag loads libdpshim.so (its own build or install tree's,
+ * where the install layout puts it relative to this program, or DPSHIM_LIB) and asks it what its
+ * start-up found, after the host it runs on, which tells the ranks of a job across machines
+ * apart. */
 static int cmd_env(void)
 {
-    char self[4096], lib[4200];
+    char self[4096], lib[4300];
     const char *given = getenv("DPSHIM_LIB");
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (given) snprintf(lib, sizeof lib, "%s", given);
-    else if (n > 0) self[n] = '\0', snprintf(lib, sizeof lib, "%s/../lib/libdpshim.so", dirname(self));
+    else if (n > 0) self[n] = '\0', snprintf(lib, sizeof lib, "%s/%s/libdpshim.so", dirname(self), DPS_BIN_TO_LIB);
+    else snprintf(lib, sizeof lib, "libdpshim.so");
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     int (*describe)(char *, size_t) = h ? (int (*)(char *, size_t))dlsym(h, "dpshim_describe") : NULL;
     if (!describe) {
@@ -122,14 +126,16 @@ static int cmd_env(void)
     return 0;
 }
 
-/* Runs dpshim-bench beside this program, or with --init python the same benchmark inside a Python
- * process with torch loaded (bench_torch.py, run by Debian's system interpreter, which has torch). */
+/* Runs the helper dpshim-bench (libexec/dpshim/, where the build and install trees keep it
+ * relative to this program), or with --init python the same benchmark inside a Python process
+ * with torch loaded (bench_torch.py, run by Debian's system interpreter, which has torch). */
 static int cmd_bench(char **argv)
 {
-    char self[4096], bench[4200];
+    char self[4096], helpers[4200], bench[4300];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return 1;
     self[n] = '\0';
+    snprintf(helpers, sizeof helpers, "%s/%s", dirname(self), DPS_BIN_TO_HELPERS);
     int python = argv[2] && argv[3] && !strcmp(argv[2], "--init") && !strcmp(argv[3], "python");
     const char *set = argv[2] && !strcmp(argv[2], "--init") ? (argv[3] ? argv[4] : NULL) : argv[2];
     /* the overlap set measures the progress thread: on unless the user says otherwise */
@@ -138,13 +144,13 @@ static int cmd_bench(char **argv)
      * says otherwise */
     if (set && !strncmp(set, "gpu", 3)) setenv("DPSHIM_COMM_REDUCE", "sum", 0);
     if (python) {
-        snprintf(bench, sizeof bench, "%s/bench_torch.py", dirname(self));
+        snprintf(bench, sizeof bench, "%s/bench_torch.py", helpers);
         char *args[] = {"/usr/bin/python3", bench, set ? (char *)set : "sweep", NULL};
         execv(args[0], args);
         fprintf(stderr, "dpshim-diag: cannot run %s %s: %s\n", args[0], bench, strerror(errno));
         return 1;
     }
-    snprintf(bench, sizeof bench, "%s/dpshim-bench", dirname(self));
+    snprintf(bench, sizeof bench, "%s/dpshim-bench", helpers);
     argv[1] = bench;
     execv(bench, argv + 1);
     fprintf(stderr, "dpshim-diag: cannot run %s\n", bench);
@@ -174,7 +180,14 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
     if (argc >= 2 && !strcmp(argv[1], "model")) return dps_diag_model(argc - 2, argv + 2);
-    fprintf(stderr, "usage: dpshim-diag config | check FILE | keys | env | bench [--init program|program-mt|shim|python] [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n"
-                    "       | model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [options]\n");
-    return 2;
+    int help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"));
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        printf("dpshim-diag %s (dpshim %s, hook ABI version %d)\n", DPS_VERSION, DPS_VERSION, DPSHIM_HOOK_ABI_VERSION);
+        return 0;
+    }
+    /* asked for: on stdout, success; after a wrong command line: on stderr, exit 2 */
+    fprintf(help ? stdout : stderr,
+            "usage: dpshim-diag config | check FILE | keys | env | bench [--init program|program-mt|shim|python] [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n"
+            "       | model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [options] | --help | --version\n");
+    return help ? 0 : 2;
 }

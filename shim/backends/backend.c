@@ -1,5 +1,5 @@
 /* The backend table and plugin loading: libdpshim.so never links MPI or NCCL; their plugins
- * sit beside it and are opened with dlopen the first time a collective needs them. */
+ * sit in its plugin directory (dpshim/ beside it) and are opened with dlopen the first time a collective needs them. */
 #define _GNU_SOURCE
 #include "backend.h"
 
@@ -45,14 +45,12 @@ static backend_row_t backends[] = {
     {"mpi", NULL, {0}},
 };
 
-/* The plugin directory is where libdpshim.so itself was loaded from. */
+/* A plugin in the plugin directory (dps_plugin_dir). */
 static int plugin_path(const char *name, char *out, size_t len)
 {
-    Dl_info info;
-    if (!dladdr((void *)&dps_backend_open, &info) || !info.dli_fname) return -1;
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s", info.dli_fname);
-    int n = snprintf(out, len, "%s/libdpshim-%s.so", dirname(dir), name);
+    if (dps_plugin_dir(dir, sizeof dir) != 0) return -1;
+    int n = snprintf(out, len, "%s/libdpshim-%s.so", dir, name);
     return n > 0 && (size_t)n < len ? 0 : -1;
 }
 
@@ -65,7 +63,8 @@ const dps_backend_t *dps_backend_open(const char *name, int rank, int size, char
         if (b->loaded.name) return &b->loaded;
         char path[1200];
         if (plugin_path(name, path, sizeof path) != 0) {
-            snprintf(err, errlen, "cannot locate the %s backend plugin beside libdpshim.so", name);
+            snprintf(err, errlen, "cannot locate the %s backend plugin (dpshim/ beside libdpshim.so, or "
+                                  "DPSHIM_PLUGIN_DIR)", name);
             return NULL;
         }
         /* RTLD_GLOBAL: Open MPI's own components resolve libmpi's symbols globally */
@@ -101,7 +100,8 @@ const dps_device_t *dps_device_open(char *err, size_t errlen)
         void *h = NULL;
         dps_device_open_fn open_fn = NULL;
         if (plugin_path("nccl", path, sizeof path) != 0)
-            snprintf(why, sizeof why, "cannot locate the GPU plugin (libdpshim-nccl.so) beside libdpshim.so");
+            snprintf(why, sizeof why, "cannot locate the GPU plugin (libdpshim-nccl.so in dpshim/ beside "
+                                      "libdpshim.so, or DPSHIM_PLUGIN_DIR)");
         else if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
             snprintf(why, sizeof why, "cannot load the GPU plugin: %s", dlerror());
         else if (!(*(void **)&open_fn = dlsym(h, DPS_DEVICE_OPEN_SYMBOL)))

@@ -90,6 +90,10 @@ void dps_run_before_fatal_exit(void);
  * function, so the shim never applies its own file policy to itself (state.c). */
 extern __thread int dps_in_shim __attribute__((tls_model("initial-exec")));
 
+/* Where the plugins and the adapters are: $DPSHIM_PLUGIN_DIR, else dpshim/ beside libdpshim.so
+ * (an install's ${libdir}/dpshim; the build tree has the same layout). 0, or -1 when unknown. */
+int dps_plugin_dir(char *out, size_t len);
+
 /* claim.c: which process of a rank's tree talks to the other ranks (the rank's place).
  * dps_claim_setup: the rank process (fd -1, or its claim file's descriptor after an exec in
  * place) makes the claim file, a child maps the one named by fd; returns the descriptor to

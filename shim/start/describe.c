@@ -3,10 +3,15 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <dpshim/hooks.h>
 
 #include "backends/device.h"
 #include "core/dps.h"
@@ -100,7 +105,23 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
     char v[512];
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     Dl_info info;
-    add(buf, len, &o, "library    %s\n", dladdr((void *)&dpshim_describe, &info) ? info.dli_fname : "?");
+    char where[PATH_MAX], plugins[1024];
+    const char *lib = dladdr((void *)&dpshim_describe, &info) && info.dli_fname ? info.dli_fname : "?";
+    add(buf, len, &o, "library    %s (version %s, hook ABI version %d)\n", realpath(lib, where) ? where : lib,
+        DPS_VERSION, DPSHIM_HOOK_ABI_VERSION);
+    if (dps_plugin_dir(plugins, sizeof plugins) == 0) {
+        /* each part the directory should hold, or why it is not there */
+        static const char *const parts[][2] = {{"mpi plugin", "libdpshim-mpi.so"}, {"GPU plugin", "libdpshim-nccl.so"},
+                                               {"Python adapter", "python/dpshim_torch.py"}};
+        add(buf, len, &o, "plugins    %s%s\n", realpath(plugins, where) ? where : plugins,
+            getenv("DPSHIM_PLUGIN_DIR") ? " (DPSHIM_PLUGIN_DIR)" : "");
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+            char path[1100];
+            snprintf(path, sizeof path, "%s/%s", plugins, parts[i][1]);
+            add(buf, len, &o, "           %s: %s%s\n", parts[i][0], parts[i][1],
+                access(path, R_OK) == 0 ? "" : errno == ENOENT ? " missing" : " unreadable");
+        }
+    }
     add(buf, len, &o, "launcher   %s\n", dps_g.launcher);
     add(buf, len, &o, "rank       %d of %d (local %d of %d), %s process\n", dps_g.rank, dps_g.size,
         dps_g.local_rank, dps_g.local_size, dps_g.role == DPS_ROLE_RANK ? "rank" : "child");

@@ -1,5 +1,5 @@
 /* [adapters] python = auto: when the preloaded rank process is a Python interpreter, its
- * PYTHONPATH gains the adapter directory (python/ beside libdpshim.so), whose sitecustomize.py
+ * PYTHONPATH gains the adapter directory (python/ in the plugin directory, dpshim/ beside libdpshim.so), whose sitecustomize.py
  * restores the user's PYTHONPATH at once, chains to any other sitecustomize, and loads the
  * PyTorch adapter when the script imports torch. Set here, in the constructor, because the
  * interpreter reads PYTHONPATH only after it starts. */
@@ -59,11 +59,9 @@ DPS_STARTUP void dps_python_inject(const dps_state_t *s)
     if ((s->role != DPS_ROLE_RANK && !dps_rank_place_free()) ||
         DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python())
         return;
-    Dl_info info;
-    char lib[1024], dir[1100];
-    if (!dladdr((void *)&dps_python_inject, &info) || !info.dli_fname) return;
-    snprintf(lib, sizeof lib, "%s", info.dli_fname);
-    snprintf(dir, sizeof dir, "%s/python", dirname(lib));
+    char plugins[1024], dir[1100];
+    if (dps_plugin_dir(plugins, sizeof plugins) != 0) return;
+    snprintf(dir, sizeof dir, "%s/python", plugins);
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/sitecustomize.py", dir);
     if (access(probe, R_OK) != 0) {

@@ -1,0 +1,109 @@
+#!/usr/bin/env bats
+# The installed tree (cmake --install into a staging prefix), used as users use it: the library
+# preloaded by its bare name through the loader's search path, the plugins and the Python adapter
+# found relative to it, dpshim-diag with its helpers, and the hook ABI built against from outside
+# with pkg-config and with CMake's find_package.
+load helpers
+
+setup_file() {
+    export STAGE=$BATS_FILE_TMPDIR/stage
+    cmake --install "$BUILD" --prefix "$STAGE" >/dev/null
+}
+
+libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
+
+@test "the install tree: library, plugins and adapter under libdir, tools, helpers, header, package files, docs" {
+    local lib=$STAGE/$(libdir) f
+    for f in "$lib/libdpshim.so" "$lib/dpshim/libdpshim-mpi.so" "$lib/dpshim/libdpshim-nccl.so" \
+        "$lib/dpshim/python/dpshim_torch.py" "$lib/dpshim/python/sitecustomize.py" "$STAGE/bin/dpshim-diag" \
+        "$STAGE/libexec/dpshim/dpshim-bench" "$STAGE/libexec/dpshim/libdpshim-bench.so" \
+        "$STAGE/libexec/dpshim/bench_torch.py" "$STAGE/include/dpshim/hooks.h" "$lib/pkgconfig/dpshim.pc" \
+        "$lib/cmake/dpshim/dpshimConfig.cmake" "$lib/cmake/dpshim/dpshimConfigVersion.cmake" \
+        "$STAGE/share/doc/dpshim/dpshim.conf" "$STAGE/share/doc/dpshim/README.md"; do
+        [ -e "$f" ] || fail "missing: $f"
+    done
+    # nothing installed points back into the build tree: no run path, no package file (debug
+    # information names the sources, as any build's does)
+    while read -r f; do
+        if [ "$(head -c 4 "$f")" = $'\x7fELF' ]; then
+            ! readelf -d "$f" | grep -F "$BUILD" || fail "$f: a run path into the build tree"
+        else
+            ! grep -F "$BUILD" "$f" || fail "$f names the build tree"
+        fi
+    done < <(find "$STAGE" -type f)
+}
+
+@test "dpshim-diag: --help on stdout with status 0, --version, and env from its own installed library" {
+    run "$STAGE/bin/dpshim-diag" --help
+    assert_success
+    assert_output --partial "usage: dpshim-diag"
+    run "$STAGE/bin/dpshim-diag" --version
+    assert_success
+    assert_output --regexp "^dpshim-diag [0-9]+\.[0-9]+\.[0-9]+ \(dpshim [0-9.]+, hook ABI version [0-9]+\)$"
+    run "$STAGE/bin/dpshim-diag" nonsense
+    assert_equal "$status" 2
+    run "$STAGE/bin/dpshim-diag" env
+    assert_success
+    assert_output --partial "library    $STAGE/$(libdir)/libdpshim.so"
+}
+
+@test "LD_PRELOAD=libdpshim.so by its name: a 2-rank job on the installed library and its plugin" {
+    run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so "$BUILD/bin/fork_workers"
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -oE 'fork_workers rank [01]: ok' <<<"$output" | wc -l)" 2
+    # the plugin that ran is the installed one
+    run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so DPSHIM_DIAG_LOG=debug "$BUILD/bin/fork_workers"
+    refute_output --partial "$BUILD/lib"
+}
+
+@test "a PyTorch script through the installed adapter: each rank its share" {
+    [ -x /usr/bin/python3 ] || skip "no /usr/bin/python3"
+    cd "$BATS_TEST_TMPDIR"
+    cat >share.py <<'PY'
+import sys, torch
+import dpshim_torch
+data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+model, n = torch.nn.Linear(3, 1), 0
+for x, y in torch.utils.data.DataLoader(data, batch_size=8):
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    n += len(x)
+print("trained on %d samples of 40 with the adapter in %s" % (n, dpshim_torch.__file__))
+PY
+    run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so /usr/bin/python3 share.py
+    echo "$output"
+    assert_success
+    assert_equal "$(count "trained on 20 samples of 40 with the adapter in $STAGE/$(libdir)/dpshim/python/")" 2
+}
+
+@test "a framework builds against the installed hook ABI with pkg-config and with find_package" {
+    cd "$BATS_TEST_TMPDIR"
+    cat >framework.c <<'C'
+#include <stdio.h>
+#include <dpshim/hooks.h>
+int main(void)
+{
+    double one = 1; /* the hooks are weak: without the shim there are none, and the program runs alone */
+    if (dp_metric) dp_metric(&one, 1, DP_SUM);
+    printf("ranks %g\n", one);
+    return 0;
+}
+C
+    cc $(PKG_CONFIG_PATH="$STAGE/$(libdir)/pkgconfig" pkg-config --cflags dpshim) framework.c -o with_pc
+    run ./with_pc
+    assert_output "ranks 1"
+    cat >CMakeLists.txt <<'CM'
+cmake_minimum_required(VERSION 3.20)
+project(framework C)
+find_package(dpshim 0.1 REQUIRED)
+add_executable(with_cmake framework.c)
+target_link_libraries(with_cmake PRIVATE dpshim::hooks)
+CM
+    cmake -S . -B out -DCMAKE_PREFIX_PATH="$STAGE" >/dev/null
+    cmake --build out >/dev/null
+    run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so ./out/with_cmake
+    assert_success
+    assert_equal "$(count "ranks 2")" 2
+    run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so ./with_pc
+    assert_equal "$(count "ranks 2")" 2
+}
