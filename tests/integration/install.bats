@@ -107,3 +107,37 @@ CM
     run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so ./with_pc
     assert_equal "$(count "ranks 2")" 2
 }
+
+# The .deb packages; installed for real (dpkg, then removed again) only in CI as root, where the
+# machine is the test's own.
+@test "the Debian packages: dpshim and dpshim-dev; installed, LD_PRELOAD=libdpshim.so works by its name" {
+    command -v dpkg-deb >/dev/null || skip "no dpkg-deb"
+    local out=$BATS_TEST_TMPDIR/deb
+    cpack -G DEB -B "$out" --config "$BUILD/CPackConfig.cmake" >/dev/null
+    local deb=("$out"/dpshim_*_*.deb) dev=("$out"/dpshim-dev_*_*.deb)
+    [ -f "${deb[0]}" ] && [ -f "${dev[0]}" ] || fail "cpack made no dpshim and dpshim-dev packages"
+    # what dlopen opens is declared by hand, what the plugin links is found by dpkg-shlibdeps
+    run dpkg-deb -f "${deb[0]}" Depends
+    assert_output --regexp "libpmix2.*libffi8.*libopenmpi3"
+    run dpkg-deb -c "${deb[0]}"
+    for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch.py \
+        ./usr/bin/dpshim-diag ./usr/libexec/dpshim/dpshim-bench; do
+        assert_output --partial " $f"
+    done
+    run dpkg-deb -c "${dev[0]}"
+    assert_output --partial " ./usr/include/dpshim/hooks.h"
+    assert_output --partial " ./usr/lib/pkgconfig/dpshim.pc"
+    run dpkg-deb -I "${deb[0]}" triggers
+    assert_output "activate-noawait ldconfig"
+    if [ "${CI:-}" != true ] || [ "$(id -u)" != 0 ] || dpkg -s dpshim >/dev/null 2>&1; then
+        echo "# not installed here: only in CI, as root, where no dpshim package is installed" >&3
+        return
+    fi
+    dpkg -i "${deb[0]}" "${dev[0]}" >/dev/null
+    run mpi 2 env LD_PRELOAD=libdpshim.so "$BUILD/bin/fork_workers"
+    dpkg -r dpshim-dev dpshim >/dev/null
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -oE 'fork_workers rank [01]: ok' <<<"$output" | wc -l)" 2
+    [ ! -e /usr/lib/libdpshim.so ] || fail "dpkg -r left /usr/lib/libdpshim.so"
+}
