@@ -19,7 +19,8 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
         "$STAGE/libexec/dpshim/dpshim-bench" "$STAGE/libexec/dpshim/libdpshim-bench.so" \
         "$STAGE/libexec/dpshim/bench_torch.py" "$STAGE/include/dpshim/hooks.h" "$lib/pkgconfig/dpshim.pc" \
         "$lib/cmake/dpshim/dpshimConfig.cmake" "$lib/cmake/dpshim/dpshimConfigVersion.cmake" \
-        "$STAGE/share/doc/dpshim/dpshim.conf" "$STAGE/share/doc/dpshim/README.md"; do
+        "$STAGE/share/doc/dpshim/dpshim.conf" "$STAGE/share/doc/dpshim/README.md" \
+        "$STAGE/share/man/man5/dpshim.conf.5"; do
         [ -e "$f" ] || fail "missing: $f"
     done
     # nothing installed points back into the build tree: no run path, no package file (debug
@@ -31,6 +32,25 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
             ! grep -F "$BUILD" "$f" || fail "$f names the build tree"
         fi
     done < <(find "$STAGE" -type f)
+}
+
+@test "man pages: dpshim(7), dpshim-diag(1), and dpshim.conf(5) with every key and variable" {
+    local man=$STAGE/share/man f
+    for f in man7/dpshim.7 man1/dpshim-diag.1 man5/dpshim.conf.5; do
+        [ -s "$man/$f" ] || fail "missing: $man/$f"
+        if command -v groff >/dev/null; then
+            run groff -man -Tutf8 -ww -z "$man/$f"
+            assert_output ""
+        fi
+    done
+    # every key and every other variable of the reference is in the page
+    "$BUILD/bin/dpshim-diag" keys | grep -oE '`(\[[a-z]+\] [a-z_]+|DPSHIM_[A-Z_]+)`' | tr -d '`' | sort -u >"$BATS_TEST_TMPDIR/names"
+    while read -r name; do
+        case $name in
+        \[*) grep -qF "\\fB${name#* }\\fR = " "$man/man5/dpshim.conf.5" || fail "dpshim.conf(5) lacks $name" ;;
+        *) grep -qF "$name" "$man/man5/dpshim.conf.5" || fail "dpshim.conf(5) lacks $name" ;;
+        esac
+    done <"$BATS_TEST_TMPDIR/names"
 }
 
 @test "dpshim-diag: --help on stdout with status 0, --version, and env from its own installed library" {

@@ -10,6 +10,14 @@ load helpers
     [ "$(grep -c . "$BATS_TEST_TMPDIR/keys.md")" -gt 30 ] || fail "dpshim-diag keys printed too little"
 }
 
+@test "policy/dpshim.conf is the key table's example policy (dpshim-diag keys --conf), and valid" {
+    run diff "$SRC/policy/dpshim.conf" <("$BUILD/bin/dpshim-diag" keys --conf)
+    echo "$output"
+    assert_success
+    run "$BUILD/bin/dpshim-diag" check "$SRC/policy/dpshim.conf"
+    assert_success
+}
+
 @test "README starts with the two commands, and .ci/run runs the test one" {
     run sed -n '3,6p' "$SRC/README.md"
     assert_line --index 1 --partial "./dev.sh demo"
