@@ -18,5 +18,5 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/dpshimConfigVersion.cmake C
 install(FILES ${CMAKE_BINARY_DIR}/dpshimConfig.cmake ${CMAKE_BINARY_DIR}/dpshimConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dpshim COMPONENT dev)
 
-install(FILES ${PROJECT_SOURCE_DIR}/policy/dpshim.conf ${PROJECT_SOURCE_DIR}/README.md
+install(FILES ${PROJECT_SOURCE_DIR}/policy/dpshim.conf ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT runtime)

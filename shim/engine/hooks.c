@@ -1,4 +1,4 @@
-/* The hook ABI v1 (hooks/include/dpshim/hooks.h): what a framework's calls do in a job. At world
+/* The hook ABI (hooks/include/dpshim/hooks.h): what a framework's calls do in a job. At world
  * size 1 every hook returns before touching data. */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include "progress.h"
 #include "shard.h"
 
+DPS_EXPORT int dp_abi_version(void) { return DPSHIM_HOOK_ABI_VERSION; }
 DPS_EXPORT int dp_rank(void) { return dps_g.rank; }
 DPS_EXPORT int dp_world_size(void) { return dps_g.size; }
 DPS_EXPORT int dp_local_rank(void) { return dps_g.local_rank; }

@@ -19,7 +19,7 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
         "$STAGE/libexec/dpshim/dpshim-bench" "$STAGE/libexec/dpshim/libdpshim-bench.so" \
         "$STAGE/libexec/dpshim/bench_torch.py" "$STAGE/include/dpshim/hooks.h" "$lib/pkgconfig/dpshim.pc" \
         "$lib/cmake/dpshim/dpshimConfig.cmake" "$lib/cmake/dpshim/dpshimConfigVersion.cmake" \
-        "$STAGE/share/doc/dpshim/dpshim.conf" "$STAGE/share/doc/dpshim/README.md" \
+        "$STAGE/share/doc/dpshim/dpshim.conf" "$STAGE/share/doc/dpshim/README.md" "$STAGE/share/doc/dpshim/CHANGELOG.md" \
         "$STAGE/share/man/man5/dpshim.conf.5"; do
         [ -e "$f" ] || fail "missing: $f"
     done
@@ -105,13 +105,13 @@ int main(void)
 {
     double one = 1; /* the hooks are weak: without the shim there are none, and the program runs alone */
     if (dp_metric) dp_metric(&one, 1, DP_SUM);
-    printf("ranks %g\n", one);
+    printf("ranks %g, hook ABI %d\n", one, dp_abi_version ? dp_abi_version() : 0);
     return 0;
 }
 C
     cc $(PKG_CONFIG_PATH="$STAGE/$(libdir)/pkgconfig" pkg-config --cflags dpshim) framework.c -o with_pc
     run ./with_pc
-    assert_output "ranks 1"
+    assert_output "ranks 1, hook ABI 0"
     cat >CMakeLists.txt <<'CM'
 cmake_minimum_required(VERSION 3.20)
 project(framework C)
@@ -123,9 +123,10 @@ CM
     cmake --build out >/dev/null
     run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so ./out/with_cmake
     assert_success
-    assert_equal "$(count "ranks 2")" 2
+    local abi=$(sed -n 's/^#define DPSHIM_HOOK_ABI_VERSION //p' "$STAGE/include/dpshim/hooks.h")
+    assert_equal "$(count "ranks 2, hook ABI $abi")" 2
     run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so ./with_pc
-    assert_equal "$(count "ranks 2")" 2
+    assert_equal "$(count "ranks 2, hook ABI $abi")" 2
 }
 
 # The .deb packages; installed for real (dpkg, then removed again) only in CI as root, where the

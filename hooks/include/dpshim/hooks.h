@@ -1,4 +1,4 @@
-/* dpshim hook ABI, version 2: the points where a framework lets dpshim make it data-parallel.
+/* dpshim hook ABI, version 3: the points where a framework lets dpshim make it data-parallel.
  * A framework declares these weak (define DPSHIM_HOOKS_WEAK before including) and calls them
  * when non-NULL; without libdpshim.so preloaded every pointer is NULL and it runs alone.
  * Later versions add functions; the meaning of these never changes. */
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPSHIM_HOOK_ABI_VERSION 2
+#define DPSHIM_HOOK_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +67,11 @@ DPSHIM_HOOK_DECL int dp_scope_begin(const char *name);
 DPSHIM_HOOK_DECL int dp_scope_end(void);
 /* After each optimizer step. */
 DPSHIM_HOOK_DECL int dp_step_end(uint64_t step);
+
+/* Version 3. The hook ABI version of the loaded libdpshim.so (its DPSHIM_HOOK_ABI_VERSION): a
+ * framework built against a newer header calls a newer hook only where this is at least that
+ * hook's version. Absent (NULL, with weak declarations) before version 3. */
+DPSHIM_HOOK_DECL int dp_abi_version(void);
 
 /* Version 2. The CUDA stream (a cudaStream_t) on `device` that the calling thread's framework
  * runs its work on, or NULL to go back to the default. Default: a hook with device tensors
