@@ -44,7 +44,7 @@ demo() {
     local np=${1:-4}
     mpirun_env
     echo "dev.sh: mpirun --bind-to none -np $np env DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD=$BUILD_DIR/lib/libdpshim.so $BUILD_DIR/bin/fmnist_train --epochs 3 --save $BUILD_DIR/fmnist.ckpt"
-    # --bind-to none: Open MPI's default binds each rank to one core at np <= 2 (README, Performance)
+    # --bind-to none: Open MPI's default binds each rank to one core at np <= 2 (docs/performance.md)
     timeout 1800 mpirun --oversubscribe --bind-to none -np "$np" env DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_FILES_RANK0_ONLY='*.ckpt' \
         LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --epochs 3 --save "$BUILD_DIR/fmnist.ckpt"
 }

@@ -11,7 +11,7 @@
 /* Marks code that every process preloading the shim runs once, at start-up: kept together in
  * .text.startup (beside the constructor, where the compiler puts it), so that a short-lived
  * process (a shell command, a compiler) touches a few pages of the library instead of one page
- * per function (README: what the preload costs other programs). */
+ * per function (docs/performance.md: what the preload costs other programs). */
 #define DPS_STARTUP __attribute__((section(".text.startup")))
 
 typedef enum { DPS_KEY_ENUM, DPS_KEY_UINT, DPS_KEY_STR, DPS_KEY_GLOBS } dps_key_type_t;
@@ -110,7 +110,7 @@ typedef struct dps_error {
 
 /* Environment variables that are dpshim's own but not policy keys: name, who sets it, what it
  * does. Accepted where the policy refuses every other DPSHIM_ name; `dpshim-diag keys` lists
- * them after the keys, and the README's table is that list. */
+ * them after the keys, and docs/policy.md's table is that list. */
 #define DPS_ENV_POLICY "DPSHIM_POLICY"
 #define DPS_OTHER_ENV(X)                                                                                      \
     X(DPS_ENV_POLICY, "you", "the policy file (else ./dpshim.conf in the directory the program starts in, "   \

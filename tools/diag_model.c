@@ -1,5 +1,5 @@
 /* dpshim-diag model: an alpha-beta model of a trainer's step at 8 .. 1024 GPUs, from the figures
- * dpshim-diag bench measured and the per-step profile in a [diag] dir. README "Scaling model"
+ * dpshim-diag bench measured and the per-step profile in a [diag] dir. docs/performance.md "Scaling model"
  * states the model and its assumptions; the formulas are the ones in model_row below. */
 #define _GNU_SOURCE
 #include "diag_model.h"

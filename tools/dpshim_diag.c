@@ -2,7 +2,7 @@
  *   config          effective policy, every value with its source (default, file:line, env)
  *   check FILE      validate a policy file; exit 0 when valid, 1 with the error otherwise
  *   keys            the policy reference as Markdown tables, the keys and the other DPSHIM_
- *                   variables (the README's come from it); --conf: the example policy
+ *                   variables (docs/policy.md's come from it); --conf: the example policy
  *                   (policy/dpshim.conf); --man: dpshim.conf(5)
  *   env             what the shim detects here (host, launcher, ranks, backends, GPUs, versions)
  *   bench [--init WORLD] [SET]
@@ -117,8 +117,8 @@ static int cmd_keys_conf(void)
         printf("%s =%s%s\n", k->key, *k->def ? " " : "", k->def);
     }
     printf("\n");
-    comment("Declarative hooks on a library's exported functions (README, \"Frameworks that never heard of "
-            "dpshim\"): one section per function, e.g.");
+    comment("Declarative hooks on a library's exported functions (docs/declarative-hooks.md): one section "
+            "per function, e.g.");
     printf("# [hook update]\n# signature = void sgd_update(float *w, const float *g, size_t n, float lr)\n"
            "# before = grads g[n]\n");
     return 0;

@@ -1,6 +1,6 @@
 """A plain single-process PyTorch trainer for Fashion-MNIST, in the style of PyTorch's MNIST
 example. It knows nothing of dpshim: `mpirun -np N env LD_PRELOAD=libdpshim.so python3
-train_fmnist.py` makes it data-parallel (README, "PyTorch scripts")."""
+train_fmnist.py` makes it data-parallel (docs/pytorch.md)."""
 
 import argparse
 

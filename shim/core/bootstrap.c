@@ -296,7 +296,7 @@ DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, 
  * and find the rank's place (claim.c): "pid:rank:size:local_rank:local_size:claim_fd", 0 for
  * no claim file. Read and written by hand:
  * every process of the job passes here, and stdio's formatting is the costliest code a short
- * child (a shell, a compiler) would otherwise run at start (README: cost for other programs). */
+ * child (a shell, a compiler) would otherwise run at start (docs/performance.md: cost for other programs). */
 #define DPS_ENV_RANK_PID "DPSHIM_RANK_PID"
 enum { MARKER_FIELDS = 6 };
 

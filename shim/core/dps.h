@@ -1,6 +1,6 @@
 /* The ground floor of libdpshim: the process-wide state (identity, policy, engine settings),
  * logging, the re-entry guard and small helpers. Every other part may use core; core uses
- * nothing of the shim above it (README: How it works, layers). Everything here has hidden
+ * nothing of the shim above it (CONTRIBUTING.md: How it works, layers). Everything here has hidden
  * visibility; only the hook ABI and the interposers are exported. */
 #ifndef DPS_CORE_H
 #define DPS_CORE_H

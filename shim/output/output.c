@@ -22,7 +22,7 @@
  * boundaries. Written into an empty pipe, a batch of whole lines of at most PIPE_BUF bytes is
  * read whole, so its lines stay whole in the merged output. Open MPI gives ranks a
  * pseudo-terminal instead, whose reader can see a batch in pieces when it falls behind: there
- * small batches make a split rare but not impossible (README: Limits). */
+ * small batches make a split rare but not impossible (docs/limits.md). */
 #define DPS_OUT_BATCH 1024
 
 static int out_is_pipe;

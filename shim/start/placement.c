@@ -26,6 +26,6 @@ DPS_STARTUP void dps_placement_check(const dps_state_t *s)
     DPS_WARN("Open MPI bound each rank to %d core(s) (its default binding), while this node has %ld cores for its "
              "%d local rank(s): the trainer's threads, its DataLoader workers and dpshim's background reduction share "
              "%s. Start the job with mpirun --bind-to none (or --map-by slot:PE=%ld) to give each rank its share "
-             "(the README's Performance section has what it cost the example trainer)",
+             "(docs/performance.md has what it cost the example trainer)",
              mine, online, s->local_size, mine == 1 ? "that one core" : "them", per_rank);
 }

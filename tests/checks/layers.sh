@@ -1,6 +1,6 @@
 #!/bin/sh
 # Fails when a file of libdpshim includes from a layer above its own. The layers, bottom up
-# (README: How it works): a folder may include from its own folder and from lower layers only.
+# (CONTRIBUTING.md: How it works): a folder may include from its own folder and from lower layers only.
 #   usage: layers.sh SHIM_DIR
 set -eu
 shim=${1:?usage: layers.sh SHIM_DIR}
@@ -20,7 +20,7 @@ for f in $(cd "$shim" && find . -name '*.[ch]' | sed 's|^\./||' | sort); do
     from=${f%%/*}
     lf=$(layer_of "$from")
     if [ "$lf" = unknown ]; then
-        echo "layers: $shim/$f: folder '$from' is in no layer; add it to tests/checks/layers.sh and the README"
+        echo "layers: $shim/$f: folder '$from' is in no layer; add it to tests/checks/layers.sh and CONTRIBUTING.md"
         bad=1
         continue
     fi

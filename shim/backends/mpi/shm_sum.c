@@ -7,7 +7,7 @@
  * the slots in rank order, so every rank computes the same bits whatever the timing. A slot is
  * written again two calls later, once every rank's `done` says it was read. Open MPI 4.1's
  * MPI_Allreduce on one machine (vader, recursive doubling; its coll/sm component was slower
- * still) cost more than the shim's whole call for small buffers: see the README's performance
+ * still) cost more than the shim's whole call for small buffers: see docs/performance.md's
  * section. */
 #define _GNU_SOURCE
 #include "shm_sum.h"
