@@ -99,7 +99,10 @@ void dps_files_opened(const dps_redirect_t *r, int fd)
     if (r->action == DPS_FILE_PASS || r->op != DPS_FOP_OPEN_WRITE || fd < 0) return;
     int saved = errno;
     struct stat st;
-    if (fstat(fd, &st) != 0) return;
+    if (fstat(fd, &st) != 0) {
+        errno = saved;
+        return;
+    }
     char abs[DPS_PATH_BUF];
     dps_in_shim++;
     if (dps_files_absolute(r->dirfd, r->orig, abs, sizeof abs) != 0) snprintf(abs, sizeof abs, "%s", r->orig);
@@ -191,12 +194,16 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
 void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err)
 {
     int i = lock_handle(fd);
-    if (i < 0) return;
+    if (i < 0) {
+        errno = err;
+        return;
+    }
     handle_t *h = &handles[i];
     off_t now = off >= 0 ? off : lseek(fd, 0, SEEK_CUR);
     off_t before = off >= 0 ? off : now - (rc > 0 ? rc : 0);
     if (now >= 0 && before + (off_t)asked > h->end) h->end = before + (off_t)asked;
-    if (rc < 0 && !h->err) h->err = err;
+    /* an interrupted or would-block write wrote nothing: the program retries, the file is whole */
+    if (rc < 0 && !h->err && err != EINTR && err != EAGAIN && err != EWOULDBLOCK) h->err = err;
     pthread_mutex_unlock(&handles_lock);
     errno = err;
 }
