@@ -81,7 +81,8 @@ PY
     local w weights=()
     for w in "" "/usr/bin/time -f %e" "nice -n 1" "sh -c /usr/bin/python3\ share.py;echo\ done"; do
         if [[ $w == sh* ]]; then
-            run mpi 2 env LD_PRELOAD="$SHIM" sh -c '/usr/bin/python3 share.py; echo done'
+            # a Python step without torch before the trainer leaves the rank's place to it
+            run mpi 2 env LD_PRELOAD="$SHIM" sh -c '/usr/bin/python3 -c "import json" && /usr/bin/python3 share.py; echo done'
         else
             run mpi 2 env LD_PRELOAD="$SHIM" $w /usr/bin/python3 share.py
         fi

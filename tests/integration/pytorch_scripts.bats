@@ -228,9 +228,23 @@ summary_lines() { grep '====>' "$1/$2" >"$1/$2.summary"; }
     saved_equal 2 model.pt
 }
 
+@test "a summed loss divided by the batch's length before backward is averaged as a mean: alone's weights" {
+    # summing the ranks' gradients of sum/len(share) gave N times alone's gradient (SGD shows it)
+    local d=$BATS_TEST_TMPDIR
+    alone vae_summed.py --per-sample
+    grep 'Test set loss' "$d/alone/out" >"$d/alone/test"
+    for n in 2 3; do
+        ranks "$n" vae_summed.py --per-sample
+        assert_equal "$(count "scales binary_cross_entropy at vae_summed.py:43 in loss_function (reduction='sum') before backward")" 1
+        grep 'Test set loss' "$d/np$n/out.0" >"$d/np$n/test"
+        same_numbers "$d/alone/test" "$d/np$n/test" || fail "np=$n: other test losses than alone"
+        saved_equal "$n" model.pt
+    done
+}
+
 @test "a step mixing summed and mean losses is told once, naming both calls" {
     ranks 2 vae_summed.py --mixed
-    assert_equal "$(count "mixes losses summed over the batch (binary_cross_entropy at vae_summed.py:41 in loss_function) with means (mse_loss at vae_summed.py:44 in loss_function)")" 1
+    assert_equal "$(count "mixes losses summed over the batch (binary_cross_entropy at vae_summed.py:43 in loss_function) with means (mse_loss at vae_summed.py:46 in loss_function)")" 1
 }
 
 @test "torch.multiprocessing: a spawned process, a Pool and DataLoader workers beside a data-parallel rank" {

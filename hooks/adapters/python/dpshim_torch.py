@@ -394,7 +394,7 @@ def _after_backward(loss):
         return
     _backwards += 1
     params = _trained_parameters()
-    summed, offset, losses = _step_reduction()
+    summed, offset, losses = _step_reduction(loss)
     _reduce_gradients(params, summed)
     _reduced.update(id(p) for p in params)
     # the loss value too, so that what the script does with it (a line search, a plateau
@@ -414,32 +414,61 @@ def _after_backward(loss):
             loss.data.copy_(_global_value(loss))
 
 
-# The training losses of this step so far: (reduction, "name at file:line") of each loss function
-# call on a sharded batch, and how much the summed ones' returned (global) values exceed their
-# own; taken by the backward that follows.
-_state_losses = []
+# Per thread, the training losses since the last backward: (reduction, "name at file:line", the
+# returned tensor's autograd node, how much its returned value exceeds this rank's own) of each
+# loss function call on a sharded batch; the backward that follows takes those its loss is made of.
 
 
-def _step_reduction():
-    """(summed, offset, losses) for the backward now: summed where every training loss the step called
-    sums over the batch (reduction='sum'), so each rank's gradient is a sum over its share and the
-    global gradient their plain sum, exactly alone's; offset: what the summed values returned
-    exceed this rank's own. Reductions that mix are told once: the mean is kept, as before."""
-    losses = list(_state_losses)
-    del _state_losses[:]
-    offset, _state.sum_offset = getattr(_state, "sum_offset", 0.0), 0.0
-    kinds = {kind for kind, _ in losses}
-    if len(kinds) > 1:
+def _loss_graph(loss):
+    """(every autograd node the loss depends on, the nodes it is a plain sum of: reached from its
+    own node through additions, and the first operand of subtractions)."""
+    root = getattr(loss, "grad_fn", None)
+    reach, plain, todo = set(), set(), [(root, True)]
+    while todo:
+        node, additive = todo.pop()
+        if node is None or (node in reach and (not additive or node in plain)):
+            continue
+        reach.add(node)
+        if additive:
+            plain.add(node)
+        kind = type(node).__name__
+        for k, (nxt, _) in enumerate(node.next_functions):
+            todo.append((nxt, additive and (kind == "AddBackward0" or (kind == "SubBackward0" and k == 0))))
+    return reach, plain
+
+
+def _step_reduction(loss):
+    """(summed, offset, losses) for the backward of `loss`: summed where the loss is a plain sum of
+    summed losses (reduction='sum') and terms added by hand, with no mean loss in it: each rank's
+    gradient is then a sum over its share and the global gradient their plain sum, exactly
+    alone's; offset: what the summed values returned exceed this rank's own. A loss with no summed
+    loss in it is averaged as always (and pays for no graph walk); a summed loss scaled before
+    backward (divided by the batch's length) or mixed with means is averaged too, told once."""
+    losses, _state.losses = getattr(_state, "losses", []), []
+    if not any(kind == "sum" for kind, _, _, _ in losses):
+        return False, 0.0, []
+    reach, plain = _loss_graph(loss)
+    mine = [x for x in losses if x[2] in reach]  # a loss computed for a print only is not this one's
+    sums = [x for x in mine if x[0] == "sum"]
+    means = [x for x in mine if x[0] != "sum"]
+    scaled = [x for x in sums if x[2] not in plain]
+    if sums and means:
         _say_once("mixed-reductions", "WARN", "one step's loss mixes losses summed over the batch (%s) with means "
                   "(%s): no one weighting of the ranks' gradients gives both exactly; they are averaged as the "
-                  "means need, which divides the summed terms' weight by the number of ranks. Make the reductions alike to "
-                  "train as alone" % (_named([x for x in losses if x[0] == "sum"]),
-                                      _named([x for x in losses if x[0] != "sum"])))
-    return kinds == {"sum"}, offset, losses
+                  "means need, which divides the summed terms' weight by the number of ranks. Make the "
+                  "reductions alike to train as alone" % (_named(sums), _named(means)))
+        return False, 0.0, mine
+    if scaled:
+        _say_once("scaled-sum", "WARN", "the loss that %s backpropagates scales %s (reduction='sum') before backward: "
+                  "its gradients are averaged as a mean's, which is alone's where it is divided by the batch's "
+                  "length (a per-sample loss), not where it is divided by a constant (accumulation); its value "
+                  "after backward is not alone's" % (_caller(), _named(scaled)))
+        return False, 0.0, mine
+    return bool(sums), sum(x[3] for x in sums), mine
 
 
 def _named(losses):
-    return ", ".join(sorted({name for _, name in losses})) or "the loss"
+    return ", ".join(sorted({x[1] for x in losses})) or "the loss"
 
 
 def _caller():
@@ -462,7 +491,7 @@ def _global_sum(loss, shift=0.0):
     import torch
     v = (ctypes.c_double * 1)(float(loss.detach()) + shift)
     _check(_shim.dp_metric(v, 1, DP_SUM), "dp_metric")
-    return torch.tensor(v[0], dtype=torch.float64).to(loss.dtype).reshape(loss.shape)
+    return torch.tensor(v[0], dtype=torch.float64).to(device=loss.device, dtype=loss.dtype).reshape(loss.shape)
 
 
 def _global_value(loss):
@@ -579,7 +608,7 @@ def _hook_optimizers(torch):
         global _announcing
         # (a summed step's gradients go at the end, plainly summed: see _step_reduction)
         if (_acting() and _announcing is None and _shim.overlap() and getattr(_state, "shared", False)
-                and not any(kind == "sum" for kind, _ in _state_losses)):
+                and not any(x[0] == "sum" for x in getattr(_state, "losses", []))):
             params = _trained_parameters()
             _watch_accumulators(params)
             _announcing = _Announcing(params)
@@ -793,10 +822,11 @@ def _hook_losses(torch):
             summed = _reduction(loss_fn, args, kwargs) == "sum" and _shim.split and getattr(_state, "shared", False)
             out = GlobalValue.apply(loss, _global_sum(loss) if summed else _global_value(loss))
             out._dpshim_global = True  # the backward that follows does not average it again
-            if summed:
-                _state.sum_offset = getattr(_state, "sum_offset", 0.0) + float(out.detach()) - float(loss.detach())
             if getattr(_state, "shared", False):
-                _state_losses.append(("sum" if summed else "mean", "%s at %s" % (loss_fn.__name__, _caller())))
+                if not hasattr(_state, "losses"):
+                    _state.losses = []
+                _state.losses.append(("sum" if summed else "mean", "%s at %s" % (loss_fn.__name__, _caller()),
+                                      out.grad_fn, float(out.detach()) - float(loss.detach()) if summed else 0.0))
             return out
         return wrapped
 
@@ -1145,10 +1175,28 @@ def _wrap_distributing(cls_name, module):
     cls.__init__ = stepping
 
 
-def install_import_hook():
+def _start(lib):
     global _shim
+    _shim = _Shim(lib)
+    _agree_random_state()
+
+
+def install_import_hook():
     lib = _library_handle() if "torch" not in sys.modules else None
-    if lib is not None and lib.dp_world_size() > 1 and _holds_rank(lib):
-        _shim = _Shim(lib)
-        _agree_random_state()
-        _on_import("torch", _install)
+    if lib is None or lib.dp_world_size() <= 1:
+        return
+    if os.environ.get("DPSHIM_RANK_PID", "").split(":", 1)[0] == str(os.getpid()):
+        # the process the launcher started: it holds the rank's place from the start
+        if _holds_rank(lib):
+            _start(lib)
+            _on_import("torch", _install)
+        return
+
+    # a child of it (the trainer a wrapper starts, or a program a shell line runs before it):
+    # the rank's place goes to the first one that imports torch, so a preparing step without
+    # torch (`sh -c "python3 prep.py && python3 train.py"`) leaves it to the trainer
+    def claim_then_install(torch):
+        if _holds_rank(lib):
+            _start(lib)
+            _install(torch)
+    _on_import("torch", claim_then_install)

@@ -2,7 +2,9 @@
 # pytorch/examples' VAE on synthetic 8x8 images: a loss summed over the batch
 # (binary_cross_entropy with reduction='sum') plus a KL term written by hand with torch.sum, and an
 # "Average loss" per epoch that sums loss.item() over the script's own batches and divides by the
-# data set's length. --mixed adds a mean-reduced term (an MSE with the default reduction).
+# data set's length. --mixed adds a mean-reduced term (an MSE with the default reduction);
+# --per-sample divides the loss by the batch's length before backward, with SGD (whose step,
+# unlike Adam's, shows a gradient N times too large).
 import argparse
 
 import torch
@@ -48,6 +50,7 @@ def loss_function(recon_x, x, mu, logvar, mixed):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('--mixed', action='store_true')
+    parser.add_argument('--per-sample', action='store_true')
     args = parser.parse_args()
     torch.manual_seed(1)
     torch.set_default_dtype(torch.float64)
@@ -57,7 +60,7 @@ def main():
     train_loader = DataLoader(train_set, batch_size=32, shuffle=True)
     test_loader = DataLoader(test_set, batch_size=32)
     model = VAE()
-    optimizer = optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = optim.SGD(model.parameters(), lr=1e-3) if args.per_sample else optim.Adam(model.parameters(), lr=1e-2)
     for epoch in range(1, 4):
         model.train()
         train_loss = 0
@@ -65,6 +68,8 @@ def main():
             optimizer.zero_grad()
             recon_batch, mu, logvar = model(data)
             loss = loss_function(recon_batch, data, mu, logvar, args.mixed)
+            if args.per_sample:
+                loss = loss / len(data)
             loss.backward()
             train_loss += loss.item()
             optimizer.step()
