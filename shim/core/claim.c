@@ -22,7 +22,8 @@
 #define CLAIM_NAME "dpshim-rank"
 #define CLAIM_FD_MIN 100 /* above the low numbers shells and scripts use themselves */
 
-static _Atomic int32_t *owner_word;
+static _Atomic int32_t *_Atomic owner_word;
+static int child_fd = -1; /* a child's claim file, mapped when first needed (word()) */
 void (*volatile dps_on_rank_claimed)(void);
 
 /* fd, if it is the claim file: mapped, else NULL. */
@@ -38,30 +39,56 @@ static _Atomic int32_t *map_word(int fd)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* A child only notes the descriptor: most children (a shell, a compiler) never ask, and start-up
+ * is the cost every one of them pays. The rank process maps its file at once: it must see the
+ * word at its exit even if the program closed the descriptor. */
 DPS_STARTUP int dps_claim_setup(int role, int fd)
 {
+    if (role == DPS_ROLE_CHILD) return child_fd = fd;
     dps_in_shim++;
-    if (role == DPS_ROLE_RANK && fd < 0) {
+    if (fd < 0) {
         int made = memfd_create(CLAIM_NAME, 0); /* inherited across exec: no close-on-exec */
         fd = made >= 0 && ftruncate(made, sizeof(int32_t)) == 0 ? fcntl(made, F_DUPFD, CLAIM_FD_MIN) : -1;
         if (made >= 0) close(made);
         if (fd < 0) DPS_DEBUG("no claim file (%s): the rank process keeps the rank's place", strerror(errno));
     }
-    if (fd >= 0) owner_word = map_word(fd);
+    if (fd >= 0) atomic_store(&owner_word, map_word(fd));
     dps_in_shim--;
-    return owner_word ? fd : -1;
+    return atomic_load(&owner_word) ? fd : -1;
 }
 
-int dps_rank_owner(void) { return owner_word ? atomic_load(owner_word) : 0; }
+/* The owner word; NULL where this process has none (no claim file, or a descriptor that is
+ * not it any more). */
+static _Atomic int32_t *word(void)
+{
+    _Atomic int32_t *w = atomic_load(&owner_word);
+    if (w || child_fd < 0) return w;
+    dps_in_shim++;
+    _Atomic int32_t *mapped = map_word(child_fd), *none = NULL;
+    dps_in_shim--;
+    if (mapped && !atomic_compare_exchange_strong(&owner_word, &none, mapped)) munmap((void *)mapped, sizeof(int32_t));
+    return atomic_load(&owner_word);
+}
 
-int dps_rank_place_free(void) { return owner_word && atomic_load(owner_word) == 0; }
+int dps_rank_owner(void)
+{
+    _Atomic int32_t *w = word();
+    return w ? atomic_load(w) : 0;
+}
+
+int dps_rank_place_free(void)
+{
+    _Atomic int32_t *w = word();
+    return w && atomic_load(w) == 0;
+}
 
 int dps_claim_rank(void)
 {
     if (atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) return 0; /* a worker, never the rank */
-    if (!owner_word) return dps_g.role == DPS_ROLE_RANK;
+    _Atomic int32_t *w = word();
+    if (!w) return dps_g.role == DPS_ROLE_RANK;
     int32_t holder = 0, me = (int32_t)getpid();
-    if (!atomic_compare_exchange_strong(owner_word, &holder, me) && holder != me) return 0;
+    if (!atomic_compare_exchange_strong(w, &holder, me) && holder != me) return 0;
     if (dps_g.role == DPS_ROLE_CHILD) {
         dps_g.role = DPS_ROLE_RANK;
         dps_bootstrap_export_marker();

@@ -56,8 +56,8 @@ DPS_STARTUP void dps_python_inject(const dps_state_t *s)
 {
     /* a child Python gets the adapter too while the rank's place is free: the trainer a wrapper
      * starts (the adapter takes the place at its start) */
-    if ((s->role != DPS_ROLE_RANK && !dps_rank_place_free()) ||
-        DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python())
+    if (DPS_POLICY_ENUM(&s->policy, adapters, python) != DPS_V_adapters_python_auto || !is_python() ||
+        (s->role != DPS_ROLE_RANK && !dps_rank_place_free()))
         return;
     char plugins[1024], dir[1100];
     if (dps_plugin_dir(plugins, sizeof plugins) != 0) return;
