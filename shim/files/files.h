@@ -121,7 +121,8 @@ off_t dps_files_standin_bound(void);
 /* After an open on r that returned fd (any action; only opens that write a gated path count). */
 void dps_files_opened(const dps_redirect_t *r, int fd);
 int dps_files_handle_kind(int fd);
-/* A write to a stand-in, at off (-1: at the file offset); the program's result. */
+/* For an fd dps_files_handle_kind classified in the same call. A write to a stand-in, at off
+ * (-1: at the file offset); the program's result. */
 ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t off);
 /* Rank 0 wrote `asked` bytes at off (-1: at the file offset), with result rc and errno err;
  * errno is left as err. */

@@ -84,6 +84,16 @@ static int lock_handle(int fd)
     return i;
 }
 
+/* The same, for an fd this interposed call already found a handle for (dps_files_handle_kind):
+ * its identity was checked then, so no second fstat on the write path. */
+static int lock_checked(int fd)
+{
+    pthread_mutex_lock(&handles_lock);
+    int i = slot_of(fd);
+    if (i < 0) pthread_mutex_unlock(&handles_lock);
+    return i;
+}
+
 static void forget_short(const char *path)
 {
     for (size_t k = 0; k < nshorts; k++)
@@ -173,7 +183,7 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
         off_t end = pos + (off_t)total;
         if (fstat(fd, &st) == 0 && st.st_size < end && ftruncate(fd, end) != 0) rc = -1;
         if (off < 0 && rc >= 0) lseek(fd, end, SEEK_SET);
-        int i = lock_handle(fd);
+        int i = lock_checked(fd);
         if (i >= 0) {
             int first = !handles[i].dropped;
             handles[i].dropped = 1;
@@ -193,7 +203,7 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
 
 void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err)
 {
-    int i = lock_handle(fd);
+    int i = lock_checked(fd);
     if (i < 0) {
         errno = err;
         return;
