@@ -186,18 +186,28 @@ static int cmd_keys(void)
     return 0;
 }
 
+/* out = this program's folder/rel: where the build and install trees keep its library and
+ * helpers relative to it. 0, or -1 when the program's own path is unknown. */
+static int from_own_folder(const char *rel, char *out, size_t len)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    int k = snprintf(out, len, "%s/%s", dirname(self), rel);
+    return k > 0 && (size_t)k < len ? 0 : -1;
+}
+
 /* The shim answers for itself: dpshim-diag loads libdpshim.so (its own build or install tree's,
  * where the install layout puts it relative to this program, or DPSHIM_LIB) and asks it what its
  * start-up found, after the host it runs on, which tells the ranks of a job across machines
  * apart. */
 static int cmd_env(void)
 {
-    char self[4096], lib[4300];
+    char lib[4300];
     const char *given = getenv("DPSHIM_LIB");
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (given) snprintf(lib, sizeof lib, "%s", given);
-    else if (n > 0) self[n] = '\0', snprintf(lib, sizeof lib, "%s/%s/libdpshim.so", dirname(self), DPS_BIN_TO_LIB);
-    else snprintf(lib, sizeof lib, "libdpshim.so");
+    else if (from_own_folder(DPS_BIN_TO_LIB "/libdpshim.so", lib, sizeof lib) != 0) snprintf(lib, sizeof lib, "libdpshim.so");
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     int (*describe)(char *, size_t) = h ? (int (*)(char *, size_t))dlsym(h, "dpshim_describe") : NULL;
     if (!describe) {
@@ -218,11 +228,8 @@ static int cmd_env(void)
  * with torch loaded (bench_torch.py, run by Debian's system interpreter, which has torch). */
 static int cmd_bench(char **argv)
 {
-    char self[4096], helpers[4200], bench[4300];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = '\0';
-    snprintf(helpers, sizeof helpers, "%s/%s", dirname(self), DPS_BIN_TO_HELPERS);
+    char helpers[4200], bench[4300];
+    if (from_own_folder(DPS_BIN_TO_HELPERS, helpers, sizeof helpers) != 0) return 1;
     int python = argv[2] && argv[3] && !strcmp(argv[2], "--init") && !strcmp(argv[3], "python");
     const char *set = argv[2] && !strcmp(argv[2], "--init") ? (argv[3] ? argv[4] : NULL) : argv[2];
     /* the overlap set measures the progress thread: on unless the user says otherwise */
