@@ -53,6 +53,8 @@ typedef struct dps_backend {
      * the backend has none (self, or MPI below MPI_THREAD_MULTIPLE). 0, or -1 on error. */
     int (*files_post)(const void *msg, size_t len);
     int (*files_wait)(void *msg, size_t len);
+    /* rank 0's next message where one has come: 1 (in msg), 0 where none has, -1 on error */
+    int (*files_poll)(void *msg, size_t len);
     /* The other way: a rank tells rank 0 it has made a call (never blocking for long: a small
      * message), and rank 0 waits for the next such message from any rank. */
     int (*files_ack)(const void *msg, size_t len);

@@ -39,7 +39,10 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
                         : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
                                                                         : -1;
     dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
-    if (s->eff_size > 1) dps_files_set_channel(&files_channel);
+    if (s->eff_size > 1) {
+        dps_files_set_channel(&files_channel);
+        dps_guard_on_place(dps_files_at_place); /* where rank 0's writes can be told complete */
+    }
     /* host buffers, and the agreement on GPU tensors' mode (engine/device.c) */
     dps_e.be_name = "mpi";
     return 0;
@@ -122,7 +125,7 @@ static const dps_backend_t *files_backend(void)
 {
     if (dps_e.scope_depth || dps_e.released) return NULL;
     const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
-    return be && be->files_post && be->files_wait && be->files_ack && be->files_next_ack ? be : NULL;
+    return be && be->files_post && be->files_wait && be->files_poll && be->files_ack && be->files_next_ack ? be : NULL;
 }
 
 static int files_post(const void *msg, size_t len)
@@ -160,6 +163,12 @@ static int files_wait(void *msg, size_t len, const char *what)
     return rc;
 }
 
+static int files_poll(void *msg, size_t len)
+{
+    const dps_backend_t *be = files_backend();
+    return be ? be->files_poll(msg, len) : -1;
+}
+
 static int files_ack(const void *msg, size_t len)
 {
     const dps_backend_t *be = files_backend();
@@ -176,7 +185,8 @@ static int files_next_ack(void *msg, size_t len, int *src, const char *what)
     return rc;
 }
 
-static const dps_files_channel_t files_channel = {files_post, files_wait, files_ack, files_next_ack};
+static const dps_files_channel_t files_channel = {files_post, files_wait, files_poll, files_ack,
+                                                  files_next_ack};
 
 /* A rank that leaves before its first collective still takes part in the exit barrier, for which
  * it opens the backend now: the others may be waiting for it in the backend's start-up, and

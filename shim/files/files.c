@@ -287,14 +287,21 @@ static const dps_files_channel_t *_Atomic channel;
 
 void dps_files_set_channel(const dps_files_channel_t *c) { atomic_store(&channel, c); }
 
-typedef struct outcome {
-    uint64_t seq;
-    int32_t op, rc, err;
-    uint32_t path; /* the path's hash: the same call on a per-call temporary name differs */
-} outcome_t;
-_Static_assert(sizeof(outcome_t) <= 64, "an outcome fits the channel's messages");
+/* A message on the channel: the outcome of rank 0's call #seq, or (op MSG_WRITE) of a write of
+ * rank 0's to a gated file, or (MSG_MARK) rank 0's place alone. Each says where rank 0 was. */
+enum { MSG_WRITE = DPS_FOP_COUNT, MSG_MARK };
+typedef struct message {
+    uint64_t seq;        /* an outcome: the call's number; else the number of rank 0's next call */
+    uint64_t coll;       /* the places rank 0 had reached; UINT64_MAX: rank 0 is leaving */
+    int32_t op, rc, err; /* rc: 0 or -1 for a call; a write's WRITE_* */
+    uint32_t path;       /* the path's hash: the same call on a per-call temporary name differs */
+    uint64_t id;         /* MSG_WRITE: the handle, by the number of the open that made it */
+    int64_t off, asked;  /* MSG_WRITE: at off, asked bytes written (0 where it failed) */
+} message_t;
+enum { WRITE_FAILED = -1, WRITE_WHOLE, WRITE_SHORT };
+_Static_assert(sizeof(message_t) <= 64, "a message fits the channel's");
 
-/* One order on each rank: the leader posts, and a follower waits, one call at a time. */
+/* One order on each rank: the leader posts, and a follower takes in, one message at a time. */
 static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_seq;
 
@@ -363,25 +370,165 @@ static const dps_files_channel_t *usable_channel(void)
     return atomic_load(&channel);
 }
 
+/* The places where a rank blocks on the others (collectives, the guard's checks) it has reached:
+ * every rank reaches the same ones in the same order (dps_files_at_place). */
+static atomic_uint_fast64_t places;
+static uint64_t places_reached(void) { return atomic_load_explicit(&places, memory_order_relaxed); }
+
+/* Rank 0: m goes out, with rank 0's place (coll 0: the collectives entered by now); 0 once
+ * posted. A call's outcome takes the next number. */
+static int post(const dps_files_channel_t *c, message_t *m)
+{
+    pthread_mutex_lock(&order_lock);
+    m->seq = next_seq;
+    if (!m->coll) m->coll = places_reached();
+    int rc = c->post(m, sizeof *m);
+    if (rc == 0 && m->op < MSG_WRITE) next_seq++;
+    pthread_mutex_unlock(&order_lock);
+    return rc;
+}
+
 void dps_files_post(dps_redirect_t *r, int ok)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
-    outcome_t o = {0, (int32_t)r->op, ok ? 0 : -1, ok ? 0 : errno,
-                   r->first ? path_key(r->first_dirfd, r->first) : path_key(r->dirfd, r->orig)};
+    message_t m = {.op = (int32_t)r->op, .rc = ok ? 0 : -1, .err = ok ? 0 : errno,
+                   .path = r->first ? path_key(r->first_dirfd, r->first) : path_key(r->dirfd, r->orig)};
     dps_in_shim++;
-    pthread_mutex_lock(&order_lock);
-    o.seq = next_seq;
-    int posted = c->post(&o, sizeof o) == 0;
-    if (posted) next_seq++;
-    pthread_mutex_unlock(&order_lock);
-    if (posted && is_read(r->op)) {
-        pthread_mutex_lock(&ack_lock);
-        set_mark(&reads, 0, o.path, o.seq + 1);
-        pthread_mutex_unlock(&ack_lock);
+    if (post(c, &m) == 0) {
+        r->seq = m.seq; /* an open that writes: its handle's key (dps_files_post_write) */
+        if (is_read(r->op)) {
+            pthread_mutex_lock(&ack_lock);
+            set_mark(&reads, 0, m.path, m.seq + 1);
+            pthread_mutex_unlock(&ack_lock);
+        }
     }
     dps_in_shim--;
 }
+
+void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int err)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c || id == UINT64_MAX) return;
+    message_t m = {.op = MSG_WRITE, .id = id, .off = off};
+    if (rc < 0) m.rc = WRITE_FAILED, m.err = err;
+    else m.rc = (size_t)rc < asked ? WRITE_SHORT : WRITE_WHOLE, m.asked = rc;
+    dps_in_shim++;
+    post(c, &m);
+    dps_in_shim--;
+}
+
+/* --- a follower's view of rank 0: its writes and its place ------------------------------------ */
+
+#define MAX_RANK0_FILES 64
+typedef struct rank0_file {
+    uint64_t id;    /* UINT64_MAX: a free slot */
+    off_t end;      /* the end of rank 0's furthest write that succeeded */
+    off_t fail_at;  /* where rank 0's writes stopped: -1 while none failed */
+    int err;        /* the errno there; 0 after a short write, until rank 0's next write says */
+} rank0_file_t;
+
+/* All under order_lock. */
+static rank0_file_t rank0_files[MAX_RANK0_FILES] = {[0 ... MAX_RANK0_FILES - 1] = {.id = UINT64_MAX}};
+static unsigned rank0_files_next; /* the slot taken when none is free: the oldest, about */
+static uint64_t rank0_seq, rank0_coll; /* rank 0's place: the most its messages said */
+static message_t pending;              /* an outcome that came during a write's wait */
+static int have_pending;
+
+static rank0_file_t *rank0_file(uint64_t id, int make)
+{
+    for (int i = 0; i < MAX_RANK0_FILES; i++)
+        if (rank0_files[i].id == id) return &rank0_files[i];
+    if (!make) return NULL;
+    int i = 0;
+    while (i < MAX_RANK0_FILES && rank0_files[i].id != UINT64_MAX) i++;
+    if (i == MAX_RANK0_FILES) i = (int)(rank0_files_next++ % MAX_RANK0_FILES);
+    rank0_files[i] = (rank0_file_t){.id = id, .fail_at = -1};
+    return &rank0_files[i];
+}
+
+static void take_in(const message_t *m)
+{
+    uint64_t at = m->op < MSG_WRITE ? m->seq + 1 : m->seq;
+    if (at > rank0_seq) rank0_seq = at;
+    if (m->coll > rank0_coll) rank0_coll = m->coll;
+    if (m->op < MSG_WRITE) {
+        pending = *m, have_pending = 1;
+        return;
+    }
+    if (m->op != MSG_WRITE) return;
+    rank0_file_t *f = rank0_file(m->id, 1);
+    off_t done = m->off + m->asked;
+    if (m->rc == WRITE_FAILED) {
+        if (m->err == EINTR || m->err == EAGAIN || m->err == EWOULDBLOCK) return; /* retried */
+        if (f->fail_at < 0) f->fail_at = m->off;
+        if (!f->err) f->err = m->err;
+        return;
+    }
+    if (done > f->end) f->end = done;
+    if (f->fail_at >= 0 && !f->err && m->off >= f->fail_at) f->fail_at = -1; /* after a short write, on */
+    if (m->rc == WRITE_SHORT && f->fail_at < 0) f->fail_at = done;         /* the next write says why */
+}
+
+/* Rank 0 is past this rank's place: a call this rank has not made, or a collective or check it
+ * has not reached. Its writes before there are all here then. */
+static int rank0_is_past(void) { return have_pending || rank0_seq > next_seq || rank0_coll > places_reached(); }
+
+ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, int *err)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c || id == UINT64_MAX) return b - a;
+    static char what[DPS_PATH_BUF + 96]; /* as in dps_files_take */
+    ssize_t n = b - a;
+    dps_in_shim++;
+    pthread_mutex_lock(&order_lock);
+    for (;;) {
+        rank0_file_t *f = rank0_file(id, 0);
+        if (f && f->fail_at >= 0 && f->fail_at < b && (a < f->fail_at || f->err)) {
+            n = a < f->fail_at ? f->fail_at - a : -1;
+            *err = f->err;
+            break;
+        }
+        if ((f && f->end >= b) || rank0_is_past()) break;
+        message_t m;
+        snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a,
+                 (long long)b);
+        if (c->wait(&m, sizeof m, what) != 0) break;
+        take_in(&m);
+    }
+    pthread_mutex_unlock(&order_lock);
+    dps_in_shim--;
+    return n;
+}
+
+void dps_files_forget_writes(uint64_t id)
+{
+    if (id == UINT64_MAX) return;
+    pthread_mutex_lock(&order_lock);
+    rank0_file_t *f = rank0_file(id, 0);
+    if (f) f->id = UINT64_MAX;
+    pthread_mutex_unlock(&order_lock);
+}
+
+static void mark_place(uint64_t coll)
+{
+    if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed))) return;
+    const dps_files_channel_t *c = usable_channel();
+    if (!c) return;
+    dps_in_shim++;
+    if (my_rank == 0) {
+        message_t m = {.op = MSG_MARK, .coll = coll};
+        post(c, &m);
+    } else if (pthread_mutex_trylock(&order_lock) == 0) { /* a waiting write holds it: it takes them in */
+        message_t m;
+        while (!have_pending && c->poll(&m, sizeof m) == 1) take_in(&m);
+        pthread_mutex_unlock(&order_lock);
+    }
+    dps_in_shim--;
+}
+
+void dps_files_at_place(void) { mark_place(atomic_fetch_add(&places, 1) + 1); }
+void dps_files_leaving(void) { mark_place(UINT64_MAX); }
 
 static void acknowledge(uint64_t seq, uint32_t path);
 
@@ -390,15 +537,19 @@ int dps_files_take(dps_redirect_t *r)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return -1;
-    outcome_t o;
+    message_t o;
     /* static, so the guard may read it while this rank waits; one waiter at a time (order_lock) */
     static char what[DPS_PATH_BUF + 96];
+    int rc = 0;
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
     snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
              dps_files_op_name(r->op), r->orig);
-    int rc = c->wait(&o, sizeof o, what);
-    if (rc == 0) next_seq++;
+    while (!have_pending && rc == 0) {
+        rc = c->wait(&o, sizeof o, what);
+        if (rc == 0) take_in(&o);
+    }
+    if (rc == 0) o = pending, have_pending = 0, next_seq++;
     pthread_mutex_unlock(&order_lock);
     dps_in_shim--;
     if (rc != 0) return -1;

@@ -84,6 +84,7 @@ int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, si
 typedef struct dps_files_channel {
     int (*post)(const void *msg, size_t len);
     int (*wait)(void *msg, size_t len, const char *what);
+    int (*poll)(void *msg, size_t len); /* 1: a message came, 0: none has */
     int (*ack)(const void *msg, size_t len);
     int (*next_ack)(void *msg, size_t len, int *src, const char *what);
 } dps_files_channel_t;
@@ -108,12 +109,33 @@ int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb);
  * (the caller undoes its call and returns -1 with errno = r->err0), else 1. */
 int dps_files_done(dps_redirect_t *r, int ok);
 
+/* --- rank 0's writes on the other ranks ---
+ * Rank 0 posts the outcome of each write to a gated file on the channel too, keyed by the number
+ * of the open that made the handle, and its place (its next call's number, its collectives
+ * entered). A write to a stand-in returns what rank 0's write of the same bytes returned: it
+ * waits until rank 0 has written them, or has failed before them, or is past this rank's place
+ * (a later gated call, a later collective: rank 0 wrote no such bytes, content that differs by
+ * rank). Rank 0 marks its place at each collective while it holds a gated file open, so no such
+ * wait outlasts rank 0's next collective. */
+/* Rank 0: wrote [off, off + asked) of handle id with result rc (errno err). */
+void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int err);
+/* Another rank: how many of the bytes [a, b) of handle id a write may take (b - a: all of them),
+ * or -1 with *err = rank 0's errno; path names the wait. */
+ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, int *err);
+/* A stand-in closed: rank 0's writes of it are no longer needed. */
+void dps_files_forget_writes(uint64_t id);
+/* Every rank, before each collective and each check of the guard's that waits for the others
+ * (the same places on every rank): rank 0 marks its place, the others take in what rank 0 said
+ * so far. Rank 0 when it leaves: it writes no more. Both only while gated files are open. */
+void dps_files_at_place(void);
+void dps_files_leaving(void);
+
 /* --- open gated files (handles.c) ---
  * An open that wrote a gated path (rank 0's real file, another rank's stand-in) is a handle until
  * it is closed. A stand-in keeps the first [files] standin_mb of what the rank writes in memory;
  * past that, writes move the size and the offset only. Writes are each rank's own (rank 0's
- * through to the file); closing and syncing are paired like the calls above: every rank gets
- * rank 0's outcome, and rank 0's close carries a write of that file that failed before it. */
+ * through to the file) and return rank 0's result (above); closing and syncing are paired like
+ * the calls above: every rank gets rank 0's outcome. */
 extern atomic_int dps_files_handles; /* open handles: the write family's fast path */
 enum { DPS_HANDLE_NONE, DPS_HANDLE_RANK0, DPS_HANDLE_STANDIN };
 void dps_files_set_standin_bound(off_t bytes);
@@ -132,6 +154,8 @@ void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err);
 typedef struct dps_fdcall {
     int sink, err; /* a stand-in; rank 0: the errno of a write that failed before */
     off_t end;     /* rank 0: how far the program wrote */
+    uint64_t id;   /* the handle's number on the channel (UINT64_MAX: its writes were unpaired) */
+    int stream_err; /* rank 0: a write of stdio's own failed (glibc's writes are not seen) */
     dps_redirect_t r;
 } dps_fdcall_t;
 int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op);

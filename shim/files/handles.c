@@ -26,6 +26,7 @@
 typedef struct handle {
     _Atomic int fd; /* -1: a free slot */
     int sink;       /* a stand-in (not rank 0) */
+    uint64_t id;    /* the number of the open on the file channel; UINT64_MAX: none (unpaired) */
     dev_t dev;
     ino_t ino;
     char *path;  /* the program's path, absolute where known: messages and the channel's key */
@@ -122,8 +123,8 @@ void dps_files_opened(const dps_redirect_t *r, int fd)
     if (i >= 0) release(i); /* closed behind the shim's back */
     for (i = 0; i < MAX_HANDLES && atomic_load(&handles[i].fd) >= 0; i++) {}
     if (i < MAX_HANDLES && path) {
-        handles[i] = (handle_t){.fd = -1, .sink = r->action == DPS_FILE_FOLLOW, .dev = st.st_dev,
-                                .ino = st.st_ino, .path = path};
+        handles[i] = (handle_t){.fd = -1, .sink = r->action == DPS_FILE_FOLLOW, .id = r->seq,
+                                .dev = st.st_dev, .ino = st.st_ino, .path = path};
         atomic_fetch_add(&dps_files_handles, 1);
         atomic_store_explicit(&handles[i].fd, fd, memory_order_release);
         path = NULL;
@@ -157,9 +158,26 @@ static size_t iov_total(const struct iovec *iov, int n)
     return t;
 }
 
+/* Writes `len` bytes of iov at pos (the first of them past the bound are counted, not kept);
+ * len, or -1. */
+static ssize_t standin_put(int fd, const struct iovec *iov, int n, off_t pos, size_t len)
+{
+    size_t keep = pos < standin_bound ? (size_t)(standin_bound - pos) : 0, at = 0;
+    if (keep > len) keep = len;
+    for (int k = 0; k < n && at < keep; k++) {
+        size_t part = iov[k].iov_len < keep - at ? iov[k].iov_len : keep - at;
+        if (pwrite(fd, iov[k].iov_base, part, pos + (off_t)at) != (ssize_t)part) return -1;
+        at += part;
+    }
+    struct stat st;
+    off_t end = pos + (off_t)len;
+    if (fstat(fd, &st) == 0 && st.st_size < end && ftruncate(fd, end) != 0) return -1;
+    return (ssize_t)len;
+}
+
 ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t off)
 {
-    int saved = errno;
+    int saved = errno, err = 0;
     size_t total = iov_total(iov, n);
     dps_in_shim++;
     off_t pos = off;
@@ -167,24 +185,27 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
         struct stat st;
         pos = (fcntl(fd, F_GETFL) & O_APPEND) && fstat(fd, &st) == 0 ? st.st_size : lseek(fd, 0, SEEK_CUR);
     }
-    ssize_t rc = (ssize_t)total;
-    if (pos >= 0 && pos + (off_t)total <= standin_bound) {
+    uint64_t id = UINT64_MAX;
+    char path[DPS_PATH_BUF];
+    int i = lock_checked(fd);
+    if (i >= 0) {
+        id = handles[i].id;
+        snprintf(path, sizeof path, "%s", handles[i].path);
+        pthread_mutex_unlock(&handles_lock);
+    }
+    /* what rank 0's write of these bytes returned: all of them, fewer, or an error */
+    ssize_t rc = pos >= 0 ? dps_files_rank0_write(id, path, pos, pos + (off_t)total, &err) : (ssize_t)total;
+    if (rc < 0) {
+        dps_in_shim--;
+        errno = err;
+        return -1;
+    }
+    if (pos >= 0 && (size_t)rc == total && pos + (off_t)total <= standin_bound) {
         rc = off < 0 ? writev(fd, iov, n) : pwritev(fd, iov, n, off);
     } else if (pos >= 0) {
-        /* keep what lies below the bound; past it, only the size and the offset move */
-        size_t keep = pos < standin_bound ? (size_t)(standin_bound - pos) : 0;
-        for (int k = 0; k < n && keep; k++) {
-            size_t part = iov[k].iov_len < keep ? iov[k].iov_len : keep;
-            if (pwrite(fd, iov[k].iov_base, part, pos + (off_t)(total - iov_total(iov + k, n - k))) != (ssize_t)part)
-                break;
-            keep -= part;
-        }
-        struct stat st;
-        off_t end = pos + (off_t)total;
-        if (fstat(fd, &st) == 0 && st.st_size < end && ftruncate(fd, end) != 0) rc = -1;
-        if (off < 0 && rc >= 0) lseek(fd, end, SEEK_SET);
-        int i = lock_checked(fd);
-        if (i >= 0) {
+        rc = standin_put(fd, iov, n, pos, (size_t)rc);
+        if (off < 0 && rc >= 0) lseek(fd, pos + rc, SEEK_SET);
+        if (pos + (off_t)total > standin_bound && (i = lock_checked(fd)) >= 0) {
             int first = !handles[i].dropped;
             handles[i].dropped = 1;
             if (first)
@@ -209,12 +230,14 @@ void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err)
         return;
     }
     handle_t *h = &handles[i];
+    uint64_t id = h->id;
     off_t now = off >= 0 ? off : lseek(fd, 0, SEEK_CUR);
     off_t before = off >= 0 ? off : now - (rc > 0 ? rc : 0);
     if (now >= 0 && before + (off_t)asked > h->end) h->end = before + (off_t)asked;
     /* an interrupted or would-block write wrote nothing: the program retries, the file is whole */
     if (rc < 0 && !h->err && err != EINTR && err != EAGAIN && err != EWOULDBLOCK) h->err = err;
     pthread_mutex_unlock(&handles_lock);
+    if (now >= 0) dps_files_post_write(id, before, asked, rc, err);
     errno = err;
 }
 
@@ -234,7 +257,8 @@ int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op)
 {
     int i = lock_handle(fd);
     if (i < 0) return 0;
-    c->sink = handles[i].sink, c->end = handles[i].end, c->err = handles[i].err;
+    c->sink = handles[i].sink, c->end = handles[i].end, c->err = handles[i].err, c->id = handles[i].id;
+    c->stream_err = 0;
     dps_redirect_t *r = &c->r;
     memset(r, 0, sizeof *r);
     r->action = c->sink ? DPS_FILE_FOLLOW : DPS_FILE_LEAD;
@@ -245,6 +269,7 @@ int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op)
     if (op == DPS_FOP_CLOSE) release(i);
     pthread_mutex_unlock(&handles_lock);
     if (c->sink && dps_files_take(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's taken to succeed */
+    if (c->sink && op == DPS_FOP_CLOSE) dps_files_forget_writes(c->id);
     return 1;
 }
 
@@ -252,15 +277,18 @@ int dps_files_fd_end(dps_fdcall_t *c, int rc, int err)
 {
     dps_redirect_t *r = &c->r;
     if (!c->sink) {
-        /* rank 0's close also carries a write of this file that failed before it: the other
-         * ranks' writes went to their stand-ins and succeeded; their close is where they learn */
-        int sticky = r->op == DPS_FOP_CLOSE ? c->err : 0;
+        int failed_write = r->op == DPS_FOP_CLOSE ? c->err : 0;
+        /* writes the others could not pair (a file opened before the first collective, where
+         * the channel starts; stdio's own writes): the close carries one that failed before it,
+         * so the others learn there */
+        int carried = c->id == UINT64_MAX ? failed_write : c->stream_err;
         pthread_mutex_lock(&handles_lock);
-        if (rc < 0 || sticky) note_short(r->buf, c->end, rc < 0 ? err : sticky, rc < 0 ? dps_files_op_name(r->op) : "write");
+        if (rc < 0 || failed_write)
+            note_short(r->buf, c->end, rc < 0 ? err : failed_write, rc < 0 ? dps_files_op_name(r->op) : "write");
         else if (r->op == DPS_FOP_CLOSE) forget_short(r->buf);
         pthread_mutex_unlock(&handles_lock);
-        errno = rc < 0 ? err : sticky;
-        dps_files_post(r, rc == 0 && !sticky);
+        errno = rc < 0 ? err : carried;
+        dps_files_post(r, rc == 0 && !carried);
         errno = err;
         return rc;
     }

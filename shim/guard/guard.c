@@ -33,9 +33,21 @@ DPS_STARTUP void dps_guard_configure(const dps_state_t *s)
     if (s->role == DPS_ROLE_RANK && s->eff_size > 1) atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
 }
 
+static void (*_Atomic at_place)(void);
+
+void dps_guard_on_place(void (*fn)(void)) { atomic_store(&at_place, fn); }
+
+/* Before a wait for every rank: the same places on every rank, in the same order. */
+static void place_reached(void)
+{
+    void (*fn)(void) = atomic_load_explicit(&at_place, memory_order_relaxed);
+    if (fn) fn();
+}
+
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
     dps_guard_pos_t *pos = &dps_guard_pos;
+    place_reached(); /* every collective passes here, its desync check next */
     uint64_t call = dps_guard_note(hook, collective, dtype, count); /* checks.c: the desync checks' record */
     atomic_store_explicit(&pos->call, call, memory_order_relaxed);
     atomic_store_explicit(&pos->hook, hook, memory_order_relaxed);
@@ -62,7 +74,7 @@ void dps_guard_step(uint64_t step, int alone)
     else if (drift_due) dps_guard_check_drift(step);
 }
 
-dps_guard_mark_t dps_guard_own_begin(const char *what)
+static dps_guard_mark_t own_begin(const char *what)
 {
     dps_guard_pos_t *pos = &dps_guard_pos;
     dps_guard_mark_t prev = {atomic_load(&pos->hook), atomic_load(&pos->coll)};
@@ -73,9 +85,17 @@ dps_guard_mark_t dps_guard_own_begin(const char *what)
     return prev;
 }
 
+/* The shim's own waits for every rank (start-up, the checks): the same places on every rank. */
+dps_guard_mark_t dps_guard_own_begin(const char *what)
+{
+    place_reached();
+    return own_begin(what);
+}
+
+/* A file wait is this rank's alone: no place. */
 dps_guard_mark_t dps_guard_files_wait_begin(const char *what, int for_rank0)
 {
-    dps_guard_mark_t prev = dps_guard_own_begin(what);
+    dps_guard_mark_t prev = own_begin(what);
     atomic_store(&dps_guard_pos.files_wait, for_rank0 ? FILES_WAIT_RANK0 : FILES_WAIT_ACKS);
     return prev;
 }

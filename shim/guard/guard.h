@@ -40,6 +40,9 @@ void dps_guard_tensors(const dp_tensor *t, size_t n);
 uint64_t dps_guard_note(const char *hook, int collective, int32_t dtype, uint64_t count);
 /* Around every collective of the main thread (and its waits for the progress thread). */
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count);
+/* fn is called before each wait for every rank (a collective, a check of the guard's, start-up):
+ * places every rank reaches in the same order. */
+void dps_guard_on_place(void (*fn)(void));
 void dps_guard_leave(void);
 /* A collective of the main thread failed (the backend returned `what`), still marked as entered:
  * with a side channel the watchdog asks every rank where it is and prints the table (a rank that

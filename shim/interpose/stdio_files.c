@@ -108,7 +108,7 @@ DPS_REAL_DECLARE(int, fflush, (FILE *));
             /* stdio wrote the stream through glibc's own write: what it left */     \
             off_t at_ = ftello(f_);                                                 \
             if (at_ > c_.end) c_.end = at_;                                         \
-            if (!c_.err && ferror(f_)) c_.err = EIO;                                \
+            if (!c_.err && ferror(f_)) c_.err = c_.stream_err = EIO;                \
         }                                                                           \
         int rc_ = CALL;                                                             \
         return dps_files_fd_end(&c_, rc_ == 0 ? 0 : -1, errno) == 0 ? 0 : EOF;      \

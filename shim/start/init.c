@@ -40,6 +40,7 @@ static void at_exit(void)
     }
     DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_engine_say_if_nothing_shared();
+    dps_files_leaving(); /* rank 0 writes no more: a rank waiting for it goes on */
     dps_engine_join_at_exit();
     dps_guard_exit();
     dps_diag_write();

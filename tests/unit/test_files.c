@@ -455,6 +455,8 @@ static int queue_wait(void *msg, size_t len, const char *what)
     return 0;
 }
 
+static int queue_poll(void *msg, size_t len) { return queue_wait(msg, len, "poll") == 0; }
+
 /* The followers' acknowledgements, and rank 0 taking them (none waits here: one process). */
 static int acks_sent, acks_taken;
 static int queue_ack(const void *msg, size_t len)
@@ -474,7 +476,42 @@ static int queue_next_ack(void *msg, size_t len, int *src, const char *what)
     return 0;
 }
 
-static const dps_files_channel_t queue_channel = {queue_post, queue_wait, queue_ack, queue_next_ack};
+static const dps_files_channel_t queue_channel = {queue_post, queue_wait, queue_poll, queue_ack,
+                                                  queue_next_ack};
+
+/* Rank 0's writes of a gated file: a follower's write of the same bytes returns what rank 0's
+ * returned (all, a short count, the errno), at the same call. */
+static void test_channel_writes(void)
+{
+    configure_main(0);
+    dps_redirect_t r;
+    dps_files_open(&r, AT_FDCWD, "ckpt/w", O_WRONLY | O_CREAT | O_TRUNC);
+    dps_files_done(&r, 1);
+    uint64_t id = r.seq;
+    CHECK(id != UINT64_MAX, "the open that writes has a number");
+    dps_files_post_write(id, 0, 4096, 4096, 0);
+    dps_files_post_write(id, 4096, 4096, 1000, 0);      /* short: the disk filled */
+    dps_files_post_write(id, 5096, 3096, -1, EINTR);    /* retried: no failure */
+    dps_files_post_write(id, 5096, 3096, -1, ENOSPC);
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/w"); /* rank 0's next call */
+    dps_files_done(&r, 1);
+
+    configure_main(1);
+    dps_files_open(&r, AT_FDCWD, "ckpt/w", O_WRONLY | O_CREAT | O_TRUNC);
+    CHECK(dps_files_follow(&r) == 1 && r.seq == id, "the follower's open has rank 0's number");
+    dps_files_done(&r, 1);
+    int err = 0;
+    CHECK(dps_files_rank0_write(id, "ckpt/w", 0, 4096, &err) == 4096, "rank 0's first write was whole");
+    CHECK(dps_files_rank0_write(id, "ckpt/w", 4096, 8192, &err) == 1000, "rank 0's second write was short");
+    ssize_t n = dps_files_rank0_write(id, "ckpt/w", 5096, 8192, &err);
+    CHECK(n == -1 && err == ENOSPC, "rank 0's retry failed with ENOSPC: %zd, %s", n, strerror(err));
+    /* bytes rank 0 never wrote before its next call (content that differs by rank): all */
+    CHECK(dps_files_rank0_write(id + 1, "ckpt/v", 0, 100, &err) == 100, "rank 0 is past: all bytes");
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/w");
+    CHECK(dps_files_follow(&r) == 0 && r.rc0 == 0, "the call after the writes pairs");
+    dps_files_forget_writes(id);
+    CHECK(queue.head == queue.tail, "every message taken");
+}
 
 static void test_channel(void)
 {
@@ -519,6 +556,7 @@ static void test_channel(void)
     configure_main(1);
     dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, "ckpt/sub");
     CHECK(dps_files_follow(&r) == 1 && dps_files_done(&r, 1) == 1 && acks_sent == 1, "lookup: %d acks", acks_sent);
+    test_channel_writes();
     dps_files_set_channel(NULL);
 }
 

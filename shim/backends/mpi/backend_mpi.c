@@ -415,6 +415,13 @@ static int mpi_files_wait(void *msg, size_t len)
     return PMPI_Recv(msg, (int)len, MPI_BYTE, 0, 0, files_comm, MPI_STATUS_IGNORE) == MPI_SUCCESS ? 0 : -1;
 }
 
+static int mpi_files_poll(void *msg, size_t len)
+{
+    int ready = 0;
+    if (PMPI_Iprobe(0, 0, files_comm, &ready, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    return ready ? (mpi_files_wait(msg, len) == 0 ? 1 : -1) : 0;
+}
+
 static int mpi_files_ack(const void *msg, size_t len)
 {
     return PMPI_Send(msg, (int)len, MPI_BYTE, 0, 1, files_comm) == MPI_SUCCESS ? 0 : -1;
@@ -565,6 +572,7 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
                            .guard_allgather = guard ? mpi_guard_allgather : NULL,
                            .allreduce_bg = bg ? mpi_allreduce_bg : NULL, .last_error_bg = mpi_last_error_bg,
                            .files_post = files ? mpi_files_post : NULL, .files_wait = files ? mpi_files_wait : NULL,
+                           .files_poll = files ? mpi_files_poll : NULL,
                            .files_ack = files ? mpi_files_ack : NULL,
                            .files_next_ack = files ? mpi_files_next_ack : NULL,
                            .set_sizes = mpi_set_sizes, .clock_offset = mpi_clock_offset, .tuning = mpi_tuning};
