@@ -681,14 +681,15 @@ static void print_dropped(const job_t *j)
 static void print_problems(const job_t *j)
 {
     const rank_data_t *rd = j->rd;
-    int desync = 0, failed = 0;
+    int desync = 0, failed = 0, nothing = rd[0].present && rd[0].st.nothing_shared[0];
     for (int r = 1; r < j->size; r++)
         if (rd[r].present && rd[0].present && rd[r].st.collectives != rd[0].st.collectives) desync = 1;
     for (int r = 0; r < j->size; r++)
         failed |= rd[r].st.failure[0] != 0;
-    printf("problems: %s%s%s\n", j->missing ? "ranks without files (see above); " : "",
+    printf("problems: %s%s%s%s\n", j->missing ? "ranks without files (see above); " : "",
            desync ? "the ranks made different numbers of collectives (a desync); " : "",
-           j->missing || desync || failed ? "" : "none");
+           nothing ? "nothing was distributed; " : "", j->missing || desync || failed || nothing ? "" : "none");
+    if (nothing) printf("  %s\n", rd[0].st.nothing_shared);
     for (int r = 0; r < j->size; r++)
         if (rd[r].st.failure[0]) printf("  rank %d: %s\n", r, rd[r].st.failure);
 }

@@ -331,6 +331,14 @@ void dps_diag_write(void)
     errno = saved;
 }
 
+void dps_diag_nothing_shared(const char *head, const char *why)
+{
+    if (!dps_diag_on) return;
+    pthread_mutex_lock(&lock);
+    snprintf(diag.st.nothing_shared, sizeof diag.st.nothing_shared, "%s. %s", head, why);
+    pthread_mutex_unlock(&lock);
+}
+
 void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step)
 {
     if (!dps_diag_on) return;

@@ -37,6 +37,8 @@ void dps_diag_set_clock(int64_t offset_ns, uint64_t error_ns);
 void dps_diag_write(void);
 /* The guard is about to end the job: say why in the stats, record the collective still in
  * flight (when in_flight_seq > 0; it began ago_ns ago), and write the files now. */
+/* At exit: no hook shared out work in a job of several ranks; head, then what was found. */
+void dps_diag_nothing_shared(const char *head, const char *why);
 void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step);
 
 #endif

@@ -9,8 +9,9 @@
 
 /* Each file opens with its magic word and this number; the reader refuses other versions.
  * Version 2: the hook is the rest of a trace line (names may hold spaces); dropped_events.
- * Version 3: clock_measured, clock_offset_ns (the first signed key), clock_error_ns. */
-#define DPS_DIAG_FORMAT_VERSION 4
+ * Version 3: clock_measured, clock_offset_ns (the first signed key), clock_error_ns.
+ * Version 5: nothing_shared. */
+#define DPS_DIAG_FORMAT_VERSION 5
 #define DPS_DIAG_STATS_MAGIC "dpshim-stats"
 #define DPS_DIAG_TRACE_MAGIC "dpshim-trace"
 
@@ -57,7 +58,9 @@
     /* events past [diag] trace_mb: counted above, missing from the trace */                                 \
     NUM(dropped_events)                                                                                      \
     /* why the guard ended the job */                                                                        \
-    TEXT(failure, 512)
+    TEXT(failure, 512)                                                                                       \
+    /* a job of 2 or more ranks in which no hook shared out any work: what was found */                      \
+    TEXT(nothing_shared, 1200)
 
 typedef struct dps_diag_stats {
 #define DPS_DIAG_NUM_FIELD_(key) uint64_t key;

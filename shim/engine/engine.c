@@ -205,21 +205,6 @@ void dps_engine_join_at_exit(void)
 /* At the exit of rank 0 of a job of 2 ranks or more in which no hook shared out any work: every
  * rank ran the whole program, which nothing else would tell the user. Every collective includes
  * rank 0, so its own record answers for the job. */
-void dps_engine_say_if_nothing_shared(void)
-{
-    if (dps_g.size < 2 || dps_g.rank != 0 || dps_e.shared_work || dps_e.aside) return;
-    DPS_WARN("nothing was distributed in this job of %d ranks: no gradient was averaged and no batch or epoch was "
-             "shared out, so every rank ran the whole program by itself. %s If the launched command only starts the "
-             "trainer (a shell line, a wrapper such as /usr/bin/time), launch the trainer itself",
-             dps_g.size,
-             dps_g.python_adapter
-                 ? "This Python process had the PyTorch adapter, which shares out work once the script imports "
-                   "torch and trains (a backward pass, a DataLoader's batches); evaluation and inference run whole "
-                   "on every rank."
-                 : "No framework called the hook ABI (dp_batch, dp_grads) and no [hook] declaration of the policy "
-                   "did; a Python script needs [adapters] python = auto.");
-}
-
 void dps_engine_shutdown(void)
 {
     dps_progress_stop();

@@ -30,8 +30,6 @@ extern const dps_backend_t dps_backend_self;
 
 int dps_engine_configure(dps_state_t *s, char *err, size_t errlen);
 void dps_engine_shutdown(void);
-/* Rank 0 at exit: a warning when no hook of the job shared out any work. */
-void dps_engine_say_if_nothing_shared(void);
 /* At exit of a rank process that never opened the backend: opens it for the exit barrier. */
 void dps_engine_join_at_exit(void);
 void dps_engine_before_mpi_finalize(void);

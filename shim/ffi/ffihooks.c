@@ -370,6 +370,13 @@ static int report_hook(const bound_t *b, const char *src, char *err, size_t len)
     return 0;
 }
 
+void dps_ffi_hooks_summary(int *declared, int *sites)
+{
+    *declared = nhooks, *sites = 0;
+    for (int i = 0; i < nhooks; i++)
+        *sites += hooks[i].sites;
+}
+
 int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
 {
     if (!p->nhooks) return 0;

@@ -13,4 +13,7 @@
  * absent). No-op without hooks. */
 int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len);
 
+/* How many [hook] declarations there are, and at how many call sites they are bound. */
+void dps_ffi_hooks_summary(int *declared, int *sites);
+
 #endif

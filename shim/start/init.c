@@ -39,7 +39,7 @@ static void at_exit(void)
         return;
     }
     DPS_DEBUG("exit: finalizing the backend and PMIx");
-    dps_engine_say_if_nothing_shared();
+    int nothing_shared = dps_check_something_shared();
     dps_files_leaving(); /* rank 0 writes no more: a rank waiting for it goes on */
     dps_engine_join_at_exit();
     dps_guard_exit();
@@ -53,6 +53,10 @@ static void at_exit(void)
     if (dps_files_exit_check()) {
         fflush(NULL);
         _exit(DPS_EXIT_IO);
+    }
+    if (nothing_shared) {
+        fflush(NULL);
+        _exit(DPS_EXIT_CONFIG);
     }
 }
 

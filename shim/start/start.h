@@ -10,4 +10,9 @@ void dps_python_inject(const dps_state_t *s);
  * has per local rank (placement.c). */
 void dps_placement_check(const dps_state_t *s);
 
+/* At a rank's exit, in a job of two or more ranks where no hook shared out any work: rank 0 says
+ * what was looked for and found; 1 where [guard] nothing_shared = error ends it (every rank
+ * says so then), else 0 (nothing_shared.c). */
+int dps_check_something_shared(void);
+
 #endif

@@ -15,14 +15,14 @@ synth() {
     for ((r = 0; r < n; r++)); do
         d=$((r == 1 ? shift_ns : 0))
         {
-            printf 'dpshim-stats 4\nrank %d\nsize %d\nlocal_rank 0\nhost %s\nlauncher openmpi\n' $r $n "$1"
+            printf 'dpshim-stats 5\nrank %d\nsize %d\nlocal_rank 0\nhost %s\nlauncher openmpi\n' $r $n "$1"
             printf 'start_ns %d\nend_ns %d\nsteps 3\n' $((t0 + d)) $((t0 + 40 * ms + d))
             [ -z "$offset" ] || printf 'clock_measured 1\nclock_offset_ns %d\nclock_error_ns 100000\n' \
                 $((r == 1 ? offset : 0))
             printf 'collectives 3\nbytes 12000\ncomm_ns %d\n' $((3 * (5 - r) * ms))
         } >"$dir/stats.rank$r.txt"
         {
-            printf 'dpshim-trace 4\n# kind begin_ns end_ns seq step bytes hook\n'
+            printf 'dpshim-trace 5\n# kind begin_ns end_ns seq step bytes hook\n'
             for k in 1 2 3; do
                 b=$((t0 + k * 10 * ms + d))
                 e=$((b + 5 * ms))
@@ -56,8 +56,8 @@ lanes() {
     local host
     host=$(hostname)
     for r in 0 1 2 3; do
-        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 4"
-        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 4"
+        assert_equal "$(head -1 diag/stats.rank$r.txt)" "dpshim-stats 5"
+        assert_equal "$(head -1 diag/trace.rank$r.txt)" "dpshim-trace 5"
         assert_equal "$(sed -n 's/^dropped_events //p' diag/stats.rank$r.txt)" 0
         assert_equal "$(sed -n 's/^steps //p' diag/stats.rank$r.txt)" 30
         assert_equal "$(sed -n 's/^host //p' diag/stats.rank$r.txt)" "$host"
@@ -223,7 +223,7 @@ lanes() {
     printf 'dpshim-stats 2\nrank 0\nsize 1\n' >"$BATS_TEST_TMPDIR/old/stats.rank0.txt"
     run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR/old"
     assert_failure
-    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 2, but this dpshim-diag reads format 4"
+    assert_output --partial "stats.rank0.txt: a dpshim stats file of format 2, but this dpshim-diag reads format 5"
 }
 
 @test "a rank without files (crashed or killed before exit) is reported as such" {

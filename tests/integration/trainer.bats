@@ -93,6 +93,34 @@ train_mpi_np() {
     refute_output --partial "nothing was distributed"
 }
 
+@test "nothing distributed: the warning names the framework found, the report says it, error mode exits 78" {
+    # libtorch loaded, no adapter and no hook: the C++ library is named, with what to do
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_ADAPTERS_PYTHON=off DPSHIM_DIAG_DIR="$BATS_TEST_TMPDIR/d" \
+        /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libtorch_cpu.so.1.13")'
+    assert_success
+    assert_equal "$(count 'nothing was distributed')" 1
+    assert_output --regexp "Found: libtorch_cpu\.so[.0-9]* \(libtorch, PyTorch's C\+\+ library\); no adapter;"
+    assert_output --partial "libtorch's C++ API has no adapter: call the hook ABI"
+    run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR/d"
+    assert_output --partial "problems: nothing was distributed"
+    assert_output --regexp "  nothing was distributed in this job of 2 ranks\. Found: libtorch_cpu"
+    # PyTorch in Python with the adapter turned off
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_ADAPTERS_PYTHON=off /usr/bin/python3 -c 'import torch'
+    assert_output --partial "PyTorch runs in this process without the adapter: set [adapters] python = auto"
+    # [hook] declarations that bind nowhere
+    printf "[hook h]\nsignature = void no_such_function_here(void)\nmissing = ignore\nbefore = step_end\n" >"$BATS_TEST_TMPDIR/h.conf"
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_POLICY="$BATS_TEST_TMPDIR/h.conf" /bin/true
+    assert_output --partial "1 [hook] declaration(s) of the policy, bound at 0 call site(s)"
+    # a job that must distribute: an error, once, and every rank exits 78
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_GUARD_NOTHING_SHARED=error /bin/true
+    assert_equal "$status" 78
+    assert_equal "$(count 'ERROR nothing was distributed')" 1
+    assert_output --partial "[guard] nothing_shared = error: every rank exits 78"
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_GUARD_NOTHING_SHARED=off /bin/true
+    assert_success
+    refute_output --partial "nothing was distributed"
+}
+
 @test "Open MPI's default binding that leaves a rank fewer cores than its share: rank 0 says so, with the line to use" {
     # at np=1 mpirun binds the rank to one core of this machine's $(nproc)
     [ "$(nproc)" -ge 2 ] || skip "one core: no share to lose"
