@@ -14,7 +14,8 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev
           zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist python3 clang iproute2
-          libclang-rt-14-dev python3-torch python3-torchvision munge slurmctld slurmd slurm-client time)
+          libclang-rt-14-dev python3-torch python3-torchvision libtorch-dev munge slurmctld slurmd slurm-client
+          time)
 BUILD_DIR=$(realpath -m "${BUILD_DIR:-build}")
 
 setup() {
@@ -181,6 +182,27 @@ bench_guard_at() {
         printf '  %-60s %.3f s' "${what[$mode]}" "$(xargs -n1 <<<"${times[$mode]}" | median)"
         [ "$mode" = off ] && echo || printf '   ratio to off: %.3f\n' "$(xargs -n1 <<<"${to_off[$mode]}" | median)"
     done
+}
+
+# The C++ trainer on libtorch (tests/integration/libtorch/torch_trainer.cpp) alone and at np=2 in
+# scale mode: training samples per second of its second epoch (the job's: every rank's samples
+# over the slowest rank's time).
+bench_torch_cpp() {
+    local t="$BUILD_DIR/bin/torch_trainer" rounds=5 alone=() job=() a j
+    local args=(--float --samples 20000 --batch 64 --hidden 512 --epochs 2)
+    if [ ! -x "$t" ]; then
+        echo "C++ trainer on libtorch: not built (install libtorch-dev and build again)"
+        return 0
+    fi
+    echo "C++ trainer on libtorch (${args[*]}), samples/s of epoch 2, median of $rounds alternating rounds:"
+    for _ in $(seq "$rounds"); do
+        alone+=("$("$t" "${args[@]}" 2>&1 >/dev/null | awk '/^epoch 2 trained/ { print $5 / $(NF - 1) }')")
+        job+=("$(timeout 600 mpirun --oversubscribe -np 2 env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+            DPSHIM_DATA_MODE=scale "$t" "${args[@]}" 2>&1 >/dev/null |
+            awk '/^epoch 2 trained/ { n += $5; if ($(NF - 1) > s) s = $(NF - 1) } END { print n / s }')")
+    done
+    a=$(printf '%s\n' "${alone[@]}" | median) j=$(printf '%s\n' "${job[@]}" | median)
+    printf '  alone %.0f samples/s   np=2 scale mode %.0f samples/s   %.2fx\n' "$a" "$j" "$(ratio "$j" "$a")"
 }
 
 bench_single() {
@@ -437,7 +459,7 @@ demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -1,6 +1,7 @@
 # The Debian packages, `cpack -G DEB` in the build folder: dpshim (the runtime: the library, its
-# plugins and adapter, dpshim-diag and its helpers, the documentation) and dpshim-dev (the hook
-# ABI's header and package files), installed under /usr. dpkg-shlibdeps finds what the ELF files
+# plugins and adapter, dpshim-diag and its helpers, the documentation), dpshim-dev (the hook
+# ABI's header and package files) and, where it is built, dpshim-libtorch (the libtorch adapter,
+# apart: it depends on libtorch), installed under /usr. dpkg-shlibdeps finds what the ELF files
 # link (Open MPI, through the mpi plugin); what the shim opens with dlopen (PMIx, libffi) is
 # declared by hand; ldconfig runs on install (a trigger), so that LD_PRELOAD=libdpshim.so works
 # by its name.
@@ -22,6 +23,11 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_RECOMMENDS "openmpi-bin")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME dpshim-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "dpshim (= ${PROJECT_VERSION})")
 set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS OFF)
+if(DPSHIM_HAVE_TORCH)
+  list(APPEND CPACK_COMPONENTS_ALL libtorch)
+  set(CPACK_DEBIAN_LIBTORCH_PACKAGE_NAME dpshim-libtorch)
+  set(CPACK_DEBIAN_LIBTORCH_PACKAGE_DEPENDS "dpshim (= ${PROJECT_VERSION})")
+endif()
 file(WRITE ${CMAKE_BINARY_DIR}/deb/triggers "activate-noawait ldconfig\n")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA ${CMAKE_BINARY_DIR}/deb/triggers)
 include(CPack)

@@ -10,6 +10,7 @@
 #include "diag/diag.h"
 #include "engine/engine.h"
 #include "ffi/ffihooks.h"
+#include "interpose/libtorch.h"
 #include "start.h"
 
 /* Libraries that say which framework the program runs on, by the start of their file name. */
@@ -65,8 +66,11 @@ static void explain(char *out, size_t cap)
     if (!any) ADD("no framework library");
     int declared = 0, sites = 0;
     dps_ffi_hooks_summary(&declared, &sites);
+    const char *torch = dps_torch_adapter_state();
     ADD("; %s; no call of the hook ABI (dp_grads, dp_batch, dp_epoch) shared out work",
-        dps_g.python_adapter ? "the PyTorch adapter in this Python process" : "no adapter");
+        dps_g.python_adapter         ? "the PyTorch adapter in this Python process"
+        : dps_torch_adapter_running() ? torch
+                                      : "no adapter");
     if (declared) ADD("; %d [hook] declaration(s) of the policy, bound at %d call site(s)", declared, sites);
     ADD(". ");
     if (dps_g.python_adapter)
@@ -74,9 +78,14 @@ static void explain(char *out, size_t cap)
             "DataLoader's batches); evaluation and inference run whole on every rank.");
     else if (found_lib(&f, "libtorch_python.so"))
         ADD("PyTorch runs in this process without the adapter: set [adapters] python = auto.");
+    else if (found_lib(&f, "libtorch_cpu.so") && dps_torch_adapter_running())
+        ADD("The libtorch adapter shares out work at a backward pass, an optimizer's step and the batches of "
+            "libtorch's samplers; evaluation under NoGradGuard runs whole on every rank.");
+    else if (found_lib(&f, "libtorch_cpu.so") && torch[0])
+        ADD("The libtorch adapter did not run: %s.", torch);
     else if (found_lib(&f, "libtorch_cpu.so"))
-        ADD("libtorch's C++ API has no adapter: call the hook ABI from the trainer (dpshim/hooks.h) or declare "
-            "[hook] sections for its functions (dpshim.conf(5)).");
+        ADD("No libtorch optimizer's step, backward pass or sampler was called, where the libtorch adapter acts; "
+            "a program with an update of its own calls the hook ABI (dpshim/hooks.h).");
     else if (declared && !sites)
         ADD("No [hook] declaration was bound: check their symbol = against the program's (nm -D).");
     else

@@ -23,6 +23,7 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
         "$STAGE/share/man/man5/dpshim.conf.5"; do
         [ -e "$f" ] || fail "missing: $f"
     done
+    [ ! -e "$BUILD/lib/dpshim/libdpshim-torch.so" ] || [ -e "$lib/dpshim/libdpshim-torch.so" ] || fail "missing: the libtorch adapter"
     # nothing installed points back into the build tree: no run path, no package file (debug
     # information names the sources, as any build's does)
     while read -r f; do
@@ -140,6 +141,16 @@ CM
     # what dlopen opens is declared by hand, what the plugin links is found by dpkg-shlibdeps
     run dpkg-deb -f "${deb[0]}" Depends
     assert_output --regexp "libpmix2.*libffi8.*libopenmpi3"
+    refute_output --partial libtorch
+    # the libtorch adapter apart, where it is built: only its package needs libtorch
+    if [ -e "$BUILD/lib/dpshim/libdpshim-torch.so" ]; then
+        local torch=("$out"/dpshim-libtorch_*_*.deb)
+        run dpkg-deb -f "${torch[0]}" Depends
+        assert_output --regexp "dpshim \(= [0-9.]+\)"
+        assert_output --regexp "libtorch1\.13"
+        run dpkg-deb -c "${torch[0]}"
+        assert_output --partial " ./usr/lib/dpshim/libdpshim-torch.so"
+    fi
     run dpkg-deb -c "${deb[0]}"
     for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch.py \
         ./usr/bin/dpshim-diag ./usr/libexec/dpshim/dpshim-bench; do

@@ -1,0 +1,256 @@
+// The libtorch adapter: what the PyTorch adapter does for Python scripts, for C++ programs on
+// libtorch, at the entry points libdpshim.so forwards here (shim/interpose/libtorch.h). All
+// collectives go through the hook ABI, so the guard, the diagnostics and the policy apply.
+//
+//   Optimizer::add_param_group   the new group's parameters from rank 0 (dp_params)
+//   torch::autograd::backward    at its end, the gradients of every optimizer's parameters and
+//                                the loss's value averaged (dp_grads), weighted by each rank's
+//                                share of the batch being trained on
+//   <optimizer>::step            gradients no backward averaged since this optimizer's last
+//                                step averaged first; dp_step_end after
+//   <sampler>::next              split mode: this rank's share of each batch (dp_batch); scale
+//                                mode: every Nth batch; under NoGradGuard ([data] eval =
+//                                whole): the whole batch, so an evaluation pass prints as alone
+//   RandomSampler::reset         rank 0's CPU generator state first: one order on every rank,
+//                                the generator advanced as alone
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "dpshim/hooks.h"
+#include "interpose/libtorch.h"
+
+namespace {
+
+using Batch = c10::optional<std::vector<size_t>>;
+using NextFn = Batch (*)(void *self, size_t batch_size);
+using RawFn = uintptr_t (*)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
+
+dps_torch_config_t conf;
+
+struct State {
+    std::vector<at::Tensor> params;                      // every optimizer's, in the order given
+    std::unordered_set<const void *> known;              // their TensorImpls
+    std::unordered_map<const void *, uint64_t> stepped;  // optimizer -> backward passes at its last step
+    uint64_t backwards = 0, steps = 0;
+    // the training batches the samplers handed out and no step has used yet, oldest first: their
+    // global size, and how many ranks took each sample (1: shared out; N: taken whole)
+    struct Handed {
+        uint64_t n, replicas;
+    };
+    std::deque<Handed> batches;
+} st;
+
+uintptr_t call_real(void *real, const uintptr_t a[6])
+{
+    return reinterpret_cast<RawFn>(real)(a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+int32_t dtype_of(const at::Tensor &t)
+{
+    switch (t.scalar_type()) {
+    case at::kFloat: return DP_F32;
+    case at::kDouble: return DP_F64;
+    case at::kHalf: return DP_F16;
+    case at::kBFloat16: return DP_BF16;
+    default: return -1;
+    }
+}
+
+dp_tensor view_of(const at::Tensor &t, const char *name)
+{
+    return dp_tensor{t.data_ptr(), static_cast<uint64_t>(t.numel()), dtype_of(t),
+                     t.is_cuda() ? static_cast<int32_t>(t.get_device()) : DP_HOST, name};
+}
+
+// The share of the batch the loop trains on now weighs the gradients: with DataLoader workers
+// the samplers run ahead, so the oldest batch handed out and not yet stepped on is that batch.
+// A batch taken whole by every rank weighs each 1/N: its samples counted once per rank. True
+// when the batch was shared out; false for batches every rank computes whole (made by hand, or
+// fewer samples than ranks).
+bool weigh_current_batch()
+{
+    if (st.batches.empty()) return false;
+    const auto &b = st.batches.front();
+    if (conf.split_mode) {
+        std::vector<uint64_t> idx(b.n * b.replicas);
+        dp_batch(idx.data(), idx.size());
+    }
+    return b.replicas == 1;
+}
+
+// Gradients of ps averaged over the ranks; a parameter with a gradient on some ranks only gets
+// zeros on the others first, one with none anywhere is left alone. The loss's value too. Where
+// every rank computed the same batch, float32 and half gradients are averaged as float64 copies:
+// N equal values sum exactly there and their mean rounds back to each of them, where a float32
+// sum of three already rounds (the PyTorch adapter does the same).
+void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool shared)
+{
+    at::NoGradGuard no_grad;
+    std::vector<double> has(ps.size());
+    for (size_t i = 0; i < ps.size(); i++) has[i] = ps[i].grad().defined();
+    if (!ps.empty()) dp_metric(has.data(), has.size(), DP_MAX);
+    std::vector<at::Tensor> tensors;
+    for (size_t i = 0; i < ps.size(); i++) {
+        if (!has[i]) continue;
+        const at::Tensor &p = ps[i];
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        else if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
+        if (dtype_of(p.grad()) >= 0) tensors.push_back(p.grad());
+    }
+    if (loss && loss->defined() && loss->numel() == 1 && loss->is_contiguous() && dtype_of(*loss) >= 0)
+        tensors.push_back(*loss);
+    // one call per dtype, each in the order given; widened copies written back after
+    std::vector<std::pair<at::Tensor, at::Tensor>> widened;
+    std::vector<std::vector<dp_tensor>> by_dtype(4);
+    for (const auto &t : tensors) {
+        if (!shared && dtype_of(t) != DP_F64) {
+            widened.emplace_back(t, t.to(at::kDouble));
+            by_dtype[DP_F64].push_back(view_of(widened.back().second, nullptr));
+        } else {
+            by_dtype[static_cast<size_t>(dtype_of(t))].push_back(view_of(t, nullptr));
+        }
+    }
+    for (auto &ts : by_dtype)
+        if (!ts.empty()) dp_grads(ts.data(), ts.size());
+    for (auto &w : widened) w.first.copy_(w.second);
+}
+
+std::vector<at::Tensor> params_of(const torch::optim::Optimizer &opt)
+{
+    std::vector<at::Tensor> ps;
+    for (const auto &g : opt.param_groups())
+        for (const auto &p : g.params()) ps.push_back(p);
+    return ps;
+}
+
+uintptr_t add_param_group(const uintptr_t a[6], void *real)
+{
+    uintptr_t r = call_real(real, a);
+    auto *opt = reinterpret_cast<torch::optim::Optimizer *>(a[0]);
+    std::vector<dp_tensor> ts;
+    for (const auto &p : opt->param_groups().back().params()) {
+        if (st.known.insert(p.unsafeGetTensorImpl()).second) st.params.push_back(p);
+        if (p.is_contiguous() && dtype_of(p) >= 0) ts.push_back(view_of(p, nullptr));
+    }
+    if (!ts.empty()) dp_params(ts.data(), ts.size());
+    return r;
+}
+
+uintptr_t backward(const uintptr_t a[6], void *real)
+{
+    const auto &roots = *reinterpret_cast<const std::vector<at::Tensor> *>(a[0]);
+    const auto &inputs = *reinterpret_cast<const std::vector<at::Tensor> *>(a[4]);
+    uintptr_t r = call_real(real, a);
+    // a backward for the gradients of chosen inputs (a gradient penalty) is no training step's
+    if (!inputs.empty() || st.params.empty()) return r;
+    bool shared = weigh_current_batch();
+    average(st.params, roots.size() == 1 ? &roots[0] : nullptr, shared);
+    st.backwards++;
+    return r;
+}
+
+uintptr_t step(const uintptr_t a[6], void *real)
+{
+    auto *opt = reinterpret_cast<torch::optim::Optimizer *>(a[1]);
+    const auto &closure = *reinterpret_cast<const std::function<at::Tensor()> *>(a[2]);
+    auto last = st.stepped.find(opt);
+    bool averaged = last != st.stepped.end() ? last->second != st.backwards : st.backwards > 0;
+    if (!closure && !averaged) { // gradients set by hand, or no backward since this optimizer's step
+        bool shared = weigh_current_batch();
+        average(params_of(*opt), nullptr, shared);
+    }
+    uintptr_t r = call_real(real, a); // a closure's backward passes are averaged as they end
+    st.stepped[opt] = st.backwards;
+    if (!st.batches.empty()) st.batches.pop_front();
+    dp_step_end(++st.steps);
+    return r;
+}
+
+uintptr_t sampler_next(const uintptr_t a[6], void *real)
+{
+    auto *out = reinterpret_cast<Batch *>(a[0]);
+    void *self = reinterpret_cast<void *>(a[1]);
+    size_t batch_size = a[2];
+    auto next = reinterpret_cast<NextFn>(real);
+    Batch got = next(self, batch_size);
+    bool evaluating = conf.eval_whole && !c10::GradMode::is_enabled();
+    if (got && !evaluating && conf.split_mode && got->size() < static_cast<size_t>(conf.size)) {
+        st.batches.push_back({got->size(), static_cast<uint64_t>(conf.size)}); // none may be empty: all take it
+    } else if (got && !evaluating && conf.split_mode) {
+        std::vector<uint64_t> idx(got->begin(), got->end());
+        size_t keep = dp_batch(idx.data(), idx.size());
+        st.batches.push_back({idx.size(), 1});
+        got->assign(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(keep));
+    } else if (got && !evaluating) {
+        // scale mode: N batches of the sampler's, this rank's the rank-th; a short last group is
+        // padded with its first batches ([data] uneven = pad, join) or ends the epoch (drop)
+        std::vector<std::vector<size_t>> group{std::move(*got)};
+        for (int r = 1; r < conf.size; r++) {
+            Batch b = next(self, batch_size);
+            if (!b) break;
+            group.push_back(std::move(*b));
+        }
+        if (group.size() < static_cast<size_t>(conf.size) && conf.uneven == 1) {
+            got = c10::nullopt;
+        } else {
+            got = std::move(group[static_cast<size_t>(conf.rank) % group.size()]);
+            st.batches.push_back({got->size(), 1});
+        }
+    }
+    new (out) Batch(std::move(got));
+    return a[0];
+}
+
+uintptr_t sequential_reset(const uintptr_t a[6], void *real)
+{
+    st.batches.clear(); // a new epoch: batches fetched ahead of a loop that broke off are gone
+    return call_real(real, a);
+}
+
+// Every rank takes rank 0's CPU generator state (summed with zeros: a broadcast through
+// dp_metric), then draws the permutation as rank 0 does, which is what the run alone draws.
+uintptr_t random_reset(const uintptr_t a[6], void *real)
+{
+    st.batches.clear();
+    {
+        auto gen = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        at::Tensor state = gen.get_state();
+        auto *bytes = state.data_ptr<uint8_t>();
+        std::vector<double> v(static_cast<size_t>(state.numel()));
+        for (size_t i = 0; i < v.size(); i++) v[i] = conf.rank == 0 ? bytes[i] : 0;
+        dp_metric(v.data(), v.size(), DP_SUM);
+        for (size_t i = 0; i < v.size(); i++) bytes[i] = static_cast<uint8_t>(v[i]);
+        gen.set_state(state);
+    }
+    return call_real(real, a);
+}
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dps_torch_config_t *c,
+                                                                         dps_torch_handler_t *handler, char *err,
+                                                                         size_t errlen)
+{
+    if (c->abi != DPS_TORCH_ABI) {
+        std::snprintf(err, errlen, "libdpshim-torch.so speaks interface %d, libdpshim.so %d: install them together",
+                      DPS_TORCH_ABI, c->abi);
+        return -1;
+    }
+    conf = *c;
+    dps_torch_handler_t all[] = {
+#define DPS_TORCH_HANDLER(id, name, fn) fn,
+        DPS_TORCH_ENTRIES(DPS_TORCH_HANDLER)
+#undef DPS_TORCH_HANDLER
+    };
+    for (int i = 0; i < DPS_TORCH_COUNT; i++) handler[i] = all[i];
+    return 0;
+}

@@ -1,0 +1,118 @@
+/* libtorch's C++ entry points (libtorch.h), defined here under their mangled names: libtorch is
+ * linked without -Bsymbolic, so these definitions win for the program's calls, libtorch's own
+ * and its vtables' alike. Each forwards to the adapter plugin where it runs in this process, and
+ * otherwise to libtorch's definition, unchanged: a process without libtorch never calls them,
+ * and one with a libtorch the plugin was not built for is told so once and runs as it would. */
+#define _GNU_SOURCE
+#include "libtorch.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/dps.h"
+#include "core/real.h"
+
+/* The forwarding relies on x86-64's calling convention (libtorch.h); elsewhere libtorch's C++
+ * calls run without the adapter. */
+#if defined(__x86_64__)
+
+static const char *const entry_names[] = {
+#define DPS_TORCH_NAME(id, name, fn) name,
+    DPS_TORCH_ENTRIES(DPS_TORCH_NAME)
+#undef DPS_TORCH_NAME
+};
+
+static void *_Atomic reals[DPS_TORCH_COUNT];
+static dps_torch_handler_t handlers[DPS_TORCH_COUNT]; /* set once, under `once` */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char state[512]; /* what became of the adapter, for the end-of-job summary */
+static int running;
+
+typedef uintptr_t (*raw_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
+
+/* The file name of the libtorch_cpu this process has loaded. */
+static int find_libtorch(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    const char *base = slash ? slash + 1 : info->dlpi_name;
+    if (!base || strncmp(base, "libtorch_cpu.so", 15)) return 0;
+    snprintf(data, 256, "%s", info->dlpi_name);
+    return 1;
+}
+
+static void load_adapter(void)
+{
+    if (dps_g.role != DPS_ROLE_RANK || dps_g.eff_size < 2) return; /* alone: libtorch's own calls */
+    if (dps_g.python_adapter) return; /* a Python script: the PyTorch adapter distributes it */
+#ifndef DPS_TORCH_SONAME
+    snprintf(state, sizeof state, "this libdpshim.so was built without the libtorch adapter (libtorch-dev was not "
+                                  "installed where it was built)");
+#else
+    dps_in_shim++;
+    void *same = dlopen(DPS_TORCH_SONAME, RTLD_NOLOAD | RTLD_LAZY);
+    if (!same) {
+        char loaded[256] = "another libtorch";
+        dl_iterate_phdr(find_libtorch, loaded);
+        snprintf(state, sizeof state, "the libtorch adapter is built for %s (libtorch %s), but this process runs %s: "
+                 "its C++ calls run without the adapter; build dpshim against this libtorch",
+                 DPS_TORCH_SONAME, DPS_TORCH_VERSION, loaded);
+        if (dps_g.rank == 0) DPS_WARN("%s", state);
+        dps_in_shim--;
+        return;
+    }
+    dlclose(same);
+    char dir[1024], path[1200], err[512] = "";
+    void *plugin = NULL;
+    dps_torch_init_t init = NULL;
+    if (dps_plugin_dir(dir, sizeof dir) == 0) {
+        snprintf(path, sizeof path, "%s/libdpshim-torch.so", dir);
+        plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (plugin) *(void **)&init = dlsym(plugin, DPS_TORCH_INIT_SYMBOL);
+    dps_torch_config_t c = {.abi = DPS_TORCH_ABI, .rank = dps_g.eff_rank, .size = dps_g.eff_size,
+                            .split_mode = dps_g.split_mode, .uneven = dps_g.uneven,
+                            .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole};
+    if (!init || init(&c, handlers, err, sizeof err) != 0)
+        dps_fatal("the libtorch adapter (libdpshim-torch.so in the plugin directory) could not start: %s; without "
+                  "it every rank would train alone",
+                  err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
+    snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", DPS_TORCH_VERSION);
+    running = 1;
+    dps_in_shim--;
+#endif
+}
+
+const char *dps_torch_adapter_state(void) { return state; }
+int dps_torch_adapter_running(void) { return running; }
+
+static uintptr_t enter(dps_torch_entry_t id, const uintptr_t a[6])
+{
+    void *real = atomic_load_explicit(&reals[id], memory_order_relaxed);
+    if (!real) atomic_store_explicit(&reals[id], real = dps_real_find(entry_names[id]), memory_order_relaxed);
+    pthread_once(&once, load_adapter);
+    dps_torch_handler_t h = handlers[id];
+    if (h && !dps_in_shim && !atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) return h(a, real);
+    return ((raw_fn)real)(a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+#define DPS_TORCH_STUB(id, name, fn)                                                                         \
+    DPS_EXPORT uintptr_t dps_torch_##id(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t)     \
+        __asm__(name);                                                                                        \
+    DPS_EXPORT uintptr_t dps_torch_##id(uintptr_t a0, uintptr_t a1, uintptr_t a2, uintptr_t a3, uintptr_t a4, \
+                                        uintptr_t a5)                                                         \
+    {                                                                                                         \
+        const uintptr_t a[6] = {a0, a1, a2, a3, a4, a5};                                                      \
+        return enter(DPS_TORCH_##id, a);                                                                      \
+    }
+DPS_TORCH_ENTRIES(DPS_TORCH_STUB)
+#undef DPS_TORCH_STUB
+
+#else
+const char *dps_torch_adapter_state(void) { return "the libtorch adapter runs on x86-64 only"; }
+int dps_torch_adapter_running(void) { return 0; }
+#endif

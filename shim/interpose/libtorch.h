@@ -1,0 +1,66 @@
+/* The libtorch adapter's interface: libdpshim.so defines libtorch's C++ entry points under their
+ * mangled names (libtorch.c) and forwards each call to the adapter plugin, libdpshim-torch.so
+ * (hooks/adapters/libtorch/), loaded only in a process that has the libtorch it was built for.
+ * Plain C: both sides include it.
+ *
+ * Each entry point takes at most six integer-class arguments on x86-64 (pointers, a this, a
+ * hidden result pointer, small trivially copyable structs such as c10::optional<size_t> in two
+ * registers), so one C signature forwards them all unchanged and returns what the callee
+ * leaves in rax (the result pointer, for a function that returns a class by value). */
+#ifndef DPS_LIBTORCH_H
+#define DPS_LIBTORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DPS_TORCH_ABI 1
+
+/* ID, mangled name (libtorch 1.13, x86-64, the C++11 string ABI), the adapter's handler. */
+#define DPS_TORCH_ENTRIES(X)                                                                            \
+    X(SGD_STEP, "_ZN5torch5optim3SGD4stepESt8functionIFN2at6TensorEvEE", step)                        \
+    X(ADAM_STEP, "_ZN5torch5optim4Adam4stepESt8functionIFN2at6TensorEvEE", step)                      \
+    X(ADAMW_STEP, "_ZN5torch5optim5AdamW4stepESt8functionIFN2at6TensorEvEE", step)                    \
+    X(ADAGRAD_STEP, "_ZN5torch5optim7Adagrad4stepESt8functionIFN2at6TensorEvEE", step)                \
+    X(RMSPROP_STEP, "_ZN5torch5optim7RMSprop4stepESt8functionIFN2at6TensorEvEE", step)                \
+    X(LBFGS_STEP, "_ZN5torch5optim5LBFGS4stepESt8functionIFN2at6TensorEvEE", step)                    \
+    X(ADD_PARAM_GROUP, "_ZN5torch5optim9Optimizer15add_param_groupERKNS0_19OptimizerParamGroupE",      \
+      add_param_group)                                                                                  \
+    X(BACKWARD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_N3c108optionalIbEEbS7_", \
+      backward)                                                                                         \
+    X(SEQUENTIAL_NEXT, "_ZN5torch4data8samplers17SequentialSampler4nextEm", sampler_next)              \
+    X(RANDOM_NEXT, "_ZN5torch4data8samplers13RandomSampler4nextEm", sampler_next)                      \
+    X(SEQUENTIAL_RESET, "_ZN5torch4data8samplers17SequentialSampler5resetEN3c108optionalImEE",         \
+      sequential_reset)                                                                                 \
+    X(RANDOM_RESET, "_ZN5torch4data8samplers13RandomSampler5resetEN3c108optionalImEE", random_reset)
+
+typedef enum {
+#define DPS_TORCH_ENUM(id, name, fn) DPS_TORCH_##id,
+    DPS_TORCH_ENTRIES(DPS_TORCH_ENUM)
+#undef DPS_TORCH_ENUM
+        DPS_TORCH_COUNT
+} dps_torch_entry_t;
+
+/* A handler: the call's six argument registers and the real function; returns rax. */
+typedef uintptr_t (*dps_torch_handler_t)(const uintptr_t arg[6], void *real);
+
+typedef struct dps_torch_config {
+    int abi; /* DPS_TORCH_ABI */
+    int rank, size;
+    int split_mode; /* [data] mode = split, else scale */
+    int uneven;     /* [data] uneven: 0 pad, 1 drop, 2 join */
+    int eval_whole; /* [data] eval = whole */
+} dps_torch_config_t;
+
+/* The plugin's one export: fills handler[DPS_TORCH_COUNT] (NULL: the real call, unchanged).
+ * 0, or -1 with err set. */
+typedef int (*dps_torch_init_t)(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err,
+                                size_t errlen);
+#define DPS_TORCH_INIT_SYMBOL "dpshim_torch_init"
+
+/* libdpshim.so: what became of the adapter in this process, for the end-of-job summary: "" while
+ * no entry point was called, else a sentence (it runs; libtorch is not the one it is built for;
+ * it was not built). */
+const char *dps_torch_adapter_state(void);
+int dps_torch_adapter_running(void);
+
+#endif

@@ -1,0 +1,151 @@
+#!/usr/bin/env bats
+# C++ programs on libtorch, unmodified, under mpirun: the libtorch adapter (hooks/adapters/libtorch/)
+# shares out their batches and averages their gradients where libtorch's own functions run.
+# Each trainer runs alone and at np = 2 and 3; in float64 what rank 0 prints agrees with the run
+# alone to 1e-9 (relative), and every rank prints the same.
+load helpers
+
+setup() {
+    T=$BUILD/bin/torch_trainer
+    [ -x "$T" ] || skip "built without libtorch-dev: no libtorch adapter"
+    cd "$BATS_TEST_TMPDIR"
+}
+
+# same_numbers A B: the two outputs line by line, words equal and numbers within 1e-9 relative.
+same_numbers() {
+    python3 - "$1" "$2" <<'PYEOF'
+import sys
+a, b = (open(p).read().split("\n") for p in sys.argv[1:])
+assert len(a) == len(b), "%d lines against %d" % (len(a), len(b))
+for la, lb in zip(a, b):
+    for x, y in zip(la.split(), lb.split()):
+        try:
+            fx, fy = float(x), float(y)
+        except ValueError:
+            assert x == y, "%r against %r" % (la, lb)
+            continue
+        assert abs(fx - fy) <= 1e-9 * max(abs(fx), abs(fy), 1e-300), "%r against %r" % (la, lb)
+print("same")
+PYEOF
+}
+
+# against_alone N ARGS...: the trainer alone, then on N ranks; rank 0's stdout against alone's,
+# every rank's stdout alike, and each rank's samples per epoch on stderr in $samples.
+against_alone() {
+    local n=$1 r
+    shift
+    "$T" "$@" >alone.txt 2>alone.err
+    rm -f out.* err.*
+    run mpi "$n" sh -c 'exec env LD_PRELOAD="$0" "$@" >out.$OMPI_COMM_WORLD_RANK 2>err.$OMPI_COMM_WORLD_RANK' \
+        "$SHIM" "$T" "$@"
+    cat err.0
+    assert_success
+    run same_numbers alone.txt out.0
+    assert_output same
+    for r in $(seq 1 $((n - 1))); do cmp out.0 out.$r; done
+    ! grep -q "nothing was distributed" err.0 || fail "nothing was distributed"
+    samples=$(cat err.* | sed -n 's/^epoch 1 trained on \([0-9]*\) samples.*/\1/p' | paste -sd+)
+    samples=$((samples))
+    most=$(cat err.* | sed -n 's/^epoch 1 trained on \([0-9]*\) samples.*/\1/p' | sort -n | tail -1)
+}
+
+# each rank took its share of every epoch: all of the 100 samples, once
+took_shares() {
+    echo "np=$1: $samples samples over the ranks, at most $most on one"
+    assert_equal "$samples" 100
+    [ "$most" -lt 100 ] || fail "a rank trained on the whole epoch"
+}
+
+# at_2_and_3 ARGS...: as alone, and each rank its share, at np = 2 and 3
+at_2_and_3() {
+    local n
+    for n in 2 3; do
+        against_alone $n "$@"
+        took_shares $n
+    done
+}
+
+@test "a C++ trainer (SequentialSampler, SGD with momentum, a test pass under NoGradGuard): np=2, 3 print as alone" {
+    at_2_and_3 --epochs 3
+}
+
+@test "RandomSampler with 2 DataLoader worker threads: one order on every rank, as alone" {
+    at_2_and_3 --sampler random --workers 2
+}
+
+@test "two optimizers in one program, each stepping every batch: as alone" {
+    at_2_and_3 --two --opt sgd
+}
+
+@test "Adam, AdamW, RMSprop, Adagrad; a last batch with fewer samples than ranks taken whole: as alone" {
+    local opt
+    for opt in adam adamw rmsprop adagrad; do
+        against_alone 3 --opt $opt --batch 7 --epochs 2
+        # 14 batches of 7 shared out, the last 2 samples taken by each of the 3 ranks
+        assert_equal "$samples" 104
+    done
+    against_alone 2 --opt adam --batch 7 --epochs 2
+    took_shares 2
+}
+
+@test "LBFGS: the closure's backward passes averaged, the line search sees the global loss: as alone" {
+    at_2_and_3 --opt lbfgs --epochs 2
+}
+
+@test "batches cut by hand, without a DataLoader: every rank trains on the whole batch, as alone" {
+    local n
+    for n in 2 3; do
+        against_alone $n --manual --opt rmsprop
+        assert_equal "$samples" $((100 * n))
+    done
+    # float32 too: the same batch on every rank is averaged in float64, so nothing rounds
+    "$T" --manual --float >alone32.txt 2>/dev/null
+    run mpi 3 env LD_PRELOAD="$SHIM" "$T" --manual --float
+    assert_success
+    while read -r line; do assert_equal "$(count "$line")" 3; done <alone32.txt
+}
+
+@test "every rank makes the collectives; torch::save under rank0_only writes one model and one optimizer" {
+    mkdir alone job
+    (cd alone && "$T" --save run >/dev/null 2>&1)
+    cd job
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_DIAG_DIR=diag DPSHIM_FILES_RANK0_ONLY='*.pt' "$T" --save run
+    assert_success
+    assert_equal "$(ls)" "$(printf 'diag\nrun.model.pt\nrun.optim.pt')"
+    # the weights agree to 1e-15 or so, not always bitwise: the same archive, the same size
+    assert_equal "$(stat -c %s run.model.pt)" "$(stat -c %s ../alone/run.model.pt)"
+    assert_equal "$(stat -c %s run.optim.pt)" "$(stat -c %s ../alone/run.optim.pt)"
+    local names='import sys, zipfile; print(sorted(zipfile.ZipFile(sys.argv[1]).namelist()))'
+    assert_equal "$(python3 -c "$names" run.model.pt)" "$(python3 -c "$names" ../alone/run.model.pt)"
+    local r
+    for r in 0 1; do
+        [ "$(sed -n 's/^collectives //p' diag/stats.rank$r.txt)" -gt 20 ] || fail "rank $r made too few collectives"
+    done
+}
+
+@test "scale mode: each rank takes every other batch, the ranks stay identical, fewer steps per epoch" {
+    local n=2
+    "$T" --epochs 2 2>alone.err >/dev/null
+    rm -f out.* err.*
+    run mpi $n sh -c 'exec env LD_PRELOAD="$0" DPSHIM_DATA_MODE=scale "$@" >out.$OMPI_COMM_WORLD_RANK 2>err.$OMPI_COMM_WORLD_RANK' \
+        "$SHIM" "$T" --epochs 2
+    assert_success
+    cmp out.0 out.1
+    grep -q "epoch 1 trained on 100 samples in 7 batches" alone.err
+    # 7 batches: 4 pairs, the last padded with the first batch of its pair
+    grep -q "epoch 1 trained on 52 samples in 4 batches" err.0
+    grep -q "epoch 1 trained on 52 samples in 4 batches" err.1
+    # uneven = drop: the short last pair ends the epoch
+    run mpi $n env LD_PRELOAD="$SHIM" DPSHIM_DATA_MODE=scale DPSHIM_DATA_UNEVEN=drop "$T" --epochs 1
+    assert_success
+    assert_equal "$(count 'epoch 1 trained on 48 samples in 3 batches')" 2
+}
+
+@test "a libtorch other than the one the adapter is built for: said once, and its calls run unchanged" {
+    run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/other_libtorch_user"
+    assert_success
+    assert_equal "$(count "the other libtorch's SGD::step ran")" 2
+    assert_equal "$(count 'the libtorch adapter is built for libtorch_cpu.so.')" 2 # the warning, the summary
+    assert_output --regexp "but this process runs [^ ]*/libtorch_cpu\.so\.0\.1: its C\+\+ calls run without the adapter"
+    assert_output --partial "The libtorch adapter did not run"
+}
