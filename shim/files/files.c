@@ -289,14 +289,15 @@ void dps_files_set_channel(const dps_files_channel_t *c) { atomic_store(&channel
 
 /* A message on the channel: the outcome of rank 0's call #seq, or (op MSG_WRITE) of a write of
  * rank 0's to a gated file, or (MSG_MARK) rank 0's place alone. Each says where rank 0 was. */
-enum { MSG_WRITE = DPS_FOP_COUNT, MSG_MARK };
+enum { MSG_WRITE = DPS_FOP_COUNT, MSG_MARK, MSG_STREAM_CALL };
 typedef struct message {
     uint64_t seq;        /* an outcome: the call's number; else the number of rank 0's next call */
     uint64_t coll;       /* the places rank 0 had reached; UINT64_MAX: rank 0 is leaving */
     int32_t op, rc, err; /* rc: 0 or -1 for a call; a write's WRITE_* */
     uint32_t path;       /* the path's hash: the same call on a per-call temporary name differs */
-    uint64_t id;         /* MSG_WRITE: the handle, by the number of the open that made it */
-    int64_t off, asked;  /* MSG_WRITE: at off, asked bytes written (0 where it failed) */
+    uint64_t id;         /* MSG_WRITE, MSG_STREAM_CALL: the handle, by the number of the open */
+    int64_t off, asked;  /* MSG_WRITE: at off, asked bytes written (0 where it failed);
+                          * MSG_STREAM_CALL: the call's number on the stream, what it returned */
 } message_t;
 enum { WRITE_FAILED = -1, WRITE_WHOLE, WRITE_SHORT };
 _Static_assert(sizeof(message_t) <= 64, "a message fits the channel's");
@@ -418,6 +419,17 @@ void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int 
     dps_in_shim--;
 }
 
+void dps_files_post_stream_call(uint64_t id, uint64_t k, int64_t ret, int failed, int err)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c || id == UINT64_MAX) return;
+    message_t m = {.op = MSG_STREAM_CALL, .rc = failed ? WRITE_FAILED : WRITE_WHOLE, .err = failed ? err : 0,
+                   .id = id, .off = (int64_t)k, .asked = ret};
+    dps_in_shim++;
+    post(c, &m);
+    dps_in_shim--;
+}
+
 /* --- a follower's view of rank 0: its writes and its place ------------------------------------ */
 
 #define MAX_RANK0_FILES 64
@@ -426,6 +438,9 @@ typedef struct rank0_file {
     off_t end;      /* the end of rank 0's furthest write that succeeded */
     off_t fail_at;  /* where rank 0's writes stopped: -1 while none failed */
     int err;        /* the errno there; 0 after a short write, until rank 0's next write says */
+    uint64_t calls; /* a stdio stream: rank 0's calls told */
+    int64_t failed_call, failed_ret; /* its first that failed (-1: none), and what it returned */
+    int failed_err;
 } rank0_file_t;
 
 /* All under order_lock. */
@@ -443,7 +458,7 @@ static rank0_file_t *rank0_file(uint64_t id, int make)
     int i = 0;
     while (i < MAX_RANK0_FILES && rank0_files[i].id != UINT64_MAX) i++;
     if (i == MAX_RANK0_FILES) i = (int)(rank0_files_next++ % MAX_RANK0_FILES);
-    rank0_files[i] = (rank0_file_t){.id = id, .fail_at = -1};
+    rank0_files[i] = (rank0_file_t){.id = id, .fail_at = -1, .failed_call = -1};
     return &rank0_files[i];
 }
 
@@ -454,6 +469,13 @@ static void take_in(const message_t *m)
     if (m->coll > rank0_coll) rank0_coll = m->coll;
     if (m->op < MSG_WRITE) {
         pending = *m, have_pending = 1;
+        return;
+    }
+    if (m->op == MSG_STREAM_CALL) {
+        rank0_file_t *f = rank0_file(m->id, 1);
+        if ((uint64_t)m->off + 1 > f->calls) f->calls = (uint64_t)m->off + 1;
+        if (m->rc == WRITE_FAILED && f->failed_call < 0)
+            f->failed_call = m->off, f->failed_ret = m->asked, f->failed_err = m->err;
         return;
     }
     if (m->op != MSG_WRITE) return;
@@ -499,6 +521,31 @@ ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, i
     pthread_mutex_unlock(&order_lock);
     dps_in_shim--;
     return n;
+}
+
+int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64_t *ret, int *err)
+{
+    const dps_files_channel_t *c = usable_channel();
+    if (!c || id == UINT64_MAX) return 0;
+    static char what[DPS_PATH_BUF + 96]; /* as in dps_files_take */
+    int failed = 0;
+    dps_in_shim++;
+    pthread_mutex_lock(&order_lock);
+    for (;;) {
+        rank0_file_t *f = rank0_file(id, 0);
+        if (f && f->failed_call == (int64_t)k) {
+            failed = 1, *ret = f->failed_ret, *err = f->failed_err;
+            break;
+        }
+        if ((f && f->calls > k) || rank0_is_past()) break;
+        message_t m;
+        snprintf(what, sizeof what, "wait for rank 0's write call #%llu to %s", (unsigned long long)k + 1, path);
+        if (c->wait(&m, sizeof m, what) != 0) break;
+        take_in(&m);
+    }
+    pthread_mutex_unlock(&order_lock);
+    dps_in_shim--;
+    return failed;
 }
 
 void dps_files_forget_writes(uint64_t id)

@@ -122,6 +122,12 @@ void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int 
 /* Another rank: how many of the bytes [a, b) of handle id a write may take (b - a: all of them),
  * or -1 with *err = rank 0's errno; path names the wait. */
 ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, int *err);
+/* C stdio writes to a gated stream (fwrite, fputs): glibc writes the stream's buffer from inside,
+ * so these pair by call instead, the k-th of a stream with rank 0's k-th. Rank 0 posts each
+ * call's outcome (ret, and err where it failed); another rank's k-th call returns what rank 0's
+ * returned where that was a failure (1, with *ret and *err), else makes the real call (0). */
+void dps_files_post_stream_call(uint64_t id, uint64_t k, int64_t ret, int failed, int err);
+int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64_t *ret, int *err);
 /* A stand-in closed: rank 0's writes of it are no longer needed. */
 void dps_files_forget_writes(uint64_t id);
 /* Every rank, before each collective and each check of the guard's that waits for the others
@@ -149,13 +155,15 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
 /* Rank 0 wrote `asked` bytes at off (-1: at the file offset), with result rc and errno err;
  * errno is left as err. */
 void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err);
+/* A stdio write call on the stream of fd: its kind (DPS_HANDLE_*), and, for a handle, its number
+ * on the channel, the call's number on this stream and the path (cap DPS_PATH_BUF). */
+int dps_files_stream_call(int fd, uint64_t *id, uint64_t *k, char *path);
 /* close, fsync, fdatasync, fclose, fflush on fd: begin is 0 where fd is no handle (make the
  * plain call); else make the real call, then return what end returns (its errno set). */
 typedef struct dps_fdcall {
     int sink, err; /* a stand-in; rank 0: the errno of a write that failed before */
     off_t end;     /* rank 0: how far the program wrote */
     uint64_t id;   /* the handle's number on the channel (UINT64_MAX: its writes were unpaired) */
-    int stream_err; /* rank 0: a write of stdio's own failed (glibc's writes are not seen) */
     dps_redirect_t r;
 } dps_fdcall_t;
 int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op);

@@ -33,6 +33,7 @@ typedef struct handle {
     off_t end;   /* rank 0: how far the program wrote (the end of its furthest write) */
     int err;     /* rank 0: the errno of the first write that failed; 0 while none did */
     int dropped; /* stand-in: bytes past the bound were counted, not kept */
+    uint64_t stream_calls; /* stdio write calls on its stream so far */
 } handle_t;
 
 static handle_t handles[MAX_HANDLES] = {[0 ... MAX_HANDLES - 1] = {.fd = -1}};
@@ -241,6 +242,17 @@ void dps_files_wrote(int fd, size_t asked, off_t off, ssize_t rc, int err)
     errno = err;
 }
 
+int dps_files_stream_call(int fd, uint64_t *id, uint64_t *k, char *path)
+{
+    int i = lock_handle(fd);
+    if (i < 0) return DPS_HANDLE_NONE;
+    int kind = handles[i].sink ? DPS_HANDLE_STANDIN : DPS_HANDLE_RANK0;
+    *id = handles[i].id, *k = handles[i].stream_calls++;
+    snprintf(path, DPS_PATH_BUF, "%s", handles[i].path);
+    pthread_mutex_unlock(&handles_lock);
+    return kind;
+}
+
 /* --- closing and syncing: rank 0's outcome on every rank ---------------------------------------- */
 
 static void note_short(const char *path, off_t end, int err, const char *where)
@@ -258,7 +270,6 @@ int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op)
     int i = lock_handle(fd);
     if (i < 0) return 0;
     c->sink = handles[i].sink, c->end = handles[i].end, c->err = handles[i].err, c->id = handles[i].id;
-    c->stream_err = 0;
     dps_redirect_t *r = &c->r;
     memset(r, 0, sizeof *r);
     r->action = c->sink ? DPS_FILE_FOLLOW : DPS_FILE_LEAD;
@@ -279,9 +290,9 @@ int dps_files_fd_end(dps_fdcall_t *c, int rc, int err)
     if (!c->sink) {
         int failed_write = r->op == DPS_FOP_CLOSE ? c->err : 0;
         /* writes the others could not pair (a file opened before the first collective, where
-         * the channel starts; stdio's own writes): the close carries one that failed before it,
-         * so the others learn there */
-        int carried = c->id == UINT64_MAX ? failed_write : c->stream_err;
+         * the channel starts): the close carries one that failed before it, so the others
+         * learn there */
+        int carried = c->id == UINT64_MAX ? failed_write : 0;
         pthread_mutex_lock(&handles_lock);
         if (rc < 0 || failed_write)
             note_short(r->buf, c->end, rc < 0 ? err : failed_write, rc < 0 ? dps_files_op_name(r->op) : "write");

@@ -1,6 +1,7 @@
 /* stdio file entry points under the file policy: fopen, freopen (and their 64-bit names) are
- * decided like open with the flags their mode string means. glibc's stdio calls its own open
- * internally, so these need wrappers. */
+ * decided like open with the flags their mode string means; fclose, fflush, fwrite and fputs on
+ * gated streams return rank 0's outcome. glibc's stdio calls its own open and write internally,
+ * so these need wrappers. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -108,7 +109,7 @@ DPS_REAL_DECLARE(int, fflush, (FILE *));
             /* stdio wrote the stream through glibc's own write: what it left */     \
             off_t at_ = ftello(f_);                                                 \
             if (at_ > c_.end) c_.end = at_;                                         \
-            if (!c_.err && ferror(f_)) c_.err = c_.stream_err = EIO;                \
+            if (!c_.err && ferror(f_)) c_.err = EIO; /* for the check at exit */     \
         }                                                                           \
         int rc_ = CALL;                                                             \
         return dps_files_fd_end(&c_, rc_ == 0 ? 0 : -1, errno) == 0 ? 0 : EOF;      \
@@ -116,3 +117,52 @@ DPS_REAL_DECLARE(int, fflush, (FILE *));
 
 DPS_EXPORT int fclose(FILE *f) { STREAM_BODY(f, CLOSE, DPS_REAL(fclose)(f)); }
 DPS_EXPORT int fflush(FILE *f) { STREAM_BODY(f, FLUSH, DPS_REAL(fflush)(f)); }
+
+/* Writes to a gated stream, paired by call (files.h): rank 0's outcome of each is told to the
+ * others; another rank's call returns what rank 0's returned where that failed, with rank 0's
+ * errno and the stream's error indicator set, and is made for real otherwise. T is the call's
+ * result type, CALL the real call, OK whether a result r_ is a success. */
+#define STREAM_WRITE_BODY(f_, T, CALL, OK)                                          \
+    do {                                                                            \
+        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim) \
+            return CALL;                                                            \
+        uint64_t id_, k_;                                                           \
+        char path_[DPS_PATH_BUF];                                                   \
+        int kind_ = dps_files_stream_call(fileno(f_), &id_, &k_, path_);            \
+        if (kind_ == DPS_HANDLE_STANDIN) {                                          \
+            int64_t ret_;                                                           \
+            int err_;                                                               \
+            if (!dps_files_rank0_stream_call(id_, k_, path_, &ret_, &err_)) return CALL; \
+            (f_)->_flags |= _IO_ERR_SEEN;                                           \
+            errno = err_;                                                           \
+            return (T)ret_;                                                         \
+        }                                                                           \
+        T r_ = CALL;                                                                \
+        if (kind_ == DPS_HANDLE_RANK0) {                                            \
+            int err_ = errno;                                                       \
+            dps_files_post_stream_call(id_, k_, (int64_t)r_, !(OK), err_);          \
+            errno = err_;                                                           \
+        }                                                                           \
+        return r_;                                                                  \
+    } while (0)
+
+#undef fwrite_unlocked /* an inline macro of glibc's where optimizing: the function is what is interposed */
+#undef fputs_unlocked
+DPS_REAL_DECLARE(size_t, fwrite, (const void *, size_t, size_t, FILE *));
+DPS_REAL_DECLARE(size_t, fwrite_unlocked, (const void *, size_t, size_t, FILE *));
+DPS_REAL_DECLARE(int, fputs, (const char *, FILE *));
+DPS_REAL_DECLARE(int, fputs_unlocked, (const char *, FILE *));
+
+DPS_EXPORT size_t fwrite(const void *p, size_t size, size_t n, FILE *f)
+{
+    STREAM_WRITE_BODY(f, size_t, DPS_REAL(fwrite)(p, size, n, f), r_ == n || !size);
+}
+DPS_EXPORT size_t fwrite_unlocked(const void *p, size_t size, size_t n, FILE *f)
+{
+    STREAM_WRITE_BODY(f, size_t, DPS_REAL(fwrite_unlocked)(p, size, n, f), r_ == n || !size);
+}
+DPS_EXPORT int fputs(const char *s, FILE *f) { STREAM_WRITE_BODY(f, int, DPS_REAL(fputs)(s, f), r_ != EOF); }
+DPS_EXPORT int fputs_unlocked(const char *s, FILE *f)
+{
+    STREAM_WRITE_BODY(f, int, DPS_REAL(fputs_unlocked)(s, f), r_ != EOF);
+}

@@ -372,10 +372,9 @@ full_disk() {
         refute_output --partial " ok"
         assert_equal "$(grep -oE 'rank [0-9]+ [a-z]+\.[a-z]+ failed' <<<"$output" | wc -l)" $((3 * n))
         assert_output --regexp "\[files\] [^ ]*/legacy.pt is 16384 bytes, short of the 403[0-9]{2} the program wrote to it: its write failed \(No space left on device\)"
-        # the same exception on every rank: what rank 0's failed write raised (C stdio's own
-        # writes are glibc's, unseen: there the others fail at fclose, with EIO)
+        # the same exception on every rank: what rank 0's failed write raised (fwrite's too)
         local f
-        for f in legacy.pt array.npy; do
+        for f in legacy.pt array.npy fwrite.bin; do
             assert_equal "$(grep -oE "rank [0-9]+ $f failed [A-Za-z]+ [-0-9]+" <<<"$output" | cut -d' ' -f3- | sort -u | wc -l)" 1
         done
     done
