@@ -191,7 +191,7 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
         got->assign(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(keep));
     } else if (got && !evaluating) {
         // scale mode: N batches of the sampler's, this rank's the rank-th; a short last group is
-        // padded with its first batches ([data] uneven = pad, join) or ends the epoch (drop)
+        // padded with its first batches ([data] uneven = pad) or ends the epoch (drop)
         std::vector<std::vector<size_t>> group{std::move(*got)};
         for (int r = 1; r < conf.size; r++) {
             Batch b = next(self, batch_size);
