@@ -73,8 +73,27 @@ at_2_and_3() {
     at_2_and_3 --sampler random --workers 2
 }
 
-@test "two optimizers in one program, each stepping every batch: as alone" {
-    at_2_and_3 --two --opt sgd
+@test "two optimizers in one program, each stepping every batch, with 2 worker threads: as alone" {
+    at_2_and_3 --two --opt sgd --workers 2
+}
+
+# A test pass in the middle of an epoch resets the test loader's sampler: the batches the training
+# loader's workers fetched ahead still weigh the steps they are trained on.
+@test "a test pass every 3 batches, in the middle of each epoch, with 2 worker threads: as alone" {
+    at_2_and_3 --eval-every 3 --workers 2 --batch 8
+}
+
+# RandomSampler draws its order from rank 0's generator; afterwards each rank draws from its own
+# again (dropout, augmentation), rank 0 as the run alone. (Ranks 1 and 2 draw alike: the trainer
+# seeds every rank with one constant, as a program run alone does.)
+@test "after RandomSampler's order, each rank draws its own random numbers; rank 0 those of the run alone" {
+    against_alone 3 --sampler random --draw --epochs 1
+    local alone0 r0 r1 r2
+    alone0=$(sed -n 's/^draw //p' alone.err) r0=$(sed -n 's/^draw //p' err.0)
+    r1=$(sed -n 's/^draw //p' err.1) r2=$(sed -n 's/^draw //p' err.2)
+    echo "alone $alone0, ranks $r0 $r1 $r2"
+    assert_equal "$r0" "$alone0"
+    [ "$r1" != "$r0" ] && [ "$r2" != "$r0" ] || fail "ranks 1 and 2 draw rank 0's numbers"
 }
 
 @test "Adam, AdamW, RMSprop, Adagrad; a last batch with fewer samples than ranks taken whole: as alone" {

@@ -40,13 +40,33 @@ struct State {
     std::unordered_set<const void *> known;              // their TensorImpls
     std::unordered_map<const void *, uint64_t> stepped;  // optimizer -> backward passes at its last step
     uint64_t backwards = 0, steps = 0;
-    // the training batches the samplers handed out and no step has used yet, oldest first: their
-    // global size, and how many ranks took each sample (1: shared out; N: taken whole)
+    // per sampler, the training batches it handed out that no step has used yet, oldest first:
+    // their global size, and how many ranks took each sample (1: shared out; N: taken whole);
+    // the sampler that handed out the last training batch is the one being trained on
     struct Handed {
         uint64_t n, replicas;
     };
-    std::deque<Handed> batches;
+    std::unordered_map<const void *, std::deque<Handed>> handed;
+    const void *training = nullptr;
+    bool batch_used = false; // a step was made on the front batch: the next backward moves on
+    std::vector<at::Tensor> copies; // contiguous copies of parameters given to dp_params
 } st;
+
+std::deque<State::Handed> *training_batches()
+{
+    auto it = st.handed.find(st.training);
+    return it == st.handed.end() ? nullptr : &it->second;
+}
+
+// The job cannot go on once a rank has left a sequence of collectives half made: an exception
+// thrown between two of them (out of memory) would leave the others waiting.
+[[noreturn]] void fail(const char *where, const std::exception &e)
+{
+    std::fprintf(stderr, "[dpshim] ERROR the libtorch adapter failed in %s, between collectives the other ranks "
+                         "make too: %s\n", where, e.what());
+    std::fflush(stderr);
+    std::abort(); // the guard reports the crash and the launcher ends the job
+}
 
 uintptr_t call_real(void *real, const uintptr_t a[6])
 {
@@ -77,8 +97,11 @@ dp_tensor view_of(const at::Tensor &t, const char *name)
 // fewer samples than ranks).
 bool weigh_current_batch()
 {
-    if (st.batches.empty()) return false;
-    const auto &b = st.batches.front();
+    auto *q = training_batches();
+    if (q && st.batch_used && !q->empty()) q->pop_front(); // the batch the last step used
+    st.batch_used = false;
+    if (!q || q->empty()) return false;
+    const auto &b = q->front();
     if (conf.split_mode) {
         std::vector<uint64_t> idx(b.n * b.replicas);
         dp_batch(idx.data(), idx.size());
@@ -93,6 +116,7 @@ bool weigh_current_batch()
 // sum of three already rounds (the PyTorch adapter does the same).
 void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool shared)
 {
+    try {
     at::NoGradGuard no_grad;
     std::vector<double> has(ps.size());
     for (size_t i = 0; i < ps.size(); i++) has[i] = ps[i].grad().defined();
@@ -101,7 +125,7 @@ void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool sha
     for (size_t i = 0; i < ps.size(); i++) {
         if (!has[i]) continue;
         const at::Tensor &p = ps[i];
-        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p, at::MemoryFormat::Contiguous);
         else if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
         if (dtype_of(p.grad()) >= 0) tensors.push_back(p.grad());
     }
@@ -121,6 +145,9 @@ void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool sha
     for (auto &ts : by_dtype)
         if (!ts.empty()) dp_grads(ts.data(), ts.size());
     for (auto &w : widened) w.first.copy_(w.second);
+    } catch (const std::exception &e) {
+        fail("averaging the gradients", e);
+    }
 }
 
 std::vector<at::Tensor> params_of(const torch::optim::Optimizer &opt)
@@ -135,12 +162,28 @@ uintptr_t add_param_group(const uintptr_t a[6], void *real)
 {
     uintptr_t r = call_real(real, a);
     auto *opt = reinterpret_cast<torch::optim::Optimizer *>(a[0]);
+    st.stepped.emplace(opt, st.backwards); // its first step: averaged if a backward came since
     std::vector<dp_tensor> ts;
+    std::vector<std::pair<at::Tensor, at::Tensor>> back; // a parameter and its contiguous copy
+    at::NoGradGuard no_grad;
     for (const auto &p : opt->param_groups().back().params()) {
         if (st.known.insert(p.unsafeGetTensorImpl()).second) st.params.push_back(p);
-        if (p.is_contiguous() && dtype_of(p) >= 0) ts.push_back(view_of(p, nullptr));
+        if (dtype_of(p) < 0) {
+            std::fprintf(stderr, "[dpshim] WARN the libtorch adapter: a parameter of dtype %s is not broadcast "
+                                 "from rank 0 or averaged (the hook ABI has no such dtype)\n",
+                         c10::toString(p.scalar_type()));
+            continue;
+        }
+        if (p.is_contiguous()) {
+            ts.push_back(view_of(p, nullptr));
+        } else { // kept: the drift check may read it again
+            back.emplace_back(p, p.contiguous());
+            st.copies.push_back(back.back().second);
+            ts.push_back(view_of(back.back().second, nullptr));
+        }
     }
     if (!ts.empty()) dp_params(ts.data(), ts.size());
+    for (auto &b : back) b.first.copy_(b.second);
     return r;
 }
 
@@ -162,14 +205,14 @@ uintptr_t step(const uintptr_t a[6], void *real)
     auto *opt = reinterpret_cast<torch::optim::Optimizer *>(a[1]);
     const auto &closure = *reinterpret_cast<const std::function<at::Tensor()> *>(a[2]);
     auto last = st.stepped.find(opt);
-    bool averaged = last != st.stepped.end() ? last->second != st.backwards : st.backwards > 0;
+    bool averaged = last != st.stepped.end() && last->second != st.backwards;
     if (!closure && !averaged) { // gradients set by hand, or no backward since this optimizer's step
         bool shared = weigh_current_batch();
         average(params_of(*opt), nullptr, shared);
     }
     uintptr_t r = call_real(real, a); // a closure's backward passes are averaged as they end
     st.stepped[opt] = st.backwards;
-    if (!st.batches.empty()) st.batches.pop_front();
+    st.batch_used = true; // once per batch, however many optimizers step on it
     dp_step_end(++st.steps);
     return r;
 }
@@ -182,12 +225,13 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
     auto next = reinterpret_cast<NextFn>(real);
     Batch got = next(self, batch_size);
     bool evaluating = conf.eval_whole && !c10::GradMode::is_enabled();
+    if (got && !evaluating) st.training = self;
     if (got && !evaluating && conf.split_mode && got->size() < static_cast<size_t>(conf.size)) {
-        st.batches.push_back({got->size(), static_cast<uint64_t>(conf.size)}); // none may be empty: all take it
+        st.handed[self].push_back({got->size(), static_cast<uint64_t>(conf.size)}); // none may be empty
     } else if (got && !evaluating && conf.split_mode) {
         std::vector<uint64_t> idx(got->begin(), got->end());
         size_t keep = dp_batch(idx.data(), idx.size());
-        st.batches.push_back({idx.size(), 1});
+        st.handed[self].push_back({idx.size(), 1});
         got->assign(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(keep));
     } else if (got && !evaluating) {
         // scale mode: N batches of the sampler's, this rank's the rank-th; a short last group is
@@ -202,28 +246,38 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
             got = c10::nullopt;
         } else {
             got = std::move(group[static_cast<size_t>(conf.rank) % group.size()]);
-            st.batches.push_back({got->size(), 1});
+            st.handed[self].push_back({got->size(), 1});
         }
     }
     new (out) Batch(std::move(got));
     return a[0];
 }
 
+// A sampler starts a new pass: the batches it fetched ahead of a loop that broke off are gone.
+void forget_batches(const void *sampler)
+{
+    st.handed.erase(sampler);
+    if (sampler == st.training) st.batch_used = false;
+}
+
 uintptr_t sequential_reset(const uintptr_t a[6], void *real)
 {
-    st.batches.clear(); // a new epoch: batches fetched ahead of a loop that broke off are gone
+    forget_batches(reinterpret_cast<void *>(a[0]));
     return call_real(real, a);
 }
 
-// Every rank takes rank 0's CPU generator state (summed with zeros: a broadcast through
-// dp_metric), then draws the permutation as rank 0 does, which is what the run alone draws.
+// The permutation is drawn from rank 0's CPU generator state on every rank (summed with zeros:
+// a broadcast through dp_metric), which is what the run alone draws; each other rank then goes
+// back to its own state, so its dropout and augmentation stay its own, as under DDP.
 uintptr_t random_reset(const uintptr_t a[6], void *real)
 {
-    st.batches.clear();
+    forget_batches(reinterpret_cast<void *>(a[0]));
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor own;
     {
-        auto gen = at::detail::getDefaultCPUGenerator();
         std::lock_guard<std::mutex> lock(gen.mutex());
         at::Tensor state = gen.get_state();
+        own = state.clone();
         auto *bytes = state.data_ptr<uint8_t>();
         std::vector<double> v(static_cast<size_t>(state.numel()));
         for (size_t i = 0; i < v.size(); i++) v[i] = conf.rank == 0 ? bytes[i] : 0;
@@ -231,7 +285,12 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
         for (size_t i = 0; i < v.size(); i++) bytes[i] = static_cast<uint8_t>(v[i]);
         gen.set_state(state);
     }
-    return call_real(real, a);
+    uintptr_t r = call_real(real, a);
+    if (conf.rank != 0) {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(own);
+    }
+    return r;
 }
 
 } // namespace

@@ -6,6 +6,8 @@
 //   --epochs E   --batch B   --two (two optimizers, one per half of the model)
 //   --manual (batches cut by hand, no DataLoader)   --save PATH (torch::save of model and optimizer)
 //   --float (float32 instead of float64)   --samples N (training samples, 100)   --hidden H (16)
+//   --eval-every K (a test pass after every K training batches too)   --draw (a random number
+//   drawn after training, on stderr)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights.
 // stderr: the training samples this process took per epoch, and the epoch's time.
 #include <torch/torch.h>
@@ -65,7 +67,8 @@ int main(int argc, char **argv)
     std::string opt_kind = "sgd", sampler = "sequential", save;
     int workers = 0, epochs = 3, batch = 16, hidden = 16;
     size_t samples = 100;
-    bool two = false, manual = false;
+    bool two = false, manual = false, draw = false;
+    int eval_every = 0;
     torch::Dtype dtype = torch::kDouble;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -81,6 +84,8 @@ int main(int argc, char **argv)
         else if (a == "--float") dtype = torch::kFloat;
         else if (a == "--samples") samples = std::stoul(value());
         else if (a == "--hidden") hidden = std::stoi(value());
+        else if (a == "--eval-every") eval_every = std::stoi(value());
+        else if (a == "--draw") draw = true;
         else return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
     torch::manual_seed(7);
@@ -106,6 +111,17 @@ int main(int argc, char **argv)
         return v;
     }());
     auto whole = torch::data::transforms::Stack<>().apply_batch(all);
+    auto test_pass = [&](long &correct, long &total) {
+        torch::NoGradGuard no_grad;
+        double loss = 0;
+        for (auto &b : *test_loader) {
+            auto out = net->forward(b.data);
+            loss += torch::nll_loss(out, b.target, {}, torch::Reduction::Sum).item<double>();
+            correct += out.argmax(1).eq(b.target).sum().item<int64_t>();
+            total += b.data.size(0);
+        }
+        return loss / static_cast<double>(total);
+    };
 
     for (int epoch = 1; epoch <= epochs; epoch++) {
         double loss_sum = 0;
@@ -128,6 +144,11 @@ int main(int argc, char **argv)
             loss_sum += loss.item<double>();
             batches++;
             seen += x.size(0);
+            if (eval_every && batches % eval_every == 0) {
+                long correct = 0, total = 0;
+                double l = test_pass(correct, total);
+                std::printf("batch %ld test loss %.15g correct %ld/%ld\n", batches, l, correct, total);
+            }
         };
         if (manual) {
             for (int64_t at = 0; at < static_cast<int64_t>(samples); at += batch)
@@ -138,23 +159,17 @@ int main(int argc, char **argv)
             for (auto &b : *seq_loader) train_on(b.data, b.target);
         }
         double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-        torch::NoGradGuard no_grad;
-        double test_loss = 0;
         long correct = 0, total = 0;
-        for (auto &b : *test_loader) {
-            auto out = net->forward(b.data);
-            test_loss += torch::nll_loss(out, b.target, {}, torch::Reduction::Sum).item<double>();
-            correct += out.argmax(1).eq(b.target).sum().item<int64_t>();
-            total += b.data.size(0);
-        }
-        std::printf("epoch %d loss %.15g test loss %.15g correct %ld/%ld\n", epoch, loss_sum / batches,
-                    test_loss / total, correct, total);
+        double test_loss = test_pass(correct, total);
+        std::printf("epoch %d loss %.15g test loss %.15g correct %ld/%ld\n", epoch, loss_sum / batches, test_loss,
+                    correct, total);
         std::fflush(stdout);
         std::fprintf(stderr, "epoch %d trained on %ld samples in %ld batches in %.3f s\n", epoch, seen, batches, took);
     }
     double sum = 0;
     for (const auto &p : net->parameters()) sum += p.abs().sum().item<double>();
     std::printf("weights %.15g\n", sum);
+    if (draw) std::fprintf(stderr, "draw %.17g\n", torch::rand({1}, torch::kDouble).item<double>());
     if (!save.empty()) {
         torch::save(net, save + ".model.pt");
         torch::save(*opts[0], save + ".optim.pt");
