@@ -202,9 +202,6 @@ void dps_engine_join_at_exit(void)
     open_backend("exit (before any collective)", 0);
 }
 
-/* At the exit of rank 0 of a job of 2 ranks or more in which no hook shared out any work: every
- * rank ran the whole program, which nothing else would tell the user. Every collective includes
- * rank 0, so its own record answers for the job. */
 void dps_engine_shutdown(void)
 {
     dps_progress_stop();

@@ -407,27 +407,29 @@ void dps_files_post(dps_redirect_t *r, int ok)
     dps_in_shim--;
 }
 
-void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int err)
+/* Rank 0: m, about the handle m->id, where that handle pairs (it was opened on the channel). */
+static void post_about_handle(message_t *m)
 {
     const dps_files_channel_t *c = usable_channel();
-    if (!c || id == UINT64_MAX) return;
+    if (!c || m->id == UINT64_MAX) return;
+    dps_in_shim++;
+    post(c, m);
+    dps_in_shim--;
+}
+
+void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int err)
+{
     message_t m = {.op = MSG_WRITE, .id = id, .off = off};
     if (rc < 0) m.rc = WRITE_FAILED, m.err = err;
     else m.rc = (size_t)rc < asked ? WRITE_SHORT : WRITE_WHOLE, m.asked = rc;
-    dps_in_shim++;
-    post(c, &m);
-    dps_in_shim--;
+    post_about_handle(&m);
 }
 
 void dps_files_post_stream_call(uint64_t id, uint64_t k, int64_t ret, int failed, int err)
 {
-    const dps_files_channel_t *c = usable_channel();
-    if (!c || id == UINT64_MAX) return;
     message_t m = {.op = MSG_STREAM_CALL, .rc = failed ? WRITE_FAILED : WRITE_WHOLE, .err = failed ? err : 0,
                    .id = id, .off = (int64_t)k, .asked = ret};
-    dps_in_shim++;
-    post(c, &m);
-    dps_in_shim--;
+    post_about_handle(&m);
 }
 
 /* --- a follower's view of rank 0: its writes and its place ------------------------------------ */
@@ -496,28 +498,48 @@ static void take_in(const message_t *m)
  * has not reached. Its writes before there are all here then. */
 static int rank0_is_past(void) { return have_pending || rank0_seq > next_seq || rank0_coll > places_reached(); }
 
+/* What a write of this rank's pairs with: bytes [a, b) of handle id, or its stream's call #k. */
+typedef struct paired {
+    uint64_t id, k;
+    off_t a, b;
+} paired_t;
+
+static int write_failed(const rank0_file_t *f, const paired_t *p)
+{
+    return f && f->fail_at >= 0 && f->fail_at < p->b && (p->a < f->fail_at || f->err);
+}
+static int write_known(const rank0_file_t *f, const paired_t *p) { return write_failed(f, p) || (f && f->end >= p->b); }
+static int call_known(const rank0_file_t *f, const paired_t *p)
+{
+    return f && (f->failed_call == (int64_t)p->k || f->calls > p->k);
+}
+
+/* With order_lock held: rank 0's messages taken in until known(rank 0's record of p's handle, p)
+ * says rank 0's outcome is here, rank 0 is past this rank's place, or the channel is gone. The
+ * record, or NULL. `what` names the wait for the guard (static: it may read it meanwhile). */
+static const rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t *p,
+                                          int (*known)(const rank0_file_t *, const paired_t *), const char *what)
+{
+    while (!known(rank0_file(p->id, 0), p) && !rank0_is_past()) {
+        message_t m;
+        if (c->wait(&m, sizeof m, what) != 0) break;
+        take_in(&m);
+    }
+    return rank0_file(p->id, 0);
+}
+
 ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, int *err)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c || id == UINT64_MAX) return b - a;
     static char what[DPS_PATH_BUF + 96]; /* as in dps_files_take */
+    paired_t p = {.id = id, .a = a, .b = b};
     ssize_t n = b - a;
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
-    for (;;) {
-        rank0_file_t *f = rank0_file(id, 0);
-        if (f && f->fail_at >= 0 && f->fail_at < b && (a < f->fail_at || f->err)) {
-            n = a < f->fail_at ? f->fail_at - a : -1;
-            *err = f->err;
-            break;
-        }
-        if ((f && f->end >= b) || rank0_is_past()) break;
-        message_t m;
-        snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a,
-                 (long long)b);
-        if (c->wait(&m, sizeof m, what) != 0) break;
-        take_in(&m);
-    }
+    snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a, (long long)b);
+    const rank0_file_t *f = wait_for_rank0(c, &p, write_known, what);
+    if (write_failed(f, &p)) n = a < f->fail_at ? f->fail_at - a : -1, *err = f->err;
     pthread_mutex_unlock(&order_lock);
     dps_in_shim--;
     return n;
@@ -528,21 +550,13 @@ int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64
     const dps_files_channel_t *c = usable_channel();
     if (!c || id == UINT64_MAX) return 0;
     static char what[DPS_PATH_BUF + 96]; /* as in dps_files_take */
-    int failed = 0;
+    paired_t p = {.id = id, .k = k};
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
-    for (;;) {
-        rank0_file_t *f = rank0_file(id, 0);
-        if (f && f->failed_call == (int64_t)k) {
-            failed = 1, *ret = f->failed_ret, *err = f->failed_err;
-            break;
-        }
-        if ((f && f->calls > k) || rank0_is_past()) break;
-        message_t m;
-        snprintf(what, sizeof what, "wait for rank 0's write call #%llu to %s", (unsigned long long)k + 1, path);
-        if (c->wait(&m, sizeof m, what) != 0) break;
-        take_in(&m);
-    }
+    snprintf(what, sizeof what, "wait for rank 0's write call #%llu to %s", (unsigned long long)k + 1, path);
+    const rank0_file_t *f = wait_for_rank0(c, &p, call_known, what);
+    int failed = f && f->failed_call == (int64_t)k;
+    if (failed) *ret = f->failed_ret, *err = f->failed_err;
     pthread_mutex_unlock(&order_lock);
     dps_in_shim--;
     return failed;
