@@ -283,7 +283,7 @@ static void enqueue(const char *hook, void *buf, size_t count, int32_t dtype, dp
      * rank's own weight alone: a share of 1 or 0 is still weighted, so every rank issues the
      * same NCCL operation */
     int weighted = w.per_rank || w.scale != 1.0;
-    int rc = kind == DPS_FUSE_BCAST ? dv.gpu->bcast(buf, count * dps_dtype_size(dtype), 0)
+    int rc = kind == DPS_FUSE_BCAST ? dv.gpu->bcast(buf, count * dps_dtype_size(dtype), dps_e.bcast_root)
                                     : dv.gpu->allreduce(buf, count, dtype, op, w.scale, weighted);
     if (rc) failed(hook);
 }

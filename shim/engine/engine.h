@@ -23,6 +23,8 @@ typedef struct dps_engine {
     int shared_work;
     /* the script distributes itself; the Python adapter stepped aside (dpshim_step_aside) */
     int aside;
+    /* the rank broadcasts come from: 0, except inside dp_from_owners (one thread at a time) */
+    int bcast_root;
 } dps_engine_t;
 
 extern dps_engine_t dps_e;

@@ -130,7 +130,7 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
     dps_guard_enter(hook, coll, dtype, count);
     uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
     int rc = coll == DPS_COLL_BARRIER ? be->barrier()
-             : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, 0)
+             : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, dps_e.bcast_root)
                                       : be->allreduce(buf, count, dtype, op, pre, post, one_tensor);
     if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     /* a failed collective leaves ranks with different values: going on would be silently wrong */

@@ -42,6 +42,35 @@ static int params_(dp_tensor *t, size_t n)
     return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;
 }
 
+/* Each owner's tensors as broadcasts from it, owners in rank order: every rank walks the same
+ * owner[] alike, so the collective sequence is the same everywhere. */
+static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
+{
+    static dp_tensor *group;
+    static size_t cap;
+    if (null_list("dp_from_owners", t, n) || null_list("dp_from_owners", owner, n)) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (owner[i] < 0 || owner[i] >= dps_g.size) {
+            DPS_ERROR("dp_from_owners: tensor %zu (%s) names owner %d, outside the job's ranks 0..%d; nothing was sent",
+                      i, dps_tensor_name(&t[i]), owner[i], dps_g.size - 1);
+            return -1;
+        }
+    const dps_backend_t *be = dps_comm("dp_from_owners");
+    if (!be) return 0;
+    if (dps_grow((void **)&group, &cap, n, sizeof *group)) return no_memory("dp_from_owners", n);
+    for (int r = 0; r < dps_g.size; r++) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (owner[i] == r) group[m++] = t[i];
+        if (!m) continue;
+        dps_e.bcast_root = r;
+        int rc = dps_fused("dp_from_owners", be, group, m, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+        dps_e.bcast_root = 0;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 static int seed_(uint64_t *seed)
 {
     if (null_list("dp_seed", seed, 1)) return -1;
@@ -355,6 +384,7 @@ static void leave(void) { atomic_store_explicit(&inside_thread, NULL, memory_ord
         return r;                                          \
     }
 DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor *t, size_t n), (t, n))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_from_owners, "dp_from_owners", from_owners_, (dp_tensor *t, size_t n, const int32_t *owner), (t, n, owner))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_seed, "dp_seed", seed_, (uint64_t *seed), (seed))
 DPS_EXPORT ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t *idx, size_t n), (idx, n))
 DPS_EXPORT ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t *idx, size_t n), (idx, n))

@@ -46,6 +46,17 @@ same_checksums() {
     done
 }
 
+@test "dp_from_owners: each tensor from its owner, through NCCL and staged, np=2 and 3" {
+    for n in 2 3; do
+        for backend in auto mpi; do
+            gpu $n DPSHIM_COMM_BACKEND=$backend -- --hook owners --dtype all --steps 2
+            assert_success
+            assert_equal "$(count ' ok')" $((n * 14))
+            same_checksums
+        done
+    done
+}
+
 @test "NCCL and the staged path give the same bits on exactly representable sums" {
     gpu 3 DPSHIM_COMM_REDUCE=sum -- --dtype all
     assert_success
@@ -60,8 +71,8 @@ same_checksums() {
     done
 }
 
-@test "dp_params, dp_grad_ready and dp_bn_stats with GPU tensors" {
-    for hook in params ready bn; do
+@test "dp_params, dp_from_owners, dp_grad_ready and dp_bn_stats with GPU tensors" {
+    for hook in params owners ready bn; do
         gpu 3 -- --hook $hook --dtype all --steps 2
         assert_success
         same_checksums

@@ -1,4 +1,4 @@
-/* dpshim hook ABI, version 3: the points where a framework lets dpshim make it data-parallel.
+/* dpshim hook ABI, version 4: the points where a framework lets dpshim make it data-parallel.
  * A framework declares these weak (define DPSHIM_HOOKS_WEAK before including) and calls them
  * when non-NULL; without libdpshim.so preloaded every pointer is NULL and it runs alone.
  * Later versions add functions; the meaning of these never changes. */
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPSHIM_HOOK_ABI_VERSION 3
+#define DPSHIM_HOOK_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +67,12 @@ DPSHIM_HOOK_DECL int dp_scope_begin(const char *name);
 DPSHIM_HOOK_DECL int dp_scope_end(void);
 /* After each optimizer step. */
 DPSHIM_HOOK_DECL int dp_step_end(uint64_t step);
+
+/* Version 4. After an update that each rank ran on its own share of the tensors (a sharded
+ * optimizer step): t[i] takes rank owner[i]'s values on every rank. owner[] must be the same on
+ * every rank; each owner's tensors travel as its broadcasts, in rank order, fused in buckets.
+ * Returns 0, or -1 (an owner outside 0..world size-1, NULL lists). */
+DPSHIM_HOOK_DECL int dp_from_owners(dp_tensor *t, size_t n, const int32_t *owner);
 
 /* Version 3. The hook ABI version of the loaded libdpshim.so (its DPSHIM_HOOK_ABI_VERSION): a
  * framework built against a newer header calls a newer hook only where this is at least that

@@ -3,10 +3,12 @@
  * calls the hook on both, and compares. Built against the CUDA test double (CI) and, where the
  * CUDA toolkit is found, against the real runtime (gpu-check on a GPU machine).
  *
- *   gpu_hooks [--hook grads|ready|params|bn] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
+ *   gpu_hooks [--hook grads|ready|params|bn|owners] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
  *             [--batch N] [--nan-if-empty] [--late] [--stream] [--capture] [--unflagged] [--steps K]
  *             [--sleep-rank R]
  *
+ * --hook owners: dp_from_owners with tensor i owned by rank (i + 1) % size; the host copies are
+ *         also checked against the owner's own values.
  * --batch N: split mode's global batch (dp_batch), so shares and weights are uneven.
  * --late: the values reach device memory by an asynchronous copy on the producing stream just
  *         before the hook, behind other queued work (with the double's delay, a collective that
@@ -165,7 +167,19 @@ int main(int argc, char **argv)
             int rc = 0;
             if (!strcmp(hook, "grads")) rc = dp_grads(dev, NT) | dp_grads(host, NT);
             else if (!strcmp(hook, "params")) rc = dp_params(dev, NT) | dp_params(host, NT);
-            else if (!strcmp(hook, "ready")) {
+            else if (!strcmp(hook, "owners")) {
+                int32_t owner[NT];
+                for (size_t i = 0; i < NT; i++) owner[i] = (int32_t)((i + 1) % (size_t)size);
+                rc = dp_from_owners(dev, NT, owner) | dp_from_owners(host, NT, owner);
+                for (size_t i = 0; i < NT; i++)
+                    for (uint64_t j = 0; j < counts[i]; j++)
+                        if (value(host[i].data, dt, j) != (double)((owner[i] + 1) * 3 + (int)i + (int)(j % 7))) {
+                            fprintf(stderr, "rank %d: owners %s tensor %zu element %llu is not rank %d's\n", rank,
+                                    dnames[dt], i, (unsigned long long)j, owner[i]);
+                            failures++;
+                            break;
+                        }
+            } else if (!strcmp(hook, "ready")) {
                 for (size_t i = NT; i-- > 0;) rc |= dp_grad_ready(&dev[i]);
                 rc |= dp_grads(dev, NT) | dp_grads(host, NT);
             } else if (!strcmp(hook, "bn")) {
