@@ -1,0 +1,121 @@
+#!/usr/bin/env bats
+# [optim] shard: each rank steps the optimizer for its share of the parameters. The same
+# script with sharding off and on must leave every rank with bitwise the same parameters and
+# the same optimizer state_dict() (the bytes torch.save writes), with each rank holding about
+# 1/N of the optimizer's state; checkpoints load at another world size and alone.
+load helpers
+load torch_helpers
+
+SCRIPT=$SRC/tests/integration/optim/shard.py
+
+setup_file() {
+    export OMP_NUM_THREADS=1
+}
+
+# shard N MODE ARGS...: the script on N ranks with [optim] shard = MODE, every line tagged with
+# its rank; checkpoints (*.pt) written by rank 0 only.
+shard() {
+    local n=$1 mode=$2
+    shift 2
+    cd "$BATS_TEST_TMPDIR"
+    run mpi "$n" env DPSHIM_OPTIM_SHARD="$mode" DPSHIM_OUTPUT_STDOUT=prefix DPSHIM_FILES_RANK0_ONLY='*.pt' \
+        LD_PRELOAD="$SHIM" "$PY" "$SCRIPT" "$@"
+    cd - >/dev/null
+    echo "$output"
+}
+
+# value KEY RANK: what rank RANK printed after KEY.
+value() { sed -n "s/^\[r$2\] $1 //p" <<<"$output"; }
+
+# same_everywhere N KEY: every rank printed one and the same value for KEY; it is printed.
+same_everywhere() {
+    local values
+    values=$(for r in $(seq 0 $(($1 - 1))); do value "$2" $r; done | sort -u)
+    [ "$(wc -l <<<"$values")" = 1 ] && [ -n "$values" ] || fail "ranks differ in $2: $values"
+    echo "$values"
+}
+
+# equal_to_unsharded N ARGS...: params and state_dict bitwise those of shard = off on every rank;
+# each rank's own optimizer state at most 1/N of the unsharded one (and a few scalars).
+equal_to_unsharded() {
+    local n=$1
+    shift
+    shard "$n" off "$@"
+    assert_success
+    local params state whole
+    params=$(same_everywhere "$n" params)
+    state=$(same_everywhere "$n" state)
+    whole=$(same_everywhere "$n" state_elements)
+    shard "$n" on "$@"
+    assert_success
+    [ "$(same_everywhere "$n" params)" = "$params" ] || fail "np=$n $*: parameters differ from shard = off"
+    [ "$(same_everywhere "$n" state)" = "$state" ] || fail "np=$n $*: state_dict differs from shard = off"
+    for r in $(seq 0 $((n - 1))); do
+        local mine
+        mine=$(value state_elements $r)
+        [ "$mine" -le $((whole / n + 32)) ] || fail "np=$n $*: rank $r keeps $mine state elements of $whole"
+    done
+    echo "np=$n $*: bitwise; state elements per rank $(for r in $(seq 0 $((n - 1))); do value state_elements $r; done | xargs) of $whole" >&3
+}
+
+@test "Adam and SGD with momentum at np=2, 3 and 4: bitwise the unsharded step, 1/N of the state" {
+    for n in 2 3 4; do
+        equal_to_unsharded $n --opt adam
+        equal_to_unsharded $n --opt sgd
+    done
+}
+
+@test "AdamW (amsgrad), RMSprop (centered), Adagrad, two groups with a scheduler, a closure, at np=3" {
+    for opt in adamw rmsprop adagrad groups; do
+        equal_to_unsharded 3 --opt $opt
+    done
+    equal_to_unsharded 3 --opt sgd --closure
+}
+
+@test "a custom optimizer: whole tensors under on, a rank with no tensor at np=4; left whole under auto" {
+    shard 4 off --opt custom --tensors few
+    assert_success
+    local params state
+    params=$(same_everywhere 4 params)
+    state=$(same_everywhere 4 state)
+    shard 4 on --opt custom --tensors few
+    assert_success
+    [ "$(same_everywhere 4 params)" = "$params" ] && [ "$(same_everywhere 4 state)" = "$state" ] ||
+        fail "custom optimizer: differs from shard = off"
+    # three tensors (640, 200 and 5 elements) for four ranks: one rank owns none
+    local per_rank
+    per_rank=$(for r in 0 1 2 3; do value state_elements $r; done | sort -n | xargs)
+    assert_equal "$per_rank" "0 5 200 640"
+    shard 4 auto --opt custom --tensors few
+    assert_success
+    for r in 0 1 2 3; do assert_equal "$(value state_elements $r)" 845; done
+}
+
+@test "the default (auto) shards torch.optim's Adam, not SGD; LBFGS stays whole, said once under on" {
+    shard 2 auto --opt adam
+    assert_success
+    [ "$(value state_elements 0)" -lt 30000 ] || fail "auto did not shard Adam"
+    shard 2 auto --opt sgd
+    assert_success
+    assert_equal "$(value state_elements 0)" 24699
+    shard 2 on --opt lbfgs --steps 3
+    assert_success
+    assert_equal "$(count 'LBFGS keeps every parameter on every rank')" 1
+    assert_equal "$(value state_elements 0)" "$(value state_elements 1)"
+}
+
+@test "checkpoints: the file saved at np=2 with shard on is shard off's; it resumes at np=3 and alone" {
+    # (torch.save names its archive's records after the file: one name for both)
+    shard 2 off --opt adam --save opt.pt
+    assert_success
+    mv "$BATS_TEST_TMPDIR/opt.pt" "$BATS_TEST_TMPDIR/off.pt"
+    shard 2 on --opt adam --save opt.pt
+    assert_success
+    cmp "$BATS_TEST_TMPDIR/off.pt" "$BATS_TEST_TMPDIR/opt.pt" || fail "the checkpoint differs from shard = off's"
+    # resumed at np=3: sharded as unsharded
+    equal_to_unsharded 3 --opt adam --load opt.pt --steps 6
+    # and alone: the whole state loads, and training goes on
+    run "$PY" "$SCRIPT" --opt adam --load "$BATS_TEST_TMPDIR/opt.pt" --steps 6
+    assert_success
+    assert_output --partial "state_elements 49406"
+}
