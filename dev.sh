@@ -273,27 +273,34 @@ bench_scale() {
         printf "  np=2 vs np=1: %.2fx (overlap off), %.2fx (on); overlap on vs off: %.3fx\n", a / b, a / c, b / c }'
 }
 
-# ddp_run MODEL KIND BATCH STEPS: global samples/s of one np=2 run of tests/bench/: KIND scale or
-# split runs the plain script under dpshim in that mode (BATCH: the script's batch), nosync scale
-# mode with [bn] sync = off (per-rank BatchNorm, as DDP's), ddp runs torch_ddp.py (BATCH per rank). Debian's interpreter: python3-torch is installed for it, and a
+# ddp_run MODEL KIND BATCH STEPS [NP]: "samples/s peak_rss_mb optim_state_mb" of one run of
+# tests/bench/ on NP ranks (2; rank 0's memory): KIND scale or split runs the plain script under
+# dpshim in that mode (BATCH: the script's batch), nosync scale mode with [bn] sync = off
+# (per-rank BatchNorm, as DDP's), unsharded scale mode with [optim] shard = off, ddp runs
+# torch_ddp.py (BATCH per rank). Debian's interpreter: python3-torch is installed for it, and a
 # python3 first on PATH (a virtual environment) may lack torch.
 ddp_run() {
-    local model=$1 kind=$2 batch=$3 steps=$4 global out port
+    local model=$1 kind=$2 batch=$3 steps=$4 np=${5:-2} global out port
     local args=(--model "$model" --steps "$steps" --warmup 3 --batch-size "$batch")
     if [ "$kind" = ddp ]; then
         port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+        out=$(timeout 300 mpirun --oversubscribe -np "$np" env OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
             /usr/bin/python3 tests/bench/torch_ddp.py "${args[@]}" 2>/dev/null) || true
-        global=$((2 * batch))
+        global=$((np * batch))
     else
-        local mode=${kind/nosync/scale} sync=on
-        [ "$kind" != nosync ] || sync=off
-        out=$(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE="$mode" DPSHIM_BN_SYNC="$sync" \
-            DPSHIM_OUTPUT_STDOUT=rank0 LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py \
-            "${args[@]}" 2>/dev/null) || true
-        global=$([ "$mode" = scale ] && echo $((2 * batch)) || echo "$batch")
+        local mode=scale sync=on shard=auto
+        case $kind in
+        split) mode=split ;;
+        nosync) sync=off ;;
+        unsharded) shard=off ;;
+        esac
+        out=$(timeout 300 mpirun --oversubscribe -np "$np" env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE="$mode" \
+            DPSHIM_BN_SYNC="$sync" DPSHIM_OPTIM_SHARD="$shard" DPSHIM_OUTPUT_STDOUT=rank0 \
+            LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py "${args[@]}" 2>/dev/null) || true
+        global=$([ "$mode" = scale ] && echo $((np * batch)) || echo "$batch")
     fi
-    sed -n 's/^steps_per_s //p' <<<"$out" | awk -v b="$global" '{ print $1 * b }'
+    awk -v b="$global" '/^steps_per_s / { s = $2 * b } /^peak_rss_mb / { r = $2 } /^optim_state_mb / { m = $2 }
+        END { if (s) print s, r, m }' <<<"$out"
 }
 
 # The plain script under dpshim against the same model converted to DDP, at np=2 with the same
@@ -317,6 +324,7 @@ bench_ddp() {
                 ddp-split) v=$(ddp_run "$model" ddp $((batch / 2)) "$steps") ;;
                 *) v=$(ddp_run "$model" "$kind" "$batch" "$steps") ;;
                 esac
+                v=${v%% *}
                 [ -n "$v" ] || { echo "bench_ddp: $model $kind printed no steps_per_s" >&2; return 1; }
                 got[$kind]+="$v "
             done
@@ -335,6 +343,33 @@ bench_ddp() {
                                        : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
                 printf "    %-51s dpshim %7.0f  DDP %7.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", what, s, d, m, lo, hi }'
         done
+    done
+}
+
+# [optim] shard: the Adam embedding model in scale mode at np=2 and 4, sharded (auto, the
+# default) against unsharded and against DDP, with rank 0's peak memory and optimizer state.
+bench_shard() {
+    local rounds=3 np kind v s r m
+    echo "PyTorch, [optim] shard: dense EmbeddingBag 100 000 x 80 (8.0M parameters), Adam, scale mode, script batch 128,"
+    echo "one thread per rank, global samples/s (median of $rounds alternating rounds) and rank 0's memory:"
+    for np in 2 4; do
+        local -A got=() rss=() state=()
+        for _ in $(seq "$rounds"); do
+            for kind in scale unsharded ddp; do
+                v=$(ddp_run embed "$kind" 128 20 "$np")
+                [ -n "$v" ] || { echo "bench_shard: np=$np $kind printed no steps_per_s" >&2; return 1; }
+                read -r s r m <<<"$v"
+                got[$kind]+="$s " rss[$kind]=$r state[$kind]=$m
+            done
+        done
+        local a b c
+        a=$(xargs -n1 <<<"${got[scale]}" | median)
+        b=$(xargs -n1 <<<"${got[unsharded]}" | median)
+        c=$(xargs -n1 <<<"${got[ddp]}" | median)
+        awk -v np="$np" -v a="$a" -v b="$b" -v c="$c" -v ra="${rss[scale]}" -v rb="${rss[unsharded]}" -v rc="${rss[ddp]}" \
+            -v ma="${state[scale]}" -v mb="${state[unsharded]}" -v mc="${state[ddp]}" 'BEGIN {
+            printf "  np=%d  sharded %7.0f  unsharded %7.0f  DDP %7.0f samples/s;  sharded/unsharded %.2f  sharded/DDP %.2f\n", np, a, b, c, a / b, a / c
+            printf "        peak RSS sharded %s MiB, unsharded %s MiB, DDP %s MiB; optimizer state %s, %s, %s MiB\n", ra, rb, rc, ma, mb, mc }'
     done
 }
 
@@ -459,7 +494,7 @@ demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_shard ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

@@ -37,6 +37,7 @@ def main():
     if rank == 0:
         print("loss %.4f" % loss.item())
         print("steps_per_s %.3f" % (args.steps / seconds), flush=True)
+        torch_models.print_memory(optimizer)
     dist.destroy_process_group()
 
 

@@ -99,6 +99,16 @@ def print_phases(phases, steps, who):
           flush=True)
 
 
+def print_memory(optimizer):
+    """This process's peak resident memory, and what its optimizer keeps as state (its own
+    tensors: a sharded optimizer keeps its share only), in MiB."""
+    import resource
+    state = sum(v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor))
+    print("peak_rss_mb %.0f" % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    print("optim_state_mb %.1f" % (state / 2**20), flush=True)
+
+
 def add_arguments(p):
     p.add_argument("--model", choices=("cnn", "embed", "embed_sgd"), default="cnn")
     p.add_argument("--steps", type=int, default=100, help="steps timed")

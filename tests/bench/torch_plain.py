@@ -1,6 +1,6 @@
 """The unmodified single-process trainer of the DDP comparison (dev.sh bench_ddp): it knows
 nothing of dpshim; `mpirun -np N env LD_PRELOAD=libdpshim.so` makes it data-parallel.
-Prints `steps_per_s X`; what a step holds (the global batch) is for the caller to know."""
+Prints `steps_per_s X` and its memory (peak_rss_mb, optim_state_mb); what a step holds (the global batch) is for the caller to know."""
 
 import argparse
 
@@ -27,6 +27,7 @@ def main():
         torch_models.print_phases(phases, args.steps, "this process")
     print("loss %.4f" % loss.item())
     print("steps_per_s %.3f" % (args.steps / seconds), flush=True)
+    torch_models.print_memory(optimizer)
 
 
 if __name__ == "__main__":
