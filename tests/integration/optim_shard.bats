@@ -65,11 +65,13 @@ equal_to_unsharded() {
     done
 }
 
-@test "AdamW (amsgrad), RMSprop (centered), Adagrad, two groups with a scheduler, a closure, at np=3" {
-    for opt in adamw rmsprop adagrad groups; do
-        equal_to_unsharded 3 --opt $opt
+@test "AdamW (amsgrad), RMSprop (centered), Adagrad, two groups with a scheduler, a closure, at np=2, 3 and 4" {
+    for n in 2 3 4; do
+        for opt in adamw rmsprop adagrad groups; do
+            equal_to_unsharded $n --opt $opt
+        done
+        equal_to_unsharded $n --opt sgd --closure
     done
-    equal_to_unsharded 3 --opt sgd --closure
 }
 
 @test "a custom optimizer: whole tensors under on, a rank with no tensor at np=4; left whole under auto" {
@@ -118,4 +120,23 @@ equal_to_unsharded() {
     run "$PY" "$SCRIPT" --opt adam --load "$BATS_TEST_TMPDIR/opt.pt" --steps 6
     assert_success
     assert_output --partial "state_elements 49406"
+}
+
+@test "state_dict() asked on rank 0 only: the job ends at once, the report naming the call" {
+    cat >"$BATS_TEST_TMPDIR/rank0_saves.py" <<'PYEOF'
+import os, torch, torch.nn as nn, torch.nn.functional as F
+model = nn.Linear(40, 3); opt = torch.optim.Adam(model.parameters(), lr=0.1)
+x = torch.randn(8, 40); y = torch.randn(8, 3)
+for step in range(5):
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    if os.environ.get("OMPI_COMM_WORLD_RANK") == "0":
+        torch.save(opt.state_dict(), "opt.pt")
+PYEOF
+    SECONDS=0
+    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" "$BATS_TEST_TMPDIR/rank0_saves.py"
+    assert_equal "$status" 75
+    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+    assert_output --partial "from rank0_saves.py:9 in <module>, state_dict of a sharded optimizer  <-- culprit"
 }

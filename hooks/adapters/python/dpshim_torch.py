@@ -844,13 +844,18 @@ def _gathered_state(optimizer, plan, state_dict):
     mine += [(index_of[id(pc.param)], pc.start, pc.end, st) for pc, st in aside.items()]
     buf = io.BytesIO()
     torch.save(mine, buf)
+    # a guard report names the call: a script that asks for the state on one rank only hangs
+    # nowhere, and learns why its ranks parted
+    site = _script_line() + b", state_dict of a sharded optimizer"
     lengths = (ctypes.c_double * _shim.size)()
     lengths[_shim.rank] = len(buf.getvalue())
-    _check(_shim.dp_metric(lengths, _shim.size, DP_SUM), "dp_metric")
+    _shim.lib.dpshim_site(site)
+    _check(_shim.lib.dp_metric(lengths, _shim.size, DP_SUM), "dp_metric")
     parts = [torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8) if r == _shim.rank
              else torch.empty(int(lengths[r]), dtype=torch.uint8) for r in range(_shim.size)]
     owners = (ctypes.c_int32 * _shim.size)(*range(_shim.size))
-    _check(_shim.dp_from_owners(_tensors(parts), len(parts), owners), "dp_from_owners")
+    _shim.lib.dpshim_site(site)
+    _check(_shim.lib.dp_from_owners(_tensors(parts), len(parts), owners), "dp_from_owners")
 
     def here(storage, location):  # a GPU state tensor lands on this rank's GPU
         return storage.cuda(torch.cuda.current_device()) if location.startswith("cuda") else storage
