@@ -45,6 +45,13 @@ static int find_libtorch(struct dl_phdr_info *info, size_t size, void *data)
     return 1;
 }
 
+/* [optim] shard as dps_torch_config_t says it (0 off, 1 on, 2 auto) */
+static int shard_setting(void)
+{
+    int v = (int)DPS_POLICY_ENUM(&dps_g.policy, optim, shard);
+    return v == DPS_V_optim_shard_on ? 1 : v == DPS_V_optim_shard_auto ? 2 : 0;
+}
+
 static void load_adapter(void)
 {
     if (dps_g.role != DPS_ROLE_RANK || dps_g.eff_size < 2) return; /* alone: libtorch's own calls */
@@ -76,7 +83,8 @@ static void load_adapter(void)
     if (plugin) *(void **)&init = dlsym(plugin, DPS_TORCH_INIT_SYMBOL);
     dps_torch_config_t c = {.abi = DPS_TORCH_ABI, .rank = dps_g.eff_rank, .size = dps_g.eff_size,
                             .split_mode = dps_g.split_mode, .uneven = dps_g.uneven,
-                            .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole};
+                            .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole,
+                            .shard = shard_setting()};
     if (!init || init(&c, handlers, err, sizeof err) != 0)
         dps_fatal("the libtorch adapter (libdpshim-torch.so in the plugin directory) could not start: %s; without "
                   "it every rank would train alone",

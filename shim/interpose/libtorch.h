@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPS_TORCH_ABI 1
+#define DPS_TORCH_ABI 2
 
 /* ID, mangled name (libtorch 1.13, x86-64, the C++11 string ABI), the adapter's handler. */
 #define DPS_TORCH_ENTRIES(X)                                                                            \
@@ -31,7 +31,17 @@
     X(RANDOM_NEXT, "_ZN5torch4data8samplers13RandomSampler4nextEm", sampler_next)                      \
     X(SEQUENTIAL_RESET, "_ZN5torch4data8samplers17SequentialSampler5resetEN3c108optionalImEE",         \
       sequential_reset)                                                                                 \
-    X(RANDOM_RESET, "_ZN5torch4data8samplers13RandomSampler5resetEN3c108optionalImEE", random_reset)
+    X(RANDOM_RESET, "_ZN5torch4data8samplers13RandomSampler5resetEN3c108optionalImEE", random_reset)         \
+    X(SGD_SAVE, "_ZNK5torch5optim3SGD4saveERNS_9serialize13OutputArchiveE", save_optimizer)            \
+    X(ADAM_SAVE, "_ZNK5torch5optim4Adam4saveERNS_9serialize13OutputArchiveE", save_optimizer)          \
+    X(ADAMW_SAVE, "_ZNK5torch5optim5AdamW4saveERNS_9serialize13OutputArchiveE", save_optimizer)        \
+    X(ADAGRAD_SAVE, "_ZNK5torch5optim7Adagrad4saveERNS_9serialize13OutputArchiveE", save_optimizer)    \
+    X(RMSPROP_SAVE, "_ZNK5torch5optim7RMSprop4saveERNS_9serialize13OutputArchiveE", save_optimizer)    \
+    X(SGD_LOAD, "_ZN5torch5optim3SGD4loadERNS_9serialize12InputArchiveE", load_optimizer)              \
+    X(ADAM_LOAD, "_ZN5torch5optim4Adam4loadERNS_9serialize12InputArchiveE", load_optimizer)            \
+    X(ADAMW_LOAD, "_ZN5torch5optim5AdamW4loadERNS_9serialize12InputArchiveE", load_optimizer)          \
+    X(ADAGRAD_LOAD, "_ZN5torch5optim7Adagrad4loadERNS_9serialize12InputArchiveE", load_optimizer)      \
+    X(RMSPROP_LOAD, "_ZN5torch5optim7RMSprop4loadERNS_9serialize12InputArchiveE", load_optimizer)
 
 typedef enum {
 #define DPS_TORCH_ENUM(id, name, fn) DPS_TORCH_##id,
@@ -49,6 +59,7 @@ typedef struct dps_torch_config {
     int split_mode; /* [data] mode = split, else scale */
     int uneven;     /* [data] uneven: 0 pad, 1 drop, 2 join */
     int eval_whole; /* [data] eval = whole */
+    int shard;      /* [optim] shard: 0 off, 1 on, 2 auto */
 } dps_torch_config_t;
 
 /* The plugin's one export: fills handler[DPS_TORCH_COUNT] (NULL: the real call, unchanged).

@@ -40,6 +40,8 @@ against_alone() {
         "$SHIM" "$T" "$@"
     cat err.0
     assert_success
+    # the weights' bytes and the optimizer's own state are for the sharding tests below
+    sed -i '/^weights_hash /d; /^state_elements /d' alone.txt out.*
     run same_numbers alone.txt out.0
     assert_output same
     for r in $(seq 1 $((n - 1))); do cmp out.0 out.$r; done
@@ -167,4 +169,62 @@ at_2_and_3() {
     assert_equal "$(count 'the libtorch adapter is built for libtorch_cpu.so.')" 2 # the warning, the summary
     assert_output --regexp "but this process runs [^ ]*/libtorch_cpu\.so\.0\.1: its C\+\+ calls run without the adapter"
     assert_output --partial "The libtorch adapter did not run"
+}
+
+# shard_run N MODE ARGS...: the trainer on N ranks with [optim] shard = MODE, lines tagged by rank.
+shard_run() {
+    local n=$1 mode=$2
+    shift 2
+    run mpi "$n" env DPSHIM_OPTIM_SHARD="$mode" DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$SHIM" "$T" "$@"
+    assert_success
+}
+
+# rank_value KEY R: what rank R printed after KEY.
+rank_value() { sed -n "s/^\[r$2\] $1 //p" <<<"$output"; }
+
+# sharded_as_unsharded N MODE ARGS...: every rank's weights bitwise those of shard = off; each
+# rank keeps about 1/N of the optimizer's state.
+sharded_as_unsharded() {
+    local n=$1 mode=$2 r hash whole
+    shift 2
+    shard_run "$n" off "$@"
+    hash=$(rank_value weights_hash 0)
+    whole=$(rank_value state_elements 0)
+    shard_run "$n" "$mode" "$@"
+    for r in $(seq 0 $((n - 1))); do
+        assert_equal "$(rank_value weights_hash $r)" "$hash"
+        [ "$(rank_value state_elements $r)" -le $((whole / n + 4)) ] ||
+            fail "np=$n $*: rank $r keeps $(rank_value state_elements $r) state elements of $whole"
+    done
+    echo "np=$n $mode $*: bitwise; state per rank $(for r in $(seq 0 $((n - 1))); do rank_value state_elements $r; done | xargs) of $whole" >&3
+}
+
+@test "[optim] shard: Adam, AdamW, RMSprop, Adagrad (auto), SGD (on), two optimizers: bitwise unsharded, 1/N of the state" {
+    local n
+    for n in 2 3; do
+        for opt in adam adamw rmsprop adagrad; do sharded_as_unsharded $n auto --opt $opt --hidden 40; done
+        sharded_as_unsharded $n on --opt sgd --hidden 40
+        sharded_as_unsharded $n auto --opt adam --two --workers 2 --hidden 40
+    done
+    # SGD stays whole under auto; LBFGS under on too, said once
+    shard_run 2 auto --opt sgd --hidden 40
+    assert_equal "$(rank_value state_elements 0)" 282
+    shard_run 2 on --opt lbfgs --epochs 1
+    assert_equal "$(count 'LBFGS keeps every parameter on every rank')" 1
+}
+
+@test "[optim] shard: torch::save writes the whole state; it resumes alone and at np=3 as the unsharded one's" {
+    local mode
+    for mode in auto off; do
+        mkdir "$mode"
+        (cd "$mode" && run mpi 2 env DPSHIM_OPTIM_SHARD=$mode DPSHIM_FILES_RANK0_ONLY='*.pt' LD_PRELOAD="$SHIM" \
+            "$T" --opt adam --hidden 40 --save ck && assert_success)
+    done
+    "$T" --opt adam --hidden 40 --load auto/ck --epochs 2 >alone.auto
+    "$T" --opt adam --hidden 40 --load off/ck --epochs 2 >alone.off
+    cmp alone.auto alone.off
+    shard_run 3 auto --opt adam --hidden 40 --load auto/ck --epochs 2
+    local hash=$(rank_value weights_hash 2)
+    shard_run 3 off --opt adam --hidden 40 --load off/ck --epochs 2
+    assert_equal "$(rank_value weights_hash 2)" "$hash"
 }

@@ -13,12 +13,18 @@
 //                                whole): the whole batch, so an evaluation pass prints as alone
 //   RandomSampler::reset         rank 0's CPU generator state first: one order on every rank,
 //                                the generator advanced as alone
+//   <optimizer>::step, with      [optim] shard: each rank steps its 1/N of the parameters'
+//   ::save and ::load            elements, keeping state for those only; then every parameter
+//                                from its owner (dp_from_owners). save writes the whole state
+//                                (gathered from the owners); load keeps this rank's share
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdio>
 #include <deque>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -71,6 +77,20 @@ std::deque<State::Handed> *training_batches()
 uintptr_t call_real(void *real, const uintptr_t a[6])
 {
     return reinterpret_cast<RawFn>(real)(a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+// The real call, then `undo`, whether it returns or throws.
+template <class Undo> uintptr_t call_then(void *real, const uintptr_t a[6], Undo &undo)
+{
+    uintptr_t r;
+    try {
+        r = call_real(real, a);
+    } catch (...) {
+        undo();
+        throw;
+    }
+    undo();
+    return r;
 }
 
 int32_t dtype_of(const at::Tensor &t)
@@ -200,6 +220,322 @@ uintptr_t backward(const uintptr_t a[6], void *real)
     return r;
 }
 
+// --- optimizer sharding ([optim] shard) -----------------------------------------------------------
+//
+// As the PyTorch adapter does: the parameters laid end to end, rank r owns the r-th 1/N of the
+// elements; a tensor across a boundary is cut, each piece stepped as a tensor of its own that
+// aliases those elements (its state is the optimizer's state for them). libtorch's optimizers
+// update each element from its own gradient and state alone, so the parameters stay bitwise
+// those of the unsharded step. Parameters added later are shared out among themselves.
+
+namespace o = torch::optim;
+
+struct Piece {
+    at::Tensor param;
+    int64_t start, end;
+    int owner;
+    at::Tensor stepped; // what the owner's optimizer steps: param itself, or an alias of the piece
+    bool whole() const { return start == 0 && end == param.numel(); }
+};
+
+struct Plan {
+    std::vector<Piece> pieces;                                 // parameter order, element order
+    std::unordered_map<const void *, std::vector<size_t>> of; // TensorImpl -> its pieces
+    std::vector<const void *> key;                             // the parameters planned for
+};
+
+std::unordered_map<const void *, std::unique_ptr<Plan>> plans; // optimizer -> plan; null: whole
+
+std::string key_of(const at::Tensor &t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+// auto: the optimizers whose update costs more than sending the parameters out again (not SGD,
+// measured for the PyTorch adapter); on: SGD too; never LBFGS, whose line search reads every
+// parameter at once.
+bool shards(const o::Optimizer &opt)
+{
+    if (conf.shard == 0) return false;
+    if (dynamic_cast<const o::LBFGS *>(&opt)) {
+        static bool said;
+        if (conf.shard == 1 && conf.rank == 0 && !said)
+            std::fprintf(stderr, "[dpshim] WARN [optim] shard = on: LBFGS keeps every parameter on every rank, as its "
+                                 "line search evaluates every parameter together\n");
+        said = true;
+        return false;
+    }
+    bool costly = dynamic_cast<const o::Adam *>(&opt) || dynamic_cast<const o::AdamW *>(&opt) ||
+                  dynamic_cast<const o::RMSprop *>(&opt) || dynamic_cast<const o::Adagrad *>(&opt);
+    return costly || (conf.shard == 1 && dynamic_cast<const o::SGD *>(&opt));
+}
+
+// The per-element tensors of a parameter's state (undefined where the options leave one out)
+// and its step count (null where the state has none), for each optimizer libtorch has.
+struct Fields {
+    std::vector<at::Tensor *> tensors;
+    int64_t *step;
+};
+
+Fields fields_of(o::OptimizerParamState &s)
+{
+    if (auto *a = dynamic_cast<o::AdamParamState *>(&s))
+        return {{&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()}, &a->step()};
+    if (auto *a = dynamic_cast<o::AdamWParamState *>(&s))
+        return {{&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()}, &a->step()};
+    if (auto *a = dynamic_cast<o::RMSpropParamState *>(&s))
+        return {{&a->square_avg(), &a->momentum_buffer(), &a->grad_avg()}, &a->step()};
+    if (auto *a = dynamic_cast<o::AdagradParamState *>(&s)) return {{&a->sum()}, &a->step()};
+    if (auto *a = dynamic_cast<o::SGDParamState *>(&s)) return {{&a->momentum_buffer()}, nullptr};
+    return {{}, nullptr};
+}
+
+std::unique_ptr<o::OptimizerParamState> new_state(const o::Optimizer &opt)
+{
+    if (dynamic_cast<const o::Adam *>(&opt)) return std::make_unique<o::AdamParamState>();
+    if (dynamic_cast<const o::AdamW *>(&opt)) return std::make_unique<o::AdamWParamState>();
+    if (dynamic_cast<const o::RMSprop *>(&opt)) return std::make_unique<o::RMSpropParamState>();
+    if (dynamic_cast<const o::Adagrad *>(&opt)) return std::make_unique<o::AdagradParamState>();
+    return std::make_unique<o::SGDParamState>();
+}
+
+// Every parameter of the optimizer once, in order.
+std::vector<at::Tensor> unique_params(const o::Optimizer &opt)
+{
+    std::vector<at::Tensor> ps;
+    std::unordered_set<const void *> seen;
+    for (const auto &p : params_of(opt))
+        if (seen.insert(p.unsafeGetTensorImpl()).second) ps.push_back(p);
+    return ps;
+}
+
+void cut(Plan &plan, const std::vector<at::Tensor> &fresh)
+{
+    int64_t total = 0;
+    for (const auto &p : fresh) total += p.numel();
+    std::vector<int64_t> bound(static_cast<size_t>(conf.size) + 1);
+    for (int r = 0; r <= conf.size; r++) bound[static_cast<size_t>(r)] = total * r / conf.size;
+    int64_t at = 0;
+    for (const auto &p : fresh) {
+        int64_t n = p.numel(), s = at;
+        auto &mine = plan.of[p.unsafeGetTensorImpl()];
+        do {
+            int r = 0;
+            while (r + 1 < conf.size && bound[static_cast<size_t>(r) + 1] <= s) r++;
+            int64_t e = p.is_contiguous() ? std::min(at + n, bound[static_cast<size_t>(r) + 1]) : at + n;
+            mine.push_back(plan.pieces.size());
+            plan.pieces.push_back({p, s - at, e - at, r, e - s == n ? p : at::Tensor()});
+            s = e;
+        } while (s < at + n);
+        at += n;
+    }
+}
+
+Plan *plan_of(const o::Optimizer &opt)
+{
+    auto it = plans.find(&opt);
+    if (it == plans.end()) it = plans.emplace(&opt, shards(opt) ? std::make_unique<Plan>() : nullptr).first;
+    Plan *plan = it->second.get();
+    if (!plan) return nullptr;
+    std::vector<at::Tensor> ps = unique_params(opt);
+    std::vector<const void *> key;
+    for (const auto &p : ps) key.push_back(p.unsafeGetTensorImpl());
+    if (key != plan->key) {
+        std::vector<at::Tensor> fresh;
+        for (const auto &p : ps)
+            if (!plan->of.count(p.unsafeGetTensorImpl())) fresh.push_back(p);
+        cut(*plan, fresh);
+        plan->key = std::move(key);
+    }
+    return plan;
+}
+
+// A piece's own tensor, aliasing the parameter's elements as they are now (loading a model
+// may have given the parameter new storage); the same tensor every time, which keys its state.
+const at::Tensor &alias(Piece &pc)
+{
+    at::NoGradGuard no_grad;
+    if (!pc.stepped.defined()) pc.stepped = at::empty({0}, pc.param.options());
+    pc.stepped.set_(pc.param.storage(), pc.param.storage_offset() + pc.start, {pc.end - pc.start}, {1});
+    return pc.stepped;
+}
+
+// The optimizer's state holds this rank's share only: a cut parameter's whole state (made by
+// Adagrad's constructor, or loaded) goes to this rank's pieces, per-element tensors sliced; what
+// other ranks own is dropped.
+void settle(o::Optimizer &opt, Plan &plan)
+{
+    auto &state = opt.state();
+    for (const auto &p : unique_params(opt)) {
+        const auto &idx = plan.of[p.unsafeGetTensorImpl()];
+        auto it = state.find(key_of(p));
+        if (it == state.end()) continue;
+        if (idx.size() == 1 && plan.pieces[idx[0]].whole()) {
+            if (plan.pieces[idx[0]].owner != conf.rank) state.erase(it);
+            continue;
+        }
+        std::unique_ptr<o::OptimizerParamState> whole = std::move(it->second);
+        state.erase(it);
+        for (size_t i : idx) {
+            Piece &pc = plan.pieces[i];
+            if (pc.owner != conf.rank) continue;
+            auto mine = whole->clone();
+            for (at::Tensor *t : fields_of(*mine).tensors)
+                if (t->defined()) *t = t->reshape(-1).slice(0, pc.start, pc.end).clone();
+            state[key_of(alias(pc))] = std::move(mine);
+        }
+    }
+}
+
+// Each updated parameter from its owner to every rank.
+void from_owners(const o::Optimizer &opt, Plan &plan)
+{
+    std::vector<dp_tensor> ts;
+    std::vector<int32_t> owner;
+    std::vector<std::pair<at::Tensor, at::Tensor>> back; // a non-contiguous parameter, its copy
+    at::NoGradGuard no_grad;
+    for (const auto &p : unique_params(opt)) {
+        if (!p.grad().defined() || dtype_of(p) < 0) continue; // alike on every rank (averaged)
+        at::Tensor flat = p;
+        if (!p.is_contiguous()) back.emplace_back(p, p.contiguous()), flat = back.back().second;
+        for (size_t i : plan.of[p.unsafeGetTensorImpl()]) {
+            const Piece &pc = plan.pieces[i];
+            if (pc.end == pc.start) continue;
+            ts.push_back(view_of(flat.view(-1).slice(0, pc.start, pc.end), nullptr));
+            owner.push_back(pc.owner);
+        }
+    }
+    if (!ts.empty()) dp_from_owners(ts.data(), ts.size(), owner.data());
+    for (auto &b : back) b.first.copy_(b.second);
+}
+
+uintptr_t sharded_step(o::Optimizer &opt, Plan &plan, const uintptr_t a[6], void *real)
+{
+    // a closure runs first, while the groups hold every parameter (its zero_grad and backward
+    // see the whole model); the step then gets the loss it returned
+    const auto &closure = *reinterpret_cast<const std::function<at::Tensor()> *>(a[2]);
+    std::function<at::Tensor()> returns_loss;
+    uintptr_t args[6] = {a[0], a[1], a[2], a[3], a[4], a[5]};
+    if (closure) {
+        at::Tensor loss;
+        {
+            at::AutoGradMode grad(true);
+            loss = closure();
+        }
+        returns_loss = [loss] { return loss; };
+        args[2] = reinterpret_cast<uintptr_t>(&returns_loss);
+    }
+    settle(opt, plan);
+    std::vector<std::vector<at::Tensor>> full;
+    for (auto &g : opt.param_groups()) {
+        full.push_back(g.params());
+        std::vector<at::Tensor> mine;
+        for (const auto &p : full.back())
+            for (size_t i : plan.of[p.unsafeGetTensorImpl()]) {
+                Piece &pc = plan.pieces[i];
+                if (pc.owner != conf.rank) continue;
+                if (pc.whole()) {
+                    mine.push_back(p);
+                    continue;
+                }
+                const at::Tensor &q = alias(pc);
+                q.mutable_grad() = p.grad().defined() ? p.grad().reshape(-1).slice(0, pc.start, pc.end) : at::Tensor();
+                mine.push_back(q);
+            }
+        g.params() = std::move(mine);
+    }
+    auto restore = [&] {
+        for (size_t k = 0; k < full.size(); k++) opt.param_groups()[k].params() = std::move(full[k]);
+        for (auto &pc : plan.pieces)
+            if (pc.stepped.defined() && !pc.whole()) pc.stepped.mutable_grad() = at::Tensor(); // no stale view kept
+    };
+    uintptr_t r = call_then(real, args, restore);
+    try {
+        from_owners(opt, plan);
+    } catch (const std::exception &e) {
+        fail("sending the updated parameters", e);
+    }
+    return r;
+}
+
+// Optimizer::save of a sharded optimizer: the whole state, as the unsharded one holds it, put
+// together from every rank's share for the real save and taken apart again after it. Which
+// parameters have state, their step counts and which of their tensors exist travel first
+// (dp_metric, the maximum over ranks), then the tensors from their owners (dp_from_owners).
+uintptr_t save_optimizer(const uintptr_t a[6], void *real)
+{
+    auto &opt = *reinterpret_cast<o::Optimizer *>(a[0]);
+    auto it = plans.find(&opt);
+    if (it == plans.end() || !it->second) return call_real(real, a);
+    Plan &plan = *it->second;
+    auto &state = opt.state();
+    std::vector<at::Tensor> ps = unique_params(opt);
+    const size_t nfields = fields_of(*new_state(opt)).tensors.size(), width = 2 + nfields;
+    std::unordered_map<std::string, std::unique_ptr<o::OptimizerParamState>> aside; // the pieces' states
+    std::vector<std::string> added;                                                 // whole states put in
+    try {
+        settle(opt, plan);
+        // per parameter: has state, its step count, which per-element tensors it has
+        std::vector<double> info(ps.size() * width, 0.0);
+        for (size_t k = 0; k < ps.size(); k++)
+            for (size_t i : plan.of[ps[k].unsafeGetTensorImpl()]) {
+                Piece &pc = plan.pieces[i];
+                if (pc.owner != conf.rank) continue;
+                auto found = state.find(key_of(pc.whole() ? pc.param : alias(pc)));
+                if (found == state.end()) continue;
+                Fields f = fields_of(*found->second);
+                info[k * width] = 1;
+                if (f.step) info[k * width + 1] = static_cast<double>(*f.step);
+                for (size_t j = 0; j < nfields; j++) info[k * width + 2 + j] = f.tensors[j]->defined();
+            }
+        if (!info.empty()) dp_metric(info.data(), info.size(), DP_MAX);
+        std::vector<dp_tensor> ts;
+        std::vector<int32_t> owner;
+        std::vector<std::pair<std::string, std::unique_ptr<o::OptimizerParamState>>> wholes;
+        at::NoGradGuard no_grad;
+        for (size_t k = 0; k < ps.size(); k++) {
+            const at::Tensor &p = ps[k];
+            if (!info[k * width]) continue; // no state anywhere: none saved, as alone
+            auto whole = new_state(opt);
+            Fields f = fields_of(*whole);
+            if (f.step) *f.step = static_cast<int64_t>(info[k * width + 1]);
+            for (size_t j = 0; j < nfields; j++) {
+                if (!info[k * width + 2 + j]) continue;
+                *f.tensors[j] = at::zeros_like(p, at::MemoryFormat::Contiguous);
+                for (size_t i : plan.of[p.unsafeGetTensorImpl()]) {
+                    Piece &pc = plan.pieces[i];
+                    at::Tensor part = f.tensors[j]->view(-1).slice(0, pc.start, pc.end);
+                    if (pc.owner == conf.rank)
+                        part.copy_(fields_of(*state.at(key_of(pc.whole() ? p : alias(pc)))).tensors[j]->reshape(-1));
+                    if (pc.end > pc.start) ts.push_back(view_of(part, nullptr)), owner.push_back(pc.owner);
+                }
+            }
+            wholes.emplace_back(key_of(p), std::move(whole)); // alive until the tensors have gone
+        }
+        if (!ts.empty()) dp_from_owners(ts.data(), ts.size(), owner.data());
+        for (auto &pc : plan.pieces)
+            if (!pc.whole() && pc.stepped.defined()) {
+                auto found = state.find(key_of(pc.stepped));
+                if (found != state.end()) aside.emplace(found->first, std::move(found->second)), state.erase(found);
+            }
+        for (auto &w : wholes)
+            if (!state.count(w.first)) added.push_back(w.first), state[w.first] = std::move(w.second); // else: owned whole here
+    } catch (const std::exception &e) {
+        fail("gathering the optimizer's state to save it", e);
+    }
+    auto take_apart = [&] {
+        for (const auto &k : added) state.erase(k);
+        for (auto &s : aside) state[s.first] = std::move(s.second);
+    };
+    return call_then(real, a, take_apart);
+}
+
+// Optimizer::load of a whole state: this rank keeps its share.
+uintptr_t load_optimizer(const uintptr_t a[6], void *real)
+{
+    uintptr_t r = call_real(real, a);
+    auto &opt = *reinterpret_cast<o::Optimizer *>(a[0]);
+    if (Plan *plan = plan_of(opt)) settle(opt, *plan);
+    return r;
+}
+
 uintptr_t step(const uintptr_t a[6], void *real)
 {
     auto *opt = reinterpret_cast<torch::optim::Optimizer *>(a[1]);
@@ -210,7 +546,9 @@ uintptr_t step(const uintptr_t a[6], void *real)
         bool shared = weigh_current_batch();
         average(params_of(*opt), nullptr, shared);
     }
-    uintptr_t r = call_real(real, a); // a closure's backward passes are averaged as they end
+    Plan *plan = plan_of(*opt);
+    // a closure's backward passes are averaged as they end
+    uintptr_t r = plan ? sharded_step(*opt, *plan, a, real) : call_real(real, a);
     st.stepped[opt] = st.backwards;
     st.batch_used = true; // once per batch, however many optimizers step on it
     dp_step_end(++st.steps);

@@ -7,8 +7,9 @@
 //   --manual (batches cut by hand, no DataLoader)   --save PATH (torch::save of model and optimizer)
 //   --float (float32 instead of float64)   --samples N (training samples, 100)   --hidden H (16)
 //   --eval-every K (a test pass after every K training batches too)   --draw (a random number
-//   drawn after training, on stderr)
-// stdout: per epoch the mean training loss and the test result, then a checksum of the weights.
+//   drawn after training, on stderr)   --load PATH (model and optimizer from PATH.*.pt first)
+// stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
+// a hash of their bytes and the elements of the first optimizer's state in this process.
 // stderr: the training samples this process took per epoch, and the epoch's time.
 #include <torch/torch.h>
 
@@ -60,11 +61,28 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string &kind,
     std::exit(2);
 }
 
+// The elements of the optimizer's state tensors.
+int64_t state_elements(torch::optim::Optimizer &opt)
+{
+    namespace o = torch::optim;
+    int64_t n = 0;
+    auto add = [&](const torch::Tensor &t) { n += t.defined() ? t.numel() : 0; };
+    for (auto &kv : opt.state()) {
+        auto *s = kv.second.get();
+        if (auto *a = dynamic_cast<o::AdamParamState *>(s)) add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
+        else if (auto *w = dynamic_cast<o::AdamWParamState *>(s)) add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
+        else if (auto *r = dynamic_cast<o::RMSpropParamState *>(s)) add(r->square_avg()), add(r->momentum_buffer()), add(r->grad_avg());
+        else if (auto *g = dynamic_cast<o::AdagradParamState *>(s)) add(g->sum());
+        else if (auto *m = dynamic_cast<o::SGDParamState *>(s)) add(m->momentum_buffer());
+    }
+    return n;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
-    std::string opt_kind = "sgd", sampler = "sequential", save;
+    std::string opt_kind = "sgd", sampler = "sequential", save, load;
     int workers = 0, epochs = 3, batch = 16, hidden = 16;
     size_t samples = 100;
     bool two = false, manual = false, draw = false;
@@ -79,6 +97,7 @@ int main(int argc, char **argv)
         else if (a == "--epochs") epochs = std::stoi(value());
         else if (a == "--batch") batch = std::stoi(value());
         else if (a == "--save") save = value();
+        else if (a == "--load") load = value();
         else if (a == "--two") two = true;
         else if (a == "--manual") manual = true;
         else if (a == "--float") dtype = torch::kFloat;
@@ -97,6 +116,10 @@ int main(int argc, char **argv)
         opts.push_back(make_optimizer("adam", net->b->parameters()));
     } else {
         opts.push_back(make_optimizer(opt_kind, net->parameters()));
+    }
+    if (!load.empty()) {
+        torch::load(net, load + ".model.pt");
+        torch::load(*opts[0], load + ".optim.pt");
     }
     auto train_set = Points(samples, 0.0, dtype).map(torch::data::transforms::Stack<>());
     auto test_set = Points(40, 0.11, dtype).map(torch::data::transforms::Stack<>());
@@ -169,6 +192,14 @@ int main(int argc, char **argv)
     double sum = 0;
     for (const auto &p : net->parameters()) sum += p.abs().sum().item<double>();
     std::printf("weights %.15g\n", sum);
+    uint64_t hash = 1469598103934665603ull;
+    for (const auto &p : net->parameters()) {
+        auto c = p.contiguous();
+        auto *b = static_cast<const unsigned char *>(c.data_ptr());
+        for (size_t i = 0; i < c.nbytes(); i++) hash = (hash ^ b[i]) * 1099511628211ull;
+    }
+    std::printf("weights_hash %016llx\n", static_cast<unsigned long long>(hash));
+    std::printf("state_elements %lld\n", static_cast<long long>(state_elements(*opts[0])));
     if (draw) std::fprintf(stderr, "draw %.17g\n", torch::rand({1}, torch::kDouble).item<double>());
     if (!save.empty()) {
         torch::save(net, save + ".model.pt");
