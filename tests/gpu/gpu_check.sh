@@ -175,6 +175,11 @@ if want torch; then
             mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_FILES_RANK0_ONLY='/tmp/t2.pt' LD_PRELOAD='$SHIM' $wrap python3 torch_cuda.py --out /tmp/t2.pt &&
             python3 -c \"import torch; a=torch.load('/tmp/t1.pt'); b=torch.load('/tmp/t2.pt'); d=max(((a[k]-b[k]).abs().max()/a[k].abs().max().clamp(min=1e-30)).item() for k in a if a[k].is_floating_point()); print('max rel diff', d); assert d < 1e-4\""
     done
+    # [optim] shard on the GPU: Adam on a 6.4M-parameter model, sharded and not, through NCCL:
+    # the same weights bit for bit, and each rank's peak GPU memory and optimizer state printed
+    check "PyTorch CUDA Adam, [optim] shard on vs off at np=2 (nccl): bitwise, memory per rank" "$NCCL_PATH" sh -c "cd '$ROOT/tests/gpu' &&
+        for s in off on; do mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_OPTIM_SHARD=\$s DPSHIM_OUTPUT_STDOUT=prefix DPSHIM_FILES_RANK0_ONLY=/tmp/s\$s.pt LD_PRELOAD='$SHIM' $H python3 torch_cuda.py --opt adam --wide --out /tmp/s\$s.pt >/tmp/s\$s.txt || exit 1; sed \"s/^/shard \$s /\" /tmp/s\$s.txt; done &&
+        python3 -c \"import torch; a=torch.load('/tmp/soff.pt'); b=torch.load('/tmp/son.pt'); assert all(torch.equal(a[k], b[k]) for k in a); print('bitwise equal')\""
 fi
 
 # Benchmarks (figures, never pass/fail on a timing): copies through pinned vs pageable memory,
