@@ -120,6 +120,29 @@ equal_to_unsharded() {
     run "$PY" "$SCRIPT" --opt adam --load "$BATS_TEST_TMPDIR/opt.pt" --steps 6
     assert_success
     assert_output --partial "state_elements 49406"
+    # a state that holds None (SGD without momentum) loads into cut parameters too
+    shard 2 on --opt sgd0 --save sgd0.pt
+    assert_success
+    equal_to_unsharded 3 --opt sgd0 --load sgd0.pt --steps 6
+}
+
+@test "a parameter made non-contiguous after the first sharded step: every rank stops, naming what to do" {
+    cat >"$BATS_TEST_TMPDIR/relayout.py" <<'PYEOF'
+import torch, torch.nn as nn, torch.nn.functional as F
+model = nn.Linear(300, 40); opt = torch.optim.Adam(model.parameters(), lr=0.1)
+x = torch.randn(8, 300); y = torch.randn(8, 40)
+for step in range(3):
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    if step == 0:  # the same values, transposed in memory
+        model.weight.data = model.weight.data.t().contiguous().t()
+PYEOF
+    SECONDS=0
+    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" "$BATS_TEST_TMPDIR/relayout.py"
+    assert_failure
+    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+    assert_equal "$(count 'changed its size or memory layout after the optimizer')" 2
 }
 
 @test "state_dict() asked on rank 0 only: the job ends at once, the report naming the call" {

@@ -101,6 +101,7 @@ class _Shim:
         self.split = lib.dpshim_policy_value(b"data", b"mode") == b"split"
         self.bn_sync = lib.dpshim_policy_value(b"bn", b"sync") == b"on"
         self.shard = lib.dpshim_policy_value(b"optim", b"shard").decode()
+        self.alone = lib.dpshim_policy_value(b"comm", b"backend") == b"self"  # no collective moves data
         lib.dpshim_overlap.restype, lib.dpshim_overlap.argtypes = ctypes.c_int, []
         self.overlap = lib.dpshim_overlap  # the job's decision, known once the backend is open
         self.size = self.dp_world_size()
@@ -658,9 +659,17 @@ class _Plan:
         self.load = [0] * _shim.size
 
     def update(self, params):
-        key = tuple(map(id, params))
+        key = tuple((id(p), p.numel(), p.is_contiguous()) for p in params)
         if key == self.key:
             return
+        for p in params:  # the same on every rank, so every rank stops here alike
+            pieces = self.pieces.get(id(p))
+            if pieces and (sum(pc.end - pc.start for pc in pieces) != p.numel() or
+                           (len(pieces) > 1 and not p.is_contiguous())):
+                raise RuntimeError("dpshim: a parameter of shape %s changed its size or memory layout after the "
+                                   "optimizer's first sharded step; [optim] shard shares out parameters as they "
+                                   "are at that step: change them before it, or set [optim] shard = off"
+                                   % (tuple(p.shape),))
         self.key = key
         new, seen = [], set(self.pieces)
         for p in params:
@@ -739,7 +748,7 @@ def _whole_step(optimizer):
     """Why the optimizer steps whole ([optim] shard), or None. on shards any optimizer but those
     whose step reads every parameter at once; auto only torch.optim's own element-wise ones that
     pay for it (a subclass's step may couple parameters, which no one can see from outside)."""
-    if _shim.shard == "off":
+    if _shim.shard == "off" or _shim.alone:
         return "off"
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls.__name__ in _WHOLE_STEP:
@@ -818,7 +827,7 @@ def _settle_state(optimizer, plan):
         for pc in pieces:
             if pc.owner == _shim.rank:
                 state[pc.stand_in()] = {
-                    k: (v.reshape(-1)[pc.start:pc.end].clone() if _per_element(v.reshape(-1), n)
+                    k: (v.reshape(-1)[pc.start:pc.end].clone() if isinstance(v, torch.Tensor) and v.numel() == n > 1
                         else v.clone() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
 
 
@@ -844,25 +853,27 @@ def _gathered_state(optimizer, plan, state_dict):
     mine += [(index_of[id(pc.param)], pc.start, pc.end, st) for pc, st in aside.items()]
     buf = io.BytesIO()
     torch.save(mine, buf)
+    data = buf.getbuffer()
     # a guard report names the call: a script that asks for the state on one rank only hangs
     # nowhere, and learns why its ranks parted
     site = _script_line() + b", state_dict of a sharded optimizer"
     lengths = (ctypes.c_double * _shim.size)()
-    lengths[_shim.rank] = len(buf.getvalue())
+    lengths[_shim.rank] = data.nbytes
     _shim.lib.dpshim_site(site)
     _check(_shim.lib.dp_metric(lengths, _shim.size, DP_SUM), "dp_metric")
-    parts = [torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8) if r == _shim.rank
+    parts = [torch.frombuffer(data, dtype=torch.uint8) if r == _shim.rank
              else torch.empty(int(lengths[r]), dtype=torch.uint8) for r in range(_shim.size)]
     owners = (ctypes.c_int32 * _shim.size)(*range(_shim.size))
     _shim.lib.dpshim_site(site)
     _check(_shim.lib.dp_from_owners(_tensors(parts), len(parts), owners), "dp_from_owners")
 
-    def here(storage, location):  # a GPU state tensor lands on this rank's GPU
-        return storage.cuda(torch.cuda.current_device()) if location.startswith("cuda") else storage
-
+    # the other ranks' shares land in host memory, never on this rank's GPU: a checkpoint needs
+    # no GPU memory beyond the share the rank holds (load_state_dict puts each tensor on its
+    # parameter's device, as it always does)
     whole, cut = {}, collections.defaultdict(list)
     for r, part in enumerate(parts):
-        entries = mine if r == _shim.rank else torch.load(io.BytesIO(part.numpy().tobytes()), map_location=here)
+        entries = mine if r == _shim.rank else torch.load(io.BytesIO(part.numpy()), map_location="cpu",
+                                                          weights_only=False)
         for i, start, end, st in entries:
             # keys as the optimizer's own (interned) strings: a pickle of the result then
             # shares them as the unsharded one does, so torch.save writes the same bytes
@@ -874,7 +885,7 @@ def _gathered_state(optimizer, plan, state_dict):
     for i, ps in cut.items():
         ps.sort(key=lambda x: x[0])
         shape = params[i].shape
-        whole[i] = {k: torch.cat([st[k] for _, _, st in ps]).view(shape)
+        whole[i] = {k: torch.cat([st[k].cpu() for _, _, st in ps]).view(shape)
                     if all(_per_element(st.get(k), e - s) for s, e, st in ps) else v
                     for k, v in ps[0][2].items()}
     out = dict(sd)

@@ -4,7 +4,7 @@ rank with bitwise the same parameters and optimizer state_dict. Prints, on every
   state <sha256 of torch.save(optimizer.state_dict())>
   state_elements <elements of the optimizer's own state on this rank>
 
-  shard.py --opt sgd|adam|adamw|rmsprop|adagrad|custom|groups|lbfgs [--steps N] [--save F]
+  shard.py --opt sgd|sgd0|adam|adamw|rmsprop|adagrad|custom|groups|lbfgs [--steps N] [--save F]
            [--load F] [--tensors small|few] [--closure]
 --save F: torch.save(optimizer.state_dict(), F) at the end (a checkpoint); --load F: the
 optimizer loads F before training (a resumed run); --tensors few: 3 parameter tensors, so that
@@ -62,6 +62,8 @@ params = list(model.parameters())
 scheduler = None
 if args.opt == "sgd":
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
+elif args.opt == "sgd0":  # no momentum: its state holds None for every parameter
+    opt = torch.optim.SGD(params, lr=0.05)
 elif args.opt == "adam":
     opt = torch.optim.Adam(params, lr=1e-2)
 elif args.opt == "adamw":
