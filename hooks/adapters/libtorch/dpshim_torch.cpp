@@ -24,7 +24,9 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -230,15 +232,17 @@ uintptr_t backward(const uintptr_t a[6], void *real)
 
 namespace o = torch::optim;
 
+// Pieces hold no reference to their parameter (a plan must not keep a model alive): the
+// functions below get the parameter from the optimizer's groups.
 struct Piece {
-    at::Tensor param;
-    int64_t start, end;
+    int64_t numel, start, end; // the parameter's elements, and the piece's [start, end)
     int owner;
-    at::Tensor stepped; // what the owner's optimizer steps: param itself, or an alias of the piece
-    bool whole() const { return start == 0 && end == param.numel(); }
+    at::Tensor stepped; // a cut piece's own tensor, once made: it keys the piece's state
+    bool whole() const { return start == 0 && end == numel; }
 };
 
 struct Plan {
+    const std::type_info *type = nullptr;                      // the optimizer's class
     std::vector<Piece> pieces;                                 // parameter order, element order
     std::unordered_map<const void *, std::vector<size_t>> of; // TensorImpl -> its pieces
     std::vector<const void *> key;                             // the parameters planned for
@@ -321,7 +325,7 @@ void cut(Plan &plan, const std::vector<at::Tensor> &fresh)
             while (r + 1 < conf.size && bound[static_cast<size_t>(r) + 1] <= s) r++;
             int64_t e = p.is_contiguous() ? std::min(at + n, bound[static_cast<size_t>(r) + 1]) : at + n;
             mine.push_back(plan.pieces.size());
-            plan.pieces.push_back({p, s - at, e - at, r, e - s == n ? p : at::Tensor()});
+            plan.pieces.push_back({n, s - at, e - at, r, at::Tensor()});
             s = e;
         } while (s < at + n);
         at += n;
@@ -330,13 +334,24 @@ void cut(Plan &plan, const std::vector<at::Tensor> &fresh)
 
 Plan *plan_of(const o::Optimizer &opt)
 {
-    auto it = plans.find(&opt);
-    if (it == plans.end()) it = plans.emplace(&opt, shards(opt) ? std::make_unique<Plan>() : nullptr).first;
-    Plan *plan = it->second.get();
-    if (!plan) return nullptr;
     std::vector<at::Tensor> ps = unique_params(opt);
     std::vector<const void *> key;
     for (const auto &p : ps) key.push_back(p.unsafeGetTensorImpl());
+    // a plan is the optimizer's at this address while its class is the same and the parameters
+    // it planned for still lead its list (add_param_group appends); else the optimizer there is
+    // another one, made where a freed one was
+    auto it = plans.find(&opt);
+    if (it != plans.end() && it->second &&
+        (*it->second->type != typeid(opt) || key.size() < it->second->key.size() ||
+         !std::equal(it->second->key.begin(), it->second->key.end(), key.begin())))
+        plans.erase(it), it = plans.end();
+    if (it == plans.end()) {
+        auto fresh = shards(opt) ? std::make_unique<Plan>() : nullptr;
+        if (fresh) fresh->type = &typeid(opt);
+        it = plans.emplace(&opt, std::move(fresh)).first;
+    }
+    Plan *plan = it->second.get();
+    if (!plan) return nullptr;
     if (key != plan->key) {
         std::vector<at::Tensor> fresh;
         for (const auto &p : ps)
@@ -347,14 +362,28 @@ Plan *plan_of(const o::Optimizer &opt)
     return plan;
 }
 
-// A piece's own tensor, aliasing the parameter's elements as they are now (loading a model
-// may have given the parameter new storage); the same tensor every time, which keys its state.
-const at::Tensor &alias(Piece &pc)
+// A cut piece's own tensor, aliasing the parameter p's elements as they are now (loading a
+// model may have given p new storage); the same tensor every time, which keys its state. A
+// parameter whose size or layout changed since it was cut stops the program, on every rank
+// alike (they all hold the same parameters).
+const at::Tensor &alias(Piece &pc, const at::Tensor &p)
+{
+    if (p.numel() != pc.numel || !p.is_contiguous())
+        throw std::runtime_error("dpshim: a parameter changed its size or memory layout after the optimizer's first "
+                                 "sharded step; [optim] shard shares out parameters as they are at that step: "
+                                 "change them before it, or set [optim] shard = off");
+    at::NoGradGuard no_grad;
+    if (!pc.stepped.defined()) pc.stepped = at::empty({0}, p.options());
+    pc.stepped.set_(p.storage(), p.storage_offset() + pc.start, {pc.end - pc.start}, {1});
+    return pc.stepped;
+}
+
+// The pieces' tensors let go of the parameters' storage until they are used again.
+void unalias(Plan &plan)
 {
     at::NoGradGuard no_grad;
-    if (!pc.stepped.defined()) pc.stepped = at::empty({0}, pc.param.options());
-    pc.stepped.set_(pc.param.storage(), pc.param.storage_offset() + pc.start, {pc.end - pc.start}, {1});
-    return pc.stepped;
+    for (auto &pc : plan.pieces)
+        if (pc.stepped.defined()) pc.stepped.mutable_grad() = at::Tensor(), pc.stepped.set_();
 }
 
 // The optimizer's state holds this rank's share only: a cut parameter's whole state (made by
@@ -379,7 +408,7 @@ void settle(o::Optimizer &opt, Plan &plan)
             auto mine = whole->clone();
             for (at::Tensor *t : fields_of(*mine).tensors)
                 if (t->defined()) *t = t->reshape(-1).slice(0, pc.start, pc.end).clone();
-            state[key_of(alias(pc))] = std::move(mine);
+            state[key_of(alias(pc, p))] = std::move(mine);
         }
     }
 }
@@ -402,7 +431,8 @@ void from_owners(const o::Optimizer &opt, Plan &plan)
             owner.push_back(pc.owner);
         }
     }
-    if (!ts.empty()) dp_from_owners(ts.data(), ts.size(), owner.data());
+    if (!ts.empty() && dp_from_owners(ts.data(), ts.size(), owner.data()) != 0)
+        throw std::runtime_error("dp_from_owners failed (see the message above)");
     for (auto &b : back) b.first.copy_(b.second);
 }
 
@@ -435,7 +465,7 @@ uintptr_t sharded_step(o::Optimizer &opt, Plan &plan, const uintptr_t a[6], void
                     mine.push_back(p);
                     continue;
                 }
-                const at::Tensor &q = alias(pc);
+                const at::Tensor &q = alias(pc, p);
                 q.mutable_grad() = p.grad().defined() ? p.grad().reshape(-1).slice(0, pc.start, pc.end) : at::Tensor();
                 mine.push_back(q);
             }
@@ -443,8 +473,7 @@ uintptr_t sharded_step(o::Optimizer &opt, Plan &plan, const uintptr_t a[6], void
     }
     auto restore = [&] {
         for (size_t k = 0; k < full.size(); k++) opt.param_groups()[k].params() = std::move(full[k]);
-        for (auto &pc : plan.pieces)
-            if (pc.stepped.defined() && !pc.whole()) pc.stepped.mutable_grad() = at::Tensor(); // no stale view kept
+        unalias(plan); // no stale gradient view or storage kept
     };
     uintptr_t r = call_then(real, args, restore);
     try {
@@ -462,9 +491,9 @@ uintptr_t sharded_step(o::Optimizer &opt, Plan &plan, const uintptr_t a[6], void
 uintptr_t save_optimizer(const uintptr_t a[6], void *real)
 {
     auto &opt = *reinterpret_cast<o::Optimizer *>(a[0]);
-    auto it = plans.find(&opt);
-    if (it == plans.end() || !it->second) return call_real(real, a);
-    Plan &plan = *it->second;
+    Plan *sharded = plan_of(opt);
+    if (!sharded) return call_real(real, a);
+    Plan &plan = *sharded;
     auto &state = opt.state();
     std::vector<at::Tensor> ps = unique_params(opt);
     const size_t nfields = fields_of(*new_state(opt)).tensors.size(), width = 2 + nfields;
@@ -478,7 +507,7 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
             for (size_t i : plan.of[ps[k].unsafeGetTensorImpl()]) {
                 Piece &pc = plan.pieces[i];
                 if (pc.owner != conf.rank) continue;
-                auto found = state.find(key_of(pc.whole() ? pc.param : alias(pc)));
+                auto found = state.find(key_of(pc.whole() ? ps[k] : alias(pc, ps[k])));
                 if (found == state.end()) continue;
                 Fields f = fields_of(*found->second);
                 info[k * width] = 1;
@@ -492,7 +521,7 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
         at::NoGradGuard no_grad;
         for (size_t k = 0; k < ps.size(); k++) {
             const at::Tensor &p = ps[k];
-            if (!info[k * width]) continue; // no state anywhere: none saved, as alone
+            if (!info[k * width] || dtype_of(p) < 0) continue; // no state anywhere: none saved, as alone
             auto whole = new_state(opt);
             Fields f = fields_of(*whole);
             if (f.step) *f.step = static_cast<int64_t>(info[k * width + 1]);
@@ -503,13 +532,14 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
                     Piece &pc = plan.pieces[i];
                     at::Tensor part = f.tensors[j]->view(-1).slice(0, pc.start, pc.end);
                     if (pc.owner == conf.rank)
-                        part.copy_(fields_of(*state.at(key_of(pc.whole() ? p : alias(pc)))).tensors[j]->reshape(-1));
+                        part.copy_(fields_of(*state.at(key_of(pc.whole() ? p : alias(pc, p)))).tensors[j]->reshape(-1));
                     if (pc.end > pc.start) ts.push_back(view_of(part, nullptr)), owner.push_back(pc.owner);
                 }
             }
             wholes.emplace_back(key_of(p), std::move(whole)); // alive until the tensors have gone
         }
-        if (!ts.empty()) dp_from_owners(ts.data(), ts.size(), owner.data());
+        if (!ts.empty() && dp_from_owners(ts.data(), ts.size(), owner.data()) != 0)
+            throw std::runtime_error("dp_from_owners failed (see the message above)");
         for (auto &pc : plan.pieces)
             if (!pc.whole() && pc.stepped.defined()) {
                 auto found = state.find(key_of(pc.stepped));
@@ -523,6 +553,7 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
     auto take_apart = [&] {
         for (const auto &k : added) state.erase(k);
         for (auto &s : aside) state[s.first] = std::move(s.second);
+        unalias(plan);
     };
     return call_then(real, a, take_apart);
 }
@@ -532,7 +563,7 @@ uintptr_t load_optimizer(const uintptr_t a[6], void *real)
 {
     uintptr_t r = call_real(real, a);
     auto &opt = *reinterpret_cast<o::Optimizer *>(a[0]);
-    if (Plan *plan = plan_of(opt)) settle(opt, *plan);
+    if (Plan *plan = plan_of(opt)) settle(opt, *plan), unalias(*plan);
     return r;
 }
 
