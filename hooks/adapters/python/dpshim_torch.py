@@ -238,15 +238,18 @@ def _broadcast_module(module):
     return True
 
 
-def _broadcast_tensors(ts):
+def _as_bytes_where_unnamed(v):
+    """A broadcast moves bytes: a tensor of a dtype the hook ABI has no name for (bool masks,
+    int8, complex) travels as its bytes."""
     import torch
+    return v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8)
+
+
+def _broadcast_tensors(ts):
     if not ts:
         return
-    # a broadcast moves bytes: dtypes the hook ABI has no name for (bool masks, int8, complex)
-    # travel as their bytes
     datas = [t.data for t in ts]
-    back = _in_place(_shim.dp_params, "dp_params", datas,
-                     lambda v: v if v.dtype in _DTYPES else v.reshape(-1).view(torch.uint8))
+    back = _in_place(_shim.dp_params, "dp_params", datas, _as_bytes_where_unnamed)
     # the drift check ([guard] drift_every) reads what dp_params saw again at step ends: a
     # non-contiguous tensor went as a copy, which is kept alive and brought up to date before
     # each step end, so the check never reads freed memory
@@ -671,11 +674,7 @@ class _Plan:
                                    "are at that step: change them before it, or set [optim] shard = off"
                                    % (tuple(p.shape),))
         self.key = key
-        new, seen = [], set(self.pieces)
-        for p in params:
-            if id(p) not in seen:
-                seen.add(id(p))
-                new.append(p)
+        new = [p for p in params if id(p) not in self.pieces]  # params: _parameters', each once
         (self._cut if self.cut else self._whole)(new)
 
     def _cut(self, params):
@@ -728,8 +727,7 @@ def _shard_plan(optimizer):
     """The optimizer's plan, or None where its step runs whole on every rank."""
     key = id(optimizer)
     if key not in _plans:
-        whole_why = _whole_step(optimizer)
-        _plans[key] = None if whole_why else _Plan(_elementwise(optimizer))
+        _plans[key] = _Plan(_elementwise(optimizer)) if _shards(optimizer) else None
         import weakref
         weakref.finalize(optimizer, _plans.pop, key, None)
     plan = _plans[key]
@@ -744,21 +742,19 @@ def _elementwise(optimizer, names=_ELEMENTWISE):
     return cls.__name__ in names and getattr(torch.optim, cls.__name__, None) is cls
 
 
-def _whole_step(optimizer):
-    """Why the optimizer steps whole ([optim] shard), or None. on shards any optimizer but those
-    whose step reads every parameter at once; auto only torch.optim's own element-wise ones that
-    pay for it (a subclass's step may couple parameters, which no one can see from outside)."""
+def _shards(optimizer):
+    """[optim] shard for this optimizer: on shards any optimizer but those whose step reads every
+    parameter at once; auto only torch.optim's own element-wise ones that pay for it (a
+    subclass's step may couple parameters, which no one can see from outside)."""
     if _shim.shard == "off" or _shim.alone:
-        return "off"
+        return False
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls.__name__ in _WHOLE_STEP:
             if _shim.shard == "on":
                 _say_once("shard-" + cls.__name__, "WARN", "[optim] shard = on: %s keeps every parameter on every rank, "
                           "as %s" % (type(optimizer).__name__, _WHOLE_STEP[cls.__name__]))
-            return cls.__name__
-    if _shim.shard == "auto" and not _elementwise(optimizer, _AUTO):
-        return "auto"
-    return None
+            return False
+    return _shim.shard == "on" or _elementwise(optimizer, _AUTO)
 
 
 def _sharded_step(optimizer, plan, step, args, kwargs):
@@ -772,6 +768,9 @@ def _sharded_step(optimizer, plan, step, args, kwargs):
         args, kwargs = args[1:], dict(kwargs, closure=lambda: loss)
     groups = optimizer.param_groups
     full = [g["params"] for g in groups]
+    every = plan.of(_parameters([optimizer]))
+    # state made whole (Adagrad's __init__, a load) to this rank's share; the step, over that
+    # share only, makes state for nothing else
     _settle_state(optimizer, plan)
     _full_groups[id(optimizer)] = full
     try:
@@ -782,23 +781,16 @@ def _sharded_step(optimizer, plan, step, args, kwargs):
         for g, ps in zip(groups, full):
             g["params"] = ps
         del _full_groups[id(optimizer)]
-        for pc in plan.of(_parameters([optimizer])):
+        for pc in every:
             if not pc.whole() and pc.stepped is not None:
                 pc.stepped.grad = None  # no view keeps a gradient the script has let go
-    _settle_state(optimizer, plan)  # a step that made state for all (Adagrad's __init__ does)
     # what the step updated (a parameter without a gradient on every rank is left alone by every
     # optimizer): from its owner to every rank
-    pieces = [pc for pc in plan.of(_parameters([optimizer])) if pc.param.grad is not None and pc.end > pc.start]
+    pieces = [pc for pc in every if pc.param.grad is not None and pc.end > pc.start]
     owners = (ctypes.c_int32 * max(len(pieces), 1))(*[pc.owner for pc in pieces])
     _in_place(lambda arr, n: _shim.dp_from_owners(arr, n, owners), "dp_from_owners",
-              [pc.elements(pc.param.data) for pc in pieces],
-              lambda v: v if v.dtype in _DTYPES else v.reshape(-1).view(_uint8()))
+              [pc.elements(pc.param.data) for pc in pieces], _as_bytes_where_unnamed)
     return result
-
-
-def _uint8():
-    import torch
-    return torch.uint8
 
 
 def _per_element(v, n):
@@ -841,7 +833,7 @@ def _gathered_state(optimizer, plan, state_dict):
     index_of = {}
     for i, p in enumerate(params):  # state_dict's numbering
         index_of.setdefault(id(p), i)
-    pieces = [pc for pc in plan.of(list({id(p): p for p in params}.values())) if not pc.whole()]
+    pieces = [pc for pc in plan.of(_parameters([optimizer])) if not pc.whole()]
     aside = {pc: optimizer.state.pop(pc.stepped) for pc in pieces
              if pc.stepped is not None and pc.stepped in optimizer.state}
     try:
