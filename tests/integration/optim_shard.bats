@@ -126,40 +126,23 @@ equal_to_unsharded() {
     equal_to_unsharded 3 --opt sgd0 --load sgd0.pt --steps 6
 }
 
-@test "a parameter made non-contiguous after the first sharded step: every rank stops, naming what to do" {
-    cat >"$BATS_TEST_TMPDIR/relayout.py" <<'PYEOF'
-import torch, torch.nn as nn, torch.nn.functional as F
-model = nn.Linear(300, 40); opt = torch.optim.Adam(model.parameters(), lr=0.1)
-x = torch.randn(8, 300); y = torch.randn(8, 40)
-for step in range(3):
-    opt.zero_grad()
-    F.mse_loss(model(x), y).backward()
-    opt.step()
-    if step == 0:  # the same values, transposed in memory
-        model.weight.data = model.weight.data.t().contiguous().t()
-PYEOF
+# parted MODE: optim/parted.py MODE on 2 ranks, in the test's directory; it must end within 30 s.
+parted() {
+    cd "$BATS_TEST_TMPDIR"
     SECONDS=0
-    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" "$BATS_TEST_TMPDIR/relayout.py"
-    assert_failure
+    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" "$SRC/tests/integration/optim/parted.py" "$1"
+    cd - >/dev/null
     [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
+}
+
+@test "a parameter made non-contiguous after the first sharded step: every rank stops, naming what to do" {
+    parted relayout
+    assert_failure
     assert_equal "$(count 'changed its size or memory layout after the optimizer')" 2
 }
 
 @test "state_dict() asked on rank 0 only: the job ends at once, the report naming the call" {
-    cat >"$BATS_TEST_TMPDIR/rank0_saves.py" <<'PYEOF'
-import os, torch, torch.nn as nn, torch.nn.functional as F
-model = nn.Linear(40, 3); opt = torch.optim.Adam(model.parameters(), lr=0.1)
-x = torch.randn(8, 40); y = torch.randn(8, 3)
-for step in range(5):
-    opt.zero_grad()
-    F.mse_loss(model(x), y).backward()
-    opt.step()
-    if os.environ.get("OMPI_COMM_WORLD_RANK") == "0":
-        torch.save(opt.state_dict(), "opt.pt")
-PYEOF
-    SECONDS=0
-    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" "$BATS_TEST_TMPDIR/rank0_saves.py"
+    parted rank0-saves
     assert_equal "$status" 75
-    [ "$SECONDS" -le 30 ] || fail "took $SECONDS s"
-    assert_output --partial "from rank0_saves.py:9 in <module>, state_dict of a sharded optimizer  <-- culprit"
+    assert_output --partial "from parted.py:15 in <module>, state_dict of a sharded optimizer  <-- culprit"
 }
