@@ -102,8 +102,9 @@ DPS_REAL_DECLARE(int, fflush, (FILE *));
 #define STREAM_BODY(f_, op_, CALL)                                                  \
     do {                                                                            \
         dps_fdcall_t c_;                                                            \
+        FILE *const given_ = (f_); /* a copy: glibc 2.41 declares fclose's nonnull */    \
         if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim || \
-            !(f_) || !dps_files_fd_begin(&c_, fileno(f_), DPS_FOP_##op_))           \
+            !given_ || !dps_files_fd_begin(&c_, fileno(f_), DPS_FOP_##op_))         \
             return CALL;                                                            \
         if (!c_.sink && DPS_FOP_##op_ == DPS_FOP_CLOSE) {                           \
             /* stdio wrote the stream through glibc's own write: what it left */     \
