@@ -85,10 +85,19 @@ static void load_adapter(void)
                             .split_mode = dps_g.split_mode, .uneven = dps_g.uneven,
                             .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole,
                             .shard = shard_setting()};
-    if (!init || init(&c, handlers, err, sizeof err) != 0)
-        dps_fatal("the libtorch adapter (libdpshim-torch.so in the plugin directory) could not start: %s; without "
-                  "it every rank would train alone",
-                  err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
+    int started = init ? init(&c, handlers, err, sizeof err) : -1;
+    if (started == 1) { /* the same soname, another version: its layouts are not the plugin's */
+        snprintf(state, sizeof state, "%s: its C++ calls run without the adapter; build dpshim against this libtorch",
+                 err);
+        if (dps_g.rank == 0) DPS_WARN("%s", state);
+        memset(handlers, 0, sizeof handlers);
+        dps_in_shim--;
+        return;
+    }
+    if (started != 0)
+        dps_fatal("the libtorch adapter (libdpshim-torch.so in the plugin directory, built for libtorch %s) could "
+                  "not start: %s; without it every rank would train alone",
+                  DPS_TORCH_VERSION, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
     snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", DPS_TORCH_VERSION);
     running = 1;
     dps_in_shim--;

@@ -4,7 +4,7 @@
  * Plain C: both sides include it.
  *
  * Each entry point takes at most six integer-class arguments on x86-64 (pointers, a this, a
- * hidden result pointer, small trivially copyable structs such as c10::optional<size_t> in two
+ * hidden result pointer, small trivially copyable structs such as an optional<size_t> in two
  * registers), so one C signature forwards them all unchanged and returns what the callee
  * leaves in rax (the result pointer, for a function that returns a class by value). */
 #ifndef DPS_LIBTORCH_H
@@ -13,9 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPS_TORCH_ABI 2
+#define DPS_TORCH_ABI 3
 
-/* ID, mangled name (libtorch 1.13, x86-64, the C++11 string ABI), the adapter's handler. */
+/* ID, mangled name (x86-64), the adapter's handler. The names are those of libtorch 1.13 to 2.x:
+ * no entry's signature names std::string, so both string ABIs share them. Where a signature has an
+ * optional, libtorch before 2.2 mangles c10::optional, later ones std::optional (c10::optional
+ * became an alias of it): both are defined, with the same handler. */
 #define DPS_TORCH_ENTRIES(X)                                                                            \
     X(SGD_STEP, "_ZN5torch5optim3SGD4stepESt8functionIFN2at6TensorEvEE", step)                        \
     X(ADAM_STEP, "_ZN5torch5optim4Adam4stepESt8functionIFN2at6TensorEvEE", step)                      \
@@ -27,11 +30,16 @@
       add_param_group)                                                                                  \
     X(BACKWARD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_N3c108optionalIbEEbS7_", \
       backward)                                                                                         \
+    X(BACKWARD_STD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_St8optionalIbEbS7_",  \
+      backward)                                                                                         \
     X(SEQUENTIAL_NEXT, "_ZN5torch4data8samplers17SequentialSampler4nextEm", sampler_next)              \
     X(RANDOM_NEXT, "_ZN5torch4data8samplers13RandomSampler4nextEm", sampler_next)                      \
     X(SEQUENTIAL_RESET, "_ZN5torch4data8samplers17SequentialSampler5resetEN3c108optionalImEE",         \
       sequential_reset)                                                                                 \
     X(RANDOM_RESET, "_ZN5torch4data8samplers13RandomSampler5resetEN3c108optionalImEE", random_reset)         \
+    X(SEQUENTIAL_RESET_STD, "_ZN5torch4data8samplers17SequentialSampler5resetESt8optionalImE",              \
+      sequential_reset)                                                                                 \
+    X(RANDOM_RESET_STD, "_ZN5torch4data8samplers13RandomSampler5resetESt8optionalImE", random_reset)        \
     X(SGD_SAVE, "_ZNK5torch5optim3SGD4saveERNS_9serialize13OutputArchiveE", save_optimizer)            \
     X(ADAM_SAVE, "_ZNK5torch5optim4Adam4saveERNS_9serialize13OutputArchiveE", save_optimizer)          \
     X(ADAMW_SAVE, "_ZNK5torch5optim5AdamW4saveERNS_9serialize13OutputArchiveE", save_optimizer)        \
@@ -63,7 +71,8 @@ typedef struct dps_torch_config {
 } dps_torch_config_t;
 
 /* The plugin's one export: fills handler[DPS_TORCH_COUNT] (NULL: the real call, unchanged).
- * 0, or -1 with err set. */
+ * 0; 1 with err set where the process runs a libtorch version other than the plugin's (its
+ * calls then run unchanged); -1 with err set where the plugin cannot start. */
 typedef int (*dps_torch_init_t)(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err,
                                 size_t errlen);
 #define DPS_TORCH_INIT_SYMBOL "dpshim_torch_init"

@@ -171,6 +171,19 @@ at_2_and_3() {
     assert_output --partial "The libtorch adapter did not run"
 }
 
+@test "a libtorch of the adapter's soname but another version: said once, and its calls run unchanged" {
+    local dir=$BATS_TEST_TMPDIR/plugins
+    mkdir "$dir"
+    ln -s "$BUILD"/lib/dpshim/* "$dir"/
+    ln -sf "$BUILD/tests/adapter_for_0_1/libdpshim-torch.so" "$dir"/
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
+    assert_success
+    assert_equal "$(count 'libdpshim-torch.so is built for libtorch 0.1, but this process runs libtorch ')" 2 # warning, summary
+    assert_output --regexp "runs libtorch [0-9]+\.[0-9]+: its C\+\+ calls run without the adapter; build dpshim against"
+    assert_output --partial "The libtorch adapter did not run"
+    assert_equal "$(count 'epoch 1 trained on 100 samples')" 2 # each rank the whole epoch, as alone
+}
+
 # shard_run N MODE ARGS...: the trainer on N ranks with [optim] shard = MODE, lines tagged by rank.
 shard_run() {
     local n=$1 mode=$2

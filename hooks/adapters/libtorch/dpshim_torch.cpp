@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Version.h>
 
 #include <cstdio>
 #include <deque>
@@ -28,6 +29,8 @@
 #include <string>
 #include <typeinfo>
 #include <mutex>
+#include <sstream>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -250,7 +253,22 @@ struct Plan {
 
 std::unordered_map<const void *, std::unique_ptr<Plan>> plans; // optimizer -> plan; null: whole
 
-std::string key_of(const at::Tensor &t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+// The optimizer's state is keyed by the parameter's TensorImpl: its address printed as a string
+// in older libtorch (1.13), the address itself in newer ones (2.6).
+using StateKey = std::decay_t<decltype(std::declval<o::Optimizer &>().state())>::key_type;
+
+template <typename Key> Key state_key(at::TensorImpl *impl)
+{
+    if constexpr (std::is_same_v<Key, std::string>) {
+        std::ostringstream s;
+        s << impl;
+        return s.str();
+    } else {
+        return impl;
+    }
+}
+
+StateKey key_of(const at::Tensor &t) { return state_key<StateKey>(t.unsafeGetTensorImpl()); }
 
 // auto: the optimizers whose update costs more than sending the parameters out again (not SGD,
 // measured for the PyTorch adapter); on: SGD too; never LBFGS, whose line search reads every
@@ -497,8 +515,8 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
     auto &state = opt.state();
     std::vector<at::Tensor> ps = unique_params(opt);
     const size_t nfields = fields_of(*new_state(opt)).tensors.size(), width = 2 + nfields;
-    std::unordered_map<std::string, std::unique_ptr<o::OptimizerParamState>> aside; // the pieces' states
-    std::vector<std::string> added;                                                 // whole states put in
+    std::unordered_map<StateKey, std::unique_ptr<o::OptimizerParamState>> aside; // the pieces' states
+    std::vector<StateKey> added;                                                    // whole states put in
     try {
         settle(opt, plan);
         // per parameter: has state, its step count, which per-element tensors it has
@@ -517,7 +535,7 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
         if (!info.empty()) dp_metric(info.data(), info.size(), DP_MAX);
         std::vector<dp_tensor> ts;
         std::vector<int32_t> owner;
-        std::vector<std::pair<std::string, std::unique_ptr<o::OptimizerParamState>>> wholes;
+        std::vector<std::pair<StateKey, std::unique_ptr<o::OptimizerParamState>>> wholes;
         at::NoGradGuard no_grad;
         for (size_t k = 0; k < ps.size(); k++) {
             const at::Tensor &p = ps[k];
@@ -662,6 +680,26 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
     return r;
 }
 
+
+// "2.6" of "2.6.0+cpu"
+std::string major_minor(const std::string &version)
+{
+    size_t dot = version.find('.');
+    return dot == std::string::npos ? version : version.substr(0, version.find_first_not_of("0123456789", dot + 1));
+}
+
+// The major.minor of the libtorch this process runs, from its build settings (at::show_config()
+// ends with "TORCH_VERSION=2.6.0, ..."); "" where they do not say. A libtorch whose soname has no
+// version (the zip from pytorch.org, a pip wheel's) is told apart by this alone.
+std::string running_version()
+{
+    std::string config = at::show_config();
+    size_t at = config.find("TORCH_VERSION=");
+    if (at == std::string::npos) return "";
+    at += 14;
+    return major_minor(config.substr(at, config.find_first_of(", \n", at) - at));
+}
+
 } // namespace
 
 extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dps_torch_config_t *c,
@@ -672,6 +710,12 @@ extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dp
         std::snprintf(err, errlen, "libdpshim-torch.so speaks interface %d, libdpshim.so %d: install them together",
                       DPS_TORCH_ABI, c->abi);
         return -1;
+    }
+    std::string running = running_version(), built = major_minor(DPS_TORCH_VERSION);
+    if (!running.empty() && running != built) {
+        std::snprintf(err, errlen, "libdpshim-torch.so is built for libtorch %s, but this process runs libtorch %s",
+                      built.c_str(), running.c_str());
+        return 1;
     }
     conf = *c;
     dps_torch_handler_t all[] = {
