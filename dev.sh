@@ -2,6 +2,9 @@
 # dev.sh: set up, build, and run dpshim on a Debian machine.
 #   ./dev.sh demo [NP]   install what is missing, build, train Fashion-MNIST on NP ranks (default 4)
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
+#   ./dev.sh test-libtorch2  as root: the libtorch tests against Debian 13's libtorch 2.6 (and its
+#                        GCC 14, Open MPI 5), built in a chroot that debootstrap makes in
+#                        $DPSHIM_TRIXIE_ROOT (default /var/tmp/dpshim-trixie)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
 #                        preflight, staged, nccl, torch, bench or all) building there unless
@@ -57,6 +60,39 @@ run_tests() {
     cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target unit_tests >/dev/null
     ctest --test-dir "$BUILD_DIR-sanitize" -L unit --output-on-failure
     ctest --test-dir "$BUILD_DIR" --output-on-failure
+}
+
+# The libtorch adapter against a libtorch 2.x: Debian 13 (trixie) in a chroot, the source tree
+# bound at /src, built there into /build. The chroot stays for the next run.
+TRIXIE_PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev zlib1g-dev
+                 bats bats-assert bats-support python3 libtorch-dev binutils)
+test_libtorch2() {
+    local root=${DPSHIM_TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
+    [ "$(id -u)" -eq 0 ] || { echo "dev.sh test-libtorch2: run it as root (debootstrap, mount, chroot)" >&2; exit 1; }
+    command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
+    if [ ! -x "$root/usr/bin/apt-get" ]; then
+        if [ -e "$root" ] && [ -n "$(ls -A "$root")" ]; then
+            echo "dev.sh test-libtorch2: $root is not empty and holds no Debian system (an interrupted debootstrap?):" \
+                "remove it, or set DPSHIM_TRIXIE_ROOT to another directory" >&2
+            exit 1
+        fi
+        debootstrap --variant=minbase trixie "$root" http://deb.debian.org/debian >/dev/null
+    fi
+    mkdir -p "$root/src"
+    trap "umount -l '$root/src' '$root/dev/shm' '$root/dev' '$root/sys' '$root/proc' 2>/dev/null || true" EXIT
+    mount -t proc proc "$root/proc"
+    mount --bind /sys "$root/sys"
+    mount --bind /dev "$root/dev"
+    mount -t tmpfs shm "$root/dev/shm" # Open MPI's shared memory
+    mount --bind "$PWD" "$root/src"
+    chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends ${TRIXIE_PACKAGES[*]} >/dev/null"
+    chroot "$root" bash -c 'set -e; cd /src
+        cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
+        cmake --build /build -j"$(nproc)" >/dev/null
+        [ -e /build/lib/dpshim/libdpshim-torch.so ] || { echo "dev.sh: the libtorch adapter was not built" >&2; exit 1; }
+        echo "dev.sh: the libtorch tests with $(dpkg-query -W -f="libtorch \${Version}" libtorch-dev), $(mpirun --version | head -1), $(gcc --version | head -1)"
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPS_BUILD=/build timeout 1800 bats --timing tests/integration/libtorch.bats'
 }
 
 # median of the numbers on stdin
@@ -492,6 +528,7 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
+test-libtorch2) test_libtorch2 ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
 bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_shard ;;
