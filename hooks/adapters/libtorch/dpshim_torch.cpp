@@ -23,6 +23,7 @@
 #include <ATen/Version.h>
 
 #include <cstdio>
+#include <dlfcn.h>
 #include <deque>
 #include <memory>
 #include <stdexcept>
@@ -109,10 +110,35 @@ int32_t dtype_of(const at::Tensor &t)
     }
 }
 
+// PyTorch's current CUDA stream on a device: c10::cuda::getCurrentCUDAStream(device) and
+// CUDAStream::stream(), looked up at run time in the libc10_cuda.so that a CUDA build of libtorch
+// loads, so that the adapter builds and runs without CUDA. A CUDAStream is a c10::Stream (a
+// Device of two int8 and an int64 id), trivially copyable: returned in two registers.
+struct CudaStream {
+    uint64_t device, id;
+};
+static_assert(sizeof(CudaStream) == sizeof(c10::Stream), "c10::cuda::CUDAStream is a c10::Stream");
+
+void *current_stream(int32_t device)
+{
+    using Current = CudaStream (*)(int8_t device_index);
+    using Raw = void *(*)(const CudaStream *self);
+    static const auto current = reinterpret_cast<Current>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda20getCurrentCUDAStreamEa"));
+    static const auto raw = reinterpret_cast<Raw>(dlsym(RTLD_DEFAULT, "_ZNK3c104cuda10CUDAStream6streamEv"));
+    if (!current || !raw) return nullptr;
+    CudaStream s = current(static_cast<int8_t>(device));
+    return raw(&s);
+}
+
+// A tensor as the hooks take it. For a CUDA tensor the hooks are told PyTorch's current stream
+// on its device: the collective then starts after the work queued there (the backward's last
+// kernels) and the stream's later work (the optimizer's kernels) waits for its result, with no
+// synchronization of the host, as the PyTorch adapter does.
 dp_tensor view_of(const at::Tensor &t, const char *name)
 {
-    return dp_tensor{t.data_ptr(), static_cast<uint64_t>(t.numel()), dtype_of(t),
-                     t.is_cuda() ? static_cast<int32_t>(t.get_device()) : DP_HOST, name};
+    int32_t device = t.is_cuda() ? static_cast<int32_t>(t.get_device()) : DP_HOST;
+    if (device != DP_HOST) dp_set_stream(device, current_stream(device));
+    return dp_tensor{t.data_ptr(), static_cast<uint64_t>(t.numel()), dtype_of(t), device, name};
 }
 
 // The share of the batch the loop trains on now weighs the gradients: with DataLoader workers
