@@ -114,6 +114,7 @@ __attribute__((constructor)) static void dps_init(void)
     dps_gpu_bind(&dps_g); /* before the program's first CUDA call, which may come from any constructor after ours */
     dps_python_inject(&dps_g);
     dps_placement_check(&dps_g);
+    dps_threads_share(&dps_g);
     if (dps_engine_configure(&dps_g, err, sizeof err) != 0) config_error(err);
     if (dps_files_configure(&dps_g.policy, dps_g.rank, dps_g.size, err, sizeof err) != 0) config_error(err);
     /* [hook] declarations describe the rank's framework, which its children (a shell, a

@@ -1,10 +1,13 @@
-/* Where the launcher put the rank: Open MPI's mpirun binds each rank to a core by default (at 2
- * ranks or fewer), and a trainer's threads, its DataLoader workers and dpshim's background
- * reduction then share that one core while the node has more for each local rank. Said once, by
- * rank 0, with the launch line that gives each rank its share. A binding the user asked for (an
- * --bind-to or --map-by of theirs, which mpirun passes on in the environment) is left alone. */
+/* Where the launcher put the rank, and how many threads it runs. Open MPI's mpirun binds each
+ * rank to a core by default (at 2 ranks or fewer), and a trainer's threads, its DataLoader
+ * workers and dpshim's background reduction then share that one core while the node has more
+ * for each local rank. Said once, by rank 0, with the launch line that gives each rank its share.
+ * A binding the user asked for (an --bind-to or --map-by of theirs, which mpirun passes on in the
+ * environment) is left alone. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,4 +31,33 @@ DPS_STARTUP void dps_placement_check(const dps_state_t *s)
              "%s. Start the job with mpirun --bind-to none (or --map-by slot:PE=%ld) to give each rank its share "
              "(docs/performance.md has what it cost the example trainer)",
              mine, online, s->local_size, mine == 1 ? "that one core" : "them", per_rank);
+}
+
+/* [cpu] threads = share: OpenMP runtimes (libgomp, and through it PyTorch's and libtorch's
+ * intra-op pool) start a thread per core in every process, so N ranks on a node run N threads
+ * per core, each spinning while it waits for the others: measured with libtorch 2.6 at np=2 on 2
+ * cores, 100 times slower per step than with one thread per rank. PyTorch reads OMP_NUM_THREADS
+ * when it starts its pool, after this constructor; an OpenMP runtime that has read it already
+ * gets its default for the main thread through omp_set_num_threads, where the process has one. */
+DPS_STARTUP void dps_threads_share(const dps_state_t *s)
+{
+    if (s->role != DPS_ROLE_RANK || s->size < 2 || s->local_size < 1 ||
+        DPS_POLICY_ENUM(&s->policy, cpu, threads) != DPS_V_cpu_threads_share || getenv("OMP_NUM_THREADS") ||
+        getenv("MKL_NUM_THREADS"))
+        return;
+    cpu_set_t mask;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int mine = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : (int)online;
+    long share = online / s->local_size;
+    if (share > mine) share = mine; /* bound to fewer cores than its share */
+    if (share < 1) share = 1;
+    char n[24];
+    snprintf(n, sizeof n, "%ld", share);
+    setenv("OMP_NUM_THREADS", n, 1);
+    void (*set_threads)(int);
+    *(void **)&set_threads = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    if (set_threads) set_threads((int)share);
+    DPS_INFO("[cpu] threads = share: OMP_NUM_THREADS=%ld (%ld cores for %d local ranks, %d in this rank's affinity "
+             "mask)",
+             share, online, s->local_size, mine);
 }

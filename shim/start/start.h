@@ -9,6 +9,9 @@ void dps_python_inject(const dps_state_t *s);
 /* Rank 0 warns once where Open MPI's default binding leaves each rank fewer cores than the node
  * has per local rank (placement.c). */
 void dps_placement_check(const dps_state_t *s);
+/* [cpu] threads = share: OMP_NUM_THREADS set to the rank's share of the node's cores where the
+ * environment sets no thread count (placement.c). */
+void dps_threads_share(const dps_state_t *s);
 
 /* At a rank's exit, in a job of two or more ranks where no hook shared out any work: rank 0 says
  * what was looked for and found; 1 where [guard] nothing_shared = error ends it (every rank

@@ -136,6 +136,26 @@ train_mpi_np() {
     done
 }
 
+@test "[cpu] threads = share: each rank's OpenMP and PyTorch threads are its share of the cores" {
+    local cores share
+    cores=$(nproc)
+    [ "$cores" -ge 2 ] || skip "one core: every share is one thread"
+    share=$((cores / 2))
+    run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
+    assert_success
+    assert_equal "$(count "openmp threads $share")" 2
+    run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" /usr/bin/python3 -c 'import torch; print("torch threads", torch.get_num_threads())'
+    assert_success
+    assert_equal "$(count "torch threads $share")" 2
+    # alone, a count the user set, and keep: as the environment says
+    run env LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
+    assert_output "openmp threads $cores"
+    run mpi 2 --bind-to none env OMP_NUM_THREADS=3 LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
+    assert_equal "$(count "openmp threads 3")" 2
+    run mpi 2 --bind-to none env DPSHIM_CPU_THREADS=keep LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
+    assert_equal "$(count "openmp threads $cores")" 2
+}
+
 @test "Open MPI's variables left in a shell without a launcher: ignored, with a warning naming them" {
     run env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" \
         "$TRAINER" --steps 2 --no-eval --save "$BATS_TEST_TMPDIR/alone.ckpt"
