@@ -52,34 +52,53 @@ static int shard_setting(void)
     return v == DPS_V_optim_shard_on ? 1 : v == DPS_V_optim_shard_auto ? 2 : 0;
 }
 
+/* libdpshim-torch.needs in the plugin directory: libtorch_cpu's soname and the libtorch version
+ * the plugin is built for, one per line. 0; 1 where there is no such file (no adapter
+ * installed); a malformed file ends the job. */
+static int read_needs(const char *dir, char *soname, char *version, size_t len)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/libdpshim-torch.needs", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    int ok = fgets(soname, (int)len, f) && fgets(version, (int)len, f);
+    fclose(f);
+    soname[strcspn(soname, "\n")] = version[strcspn(version, "\n")] = '\0';
+    if (!ok || strncmp(soname, "libtorch_cpu.so", 15) || !version[0])
+        dps_fatal("%s is not what a build of the libtorch adapter writes (libtorch_cpu's soname, then libtorch's "
+                  "version, one per line): reinstall dpshim's libtorch adapter",
+                  path);
+    return 0;
+}
+
 static void load_adapter(void)
 {
     if (dps_g.role != DPS_ROLE_RANK || dps_g.eff_size < 2) return; /* alone: libtorch's own calls */
     if (dps_g.python_adapter) return; /* a Python script: the PyTorch adapter distributes it */
-#ifndef DPS_TORCH_SONAME
-    snprintf(state, sizeof state, "this libdpshim.so was built without the libtorch adapter (libtorch-dev was not "
-                                  "installed where it was built)");
-#else
     dps_in_shim++;
-    void *same = dlopen(DPS_TORCH_SONAME, RTLD_NOLOAD | RTLD_LAZY);
+    char dir[1024], soname[256], version[256];
+    if (dps_plugin_dir(dir, sizeof dir) != 0 || read_needs(dir, soname, version, sizeof soname) != 0) {
+        snprintf(state, sizeof state, "no libtorch adapter is installed in %.300s (it is built where libtorch-dev is "
+                 "installed, and packaged as dpshim-libtorch)", dir);
+        dps_in_shim--;
+        return;
+    }
+    void *same = dlopen(soname, RTLD_NOLOAD | RTLD_LAZY);
     if (!same) {
         char loaded[256] = "another libtorch";
         dl_iterate_phdr(find_libtorch, loaded);
-        snprintf(state, sizeof state, "the libtorch adapter is built for %s (libtorch %s), but this process runs %s: "
+        snprintf(state, sizeof state, "the libtorch adapter is built for %.64s (libtorch %.32s), but this process runs %.256s: "
                  "its C++ calls run without the adapter; build dpshim against this libtorch",
-                 DPS_TORCH_SONAME, DPS_TORCH_VERSION, loaded);
+                 soname, version, loaded);
         if (dps_g.rank == 0) DPS_WARN("%s", state);
         dps_in_shim--;
         return;
     }
     dlclose(same);
-    char dir[1024], path[1200], err[512] = "";
-    void *plugin = NULL;
+    char path[1200], err[512] = "";
+    snprintf(path, sizeof path, "%s/libdpshim-torch.so", dir);
+    void *plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     dps_torch_init_t init = NULL;
-    if (dps_plugin_dir(dir, sizeof dir) == 0) {
-        snprintf(path, sizeof path, "%s/libdpshim-torch.so", dir);
-        plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
     if (plugin) *(void **)&init = dlsym(plugin, DPS_TORCH_INIT_SYMBOL);
     dps_torch_config_t c = {.abi = DPS_TORCH_ABI, .rank = dps_g.eff_rank, .size = dps_g.eff_size,
                             .split_mode = dps_g.split_mode, .uneven = dps_g.uneven,
@@ -95,13 +114,12 @@ static void load_adapter(void)
         return;
     }
     if (started != 0)
-        dps_fatal("the libtorch adapter (libdpshim-torch.so in the plugin directory, built for libtorch %s) could "
-                  "not start: %s; without it every rank would train alone",
-                  DPS_TORCH_VERSION, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
-    snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", DPS_TORCH_VERSION);
+        dps_fatal("the libtorch adapter (%s, built for libtorch %s) could not start: %s; without it every rank would "
+                  "train alone",
+                  path, version, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
+    snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", version);
     running = 1;
     dps_in_shim--;
-#endif
 }
 
 const char *dps_torch_adapter_state(void) { return state; }

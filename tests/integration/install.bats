@@ -23,7 +23,9 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
         "$STAGE/share/man/man5/dpshim.conf.5"; do
         [ -e "$f" ] || fail "missing: $f"
     done
-    [ ! -e "$BUILD/lib/dpshim/libdpshim-torch.so" ] || [ -e "$lib/dpshim/libdpshim-torch.so" ] || fail "missing: the libtorch adapter"
+    [ ! -e "$BUILD/lib/dpshim/libdpshim-torch.so" ] ||
+        { [ -e "$lib/dpshim/libdpshim-torch.so" ] && [ -e "$lib/dpshim/libdpshim-torch.needs" ]; } ||
+        fail "missing: the libtorch adapter"
     # nothing installed points back into the build tree: no run path, no package file (debug
     # information names the sources, as any build's does)
     while read -r f; do
@@ -150,6 +152,7 @@ CM
         assert_output --regexp "libtorch1\.13"
         run dpkg-deb -c "${torch[0]}"
         assert_output --partial " ./usr/lib/dpshim/libdpshim-torch.so"
+        assert_output --partial " ./usr/lib/dpshim/libdpshim-torch.needs"
     fi
     run dpkg-deb -c "${deb[0]}"
     for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch.py \

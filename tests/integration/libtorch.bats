@@ -184,6 +184,22 @@ at_2_and_3() {
     assert_equal "$(count 'epoch 1 trained on 100 samples')" 2 # each rank the whole epoch, as alone
 }
 
+@test "no libtorch adapter installed: the job says so at its end; a damaged description of it stops the job" {
+    local dir=$BATS_TEST_TMPDIR/plugins
+    mkdir "$dir"
+    ln -s "$BUILD"/lib/dpshim/libdpshim-mpi.so "$dir"/
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
+    assert_success
+    assert_output --partial "no libtorch adapter is installed in $dir"
+    assert_equal "$(count 'epoch 1 trained on 100 samples')" 2 # each rank the whole epoch, as alone
+    ln -s "$BUILD"/lib/dpshim/libdpshim-torch.so "$dir"/
+    printf 'libtorch_cpu.so.1.13\n' >"$dir/libdpshim-torch.needs" # the version line is missing
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
+    assert_failure
+    assert_output --partial "$dir/libdpshim-torch.needs is not what a build of the libtorch adapter writes"
+    refute_output --partial "epoch 1 trained"
+}
+
 # shard_run N MODE ARGS...: the trainer on N ranks with [optim] shard = MODE, lines tagged by rank.
 shard_run() {
     local n=$1 mode=$2
