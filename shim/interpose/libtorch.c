@@ -118,6 +118,7 @@ static void load_adapter(void)
                   "train alone",
                   path, version, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
     snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", version);
+    DPS_INFO("%s, from %s", state, path);
     running = 1;
     dps_in_shim--;
 }

@@ -200,6 +200,24 @@ at_2_and_3() {
     refute_output --partial "epoch 1 trained"
 }
 
+@test "the adapter built apart (tests/gpu/libtorch, as the GPU check builds it) serves this libdpshim.so" {
+    local lt=$BATS_TEST_TMPDIR/apart
+    cmake -S "$SRC/tests/gpu/libtorch" -B "$lt" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$lt" -j"$(nproc)" >/dev/null
+    mkdir "$lt/all"
+    ln -s "$BUILD"/lib/dpshim/libdpshim-mpi.so "$lt"/plugins/* "$lt/all/"
+    "$lt/torch_trainer" --epochs 2 >alone.txt
+    run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_PLUGIN_DIR="$lt/all" LD_PRELOAD="$SHIM" \
+        "$lt/torch_trainer" --epochs 2
+    assert_success
+    assert_output --partial "the libtorch adapter (libtorch "
+    assert_output --partial "in this process, from $lt/all/libdpshim-torch.so"
+    assert_equal "$(count 'epoch 1 trained on 50 samples')" 2
+    grep '^epoch [0-9]* loss\|^weights ' <<<"$output" >job.txt
+    run python3 "$SRC/tests/gpu/libtorch/same_as_alone.py" alone.txt job.txt
+    assert_success
+}
+
 # shard_run N MODE ARGS...: the trainer on N ranks with [optim] shard = MODE, lines tagged by rank.
 shard_run() {
     local n=$1 mode=$2
