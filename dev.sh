@@ -7,7 +7,7 @@
 #                        $DPSHIM_TRIXIE_ROOT (default /var/tmp/dpshim-trixie)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
-#                        preflight, staged, nccl, torch, bench or all) building there unless
+#                        preflight, staged, nccl, torch, libtorch, bench or all) building there unless
 #                        gpu-pack built it here), write docs/gpu-check.md
 #   ./dev.sh gpu-pack [DIR]  build what gpu-check runs into DIR (build-gpu/), to carry to a GPU
 #                        machine that cannot build it (no PMIx or libffi headers there)

@@ -4,7 +4,7 @@
 # output and result to DIR/gpu-check.md as it goes (default docs/), so a run cut short still
 # leaves what it did.
 #
-# PART: preflight | staged | nccl | torch | bench | all (default). Every part starts with the
+# PART: preflight | staged | nccl | torch | libtorch | bench | all (default). Every part starts with the
 # pre-flight: what was found where (driver, GPU, torch, NCCL and cudart, mpirun). It builds there
 # (cmake, a C compiler, nvcc, Open MPI with its headers, PMIx and libffi headers) unless
 # build-gpu/ holds what `./dev.sh gpu-pack` built elsewhere; libraries in build-gpu/carry-lib are
@@ -23,8 +23,8 @@ while [ $# -gt 0 ]; do
     case $1 in
     --out) out_dir=$2; shift 2 ;;
     --double) double=1; shift ;;
-    preflight | staged | nccl | torch | bench | all) part=$1; shift ;;
-    *) echo "gpu_check: unknown argument '$1' (PART: preflight|staged|nccl|torch|bench|all; --out DIR; --double)" >&2; exit 2 ;;
+    preflight | staged | nccl | torch | libtorch | bench | all) part=$1; shift ;;
+    *) echo "gpu_check: unknown argument '$1' (PART: preflight|staged|nccl|torch|libtorch|bench|all; --out DIR; --double)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$out_dir" || exit 2
@@ -57,7 +57,7 @@ check() {
 }
 mpi() { mpirun --oversubscribe --allow-run-as-root -np "$@"; }
 export -f mpi
-want() { { [ "$part" = all ] || [ "$part" = "$1" ]; } && { [ $double = 0 ] || [ "$1" != torch ]; }; }
+want() { { [ "$part" = all ] || [ "$part" = "$1" ]; } && { [ $double = 0 ] || [[ "$1" != *torch ]]; }; }
 [ -f "$BUILD/ompi/env.sh" ] && . "$BUILD/ompi/env.sh" # the Open MPI runtime gpu-pack carried
 
 note ""
@@ -180,6 +180,30 @@ if want torch; then
     check "PyTorch CUDA Adam, [optim] shard on vs off at np=2 (nccl): bitwise, memory per rank" "$NCCL_PATH" sh -c "cd '$ROOT/tests/gpu' &&
         for s in off on; do mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_OPTIM_SHARD=\$s DPSHIM_OUTPUT_STDOUT=prefix DPSHIM_FILES_RANK0_ONLY=/tmp/s\$s.pt LD_PRELOAD='$SHIM' $H python3 torch_cuda.py --opt adam --wide --out /tmp/s\$s.pt >/tmp/s\$s.txt || exit 1; sed \"s/^/shard \$s /\" /tmp/s\$s.txt; done &&
         python3 -c \"import torch; a=torch.load('/tmp/soff.pt'); b=torch.load('/tmp/son.pt'); assert all(torch.equal(a[k], b[k]) for k in a); print('bitwise equal')\""
+fi
+
+# A C++ program on libtorch with CUDA tensors: the libtorch adapter and the C++ trainer built
+# here against PyTorch's own libtorch (tests/gpu/libtorch/), the adapter joining the plugins of
+# the libdpshim.so above; the trainer (float64) alone and at np=2, staged and through NCCL: rank
+# 0 prints what it prints alone, to 1e-9, and the hooks saw GPU tensors (on torch's stream).
+if want libtorch; then
+    LT=/tmp/dpshim-libtorch
+    check "build the libtorch adapter and the C++ trainer against PyTorch's libtorch" "" sh -c "
+        cmake -S '$ROOT/tests/gpu/libtorch' -B $LT -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_PREFIX_PATH=\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') >/dev/null &&
+        cmake --build $LT -j\$(nproc) >/dev/null && mkdir -p $LT/all && ln -sf '$BUILD'/lib/dpshim/* $LT/plugins/* $LT/all/ &&
+        cat $LT/plugins/libdpshim-torch.needs"
+    for way in staged nccl; do
+        wrap=; expect=$STAGED_PATH
+        [ $way = nccl ] && wrap=$H expect=$NCCL_PATH
+        check "C++ trainer on CUDA (libtorch) alone vs np=2 ($way)" "$expect" sh -c "
+            $LT/torch_trainer --cuda --epochs 2 --hidden 64 >/tmp/lt1.txt &&
+            mpirun --allow-run-as-root -np 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_OUTPUT_STDOUT=rank0 \
+                DPSHIM_PLUGIN_DIR=$LT/all LD_PRELOAD='$SHIM' $wrap $LT/torch_trainer --cuda --epochs 2 --hidden 64 \
+                >/tmp/lt2.txt 2>/tmp/lt2.err; rc=\$?; grep -E 'GPU tensors go|libtorch|nothing was' /tmp/lt2.err | sort -u;
+            [ \$rc -eq 0 ] && ! grep -q 'nothing was distributed' /tmp/lt2.err &&
+            python3 '$ROOT/tests/gpu/libtorch/same_as_alone.py' /tmp/lt1.txt /tmp/lt2.txt"
+    done
 fi
 
 # Benchmarks (figures, never pass/fail on a timing): copies through pinned vs pageable memory,

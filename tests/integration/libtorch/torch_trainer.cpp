@@ -8,6 +8,7 @@
 //   --float (float32 instead of float64)   --samples N (training samples, 100)   --hidden H (16)
 //   --eval-every K (a test pass after every K training batches too)   --draw (a random number
 //   drawn after training, on stderr)   --load PATH (model and optimizer from PATH.*.pt first)
+//   --cuda (the model and each batch on the GPU)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
 // a hash of their bytes and the elements of the first optimizer's state in this process.
 // stderr: the training samples this process took per epoch, and the epoch's time.
@@ -86,6 +87,7 @@ int main(int argc, char **argv)
     int workers = 0, epochs = 3, batch = 16, hidden = 16;
     size_t samples = 100;
     bool two = false, manual = false, draw = false;
+    torch::Device device(torch::kCPU);
     int eval_every = 0;
     torch::Dtype dtype = torch::kDouble;
     for (int i = 1; i < argc; i++) {
@@ -105,11 +107,12 @@ int main(int argc, char **argv)
         else if (a == "--hidden") hidden = std::stoi(value());
         else if (a == "--eval-every") eval_every = std::stoi(value());
         else if (a == "--draw") draw = true;
+        else if (a == "--cuda") device = torch::Device(torch::kCUDA);
         else return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
     torch::manual_seed(7);
     auto net = std::make_shared<Net>(hidden);
-    net->to(dtype);
+    net->to(device, dtype);
     std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
     if (two) {
         opts.push_back(make_optimizer(opt_kind, net->a->parameters()));
@@ -138,9 +141,10 @@ int main(int argc, char **argv)
         torch::NoGradGuard no_grad;
         double loss = 0;
         for (auto &b : *test_loader) {
-            auto out = net->forward(b.data);
-            loss += torch::nll_loss(out, b.target, {}, torch::Reduction::Sum).item<double>();
-            correct += out.argmax(1).eq(b.target).sum().item<int64_t>();
+            auto out = net->forward(b.data.to(device));
+            auto target = b.target.to(device);
+            loss += torch::nll_loss(out, target, {}, torch::Reduction::Sum).item<double>();
+            correct += out.argmax(1).eq(target).sum().item<int64_t>();
             total += b.data.size(0);
         }
         return loss / static_cast<double>(total);
@@ -150,7 +154,8 @@ int main(int argc, char **argv)
         double loss_sum = 0;
         long batches = 0, seen = 0;
         auto began = std::chrono::steady_clock::now();
-        auto train_on = [&](const torch::Tensor &x, const torch::Tensor &y) {
+        auto train_on = [&](const torch::Tensor &x_here, const torch::Tensor &y_here) {
+            auto x = x_here.to(device), y = y_here.to(device);
             auto loss_of = [&] {
                 for (auto &o : opts) o->zero_grad();
                 auto loss = torch::nll_loss(net->forward(x), y);
@@ -194,7 +199,7 @@ int main(int argc, char **argv)
     std::printf("weights %.15g\n", sum);
     uint64_t hash = 1469598103934665603ull;
     for (const auto &p : net->parameters()) {
-        auto c = p.contiguous();
+        auto c = p.contiguous().cpu();
         auto *b = static_cast<const unsigned char *>(c.data_ptr());
         for (size_t i = 0; i < c.nbytes(); i++) hash = (hash ^ b[i]) * 1099511628211ull;
     }
