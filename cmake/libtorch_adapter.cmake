@@ -21,7 +21,7 @@ macro(dpshim_find_libtorch)
     if(torch_cpu_file AND NOT DPSHIM_TORCH_SONAME)
       get_filename_component(DPSHIM_TORCH_SONAME ${torch_cpu_file} NAME)
     endif()
-    if(DPSHIM_TORCH_SONAME)
+    if(DPSHIM_TORCH_SONAME AND Torch_VERSION) # the version goes into libdpshim-torch.needs
       set(DPSHIM_HAVE_TORCH ON)
     endif()
   endif()

@@ -61,6 +61,7 @@ static int read_needs(const char *dir, char *soname, char *version, size_t len)
     snprintf(path, sizeof path, "%s/libdpshim-torch.needs", dir);
     FILE *f = fopen(path, "r");
     if (!f) return 1;
+    soname[0] = version[0] = '\0';
     int ok = fgets(soname, (int)len, f) && fgets(version, (int)len, f);
     fclose(f);
     soname[strcspn(soname, "\n")] = version[strcspn(version, "\n")] = '\0';
@@ -71,33 +72,45 @@ static int read_needs(const char *dir, char *soname, char *version, size_t len)
     return 0;
 }
 
-static void load_adapter(void)
+/* The adapter does not fit this process's libtorch: rank 0 says so, and libtorch's calls run
+ * unchanged (the job's end then says nothing was distributed). */
+static void run_without_adapter(const char *why)
 {
-    if (dps_g.role != DPS_ROLE_RANK || dps_g.eff_size < 2) return; /* alone: libtorch's own calls */
-    if (dps_g.python_adapter) return; /* a Python script: the PyTorch adapter distributes it */
-    dps_in_shim++;
-    char dir[1024], soname[256], version[256];
+    snprintf(state, sizeof state, "%s: its C++ calls run without the adapter; build dpshim against this libtorch",
+             why);
+    if (dps_g.rank == 0) DPS_WARN("%s", state);
+    memset(handlers, 0, sizeof handlers);
+}
+
+static void start_adapter(void)
+{
+    char dir[1024] = "the plugin directory", soname[256], version[256], why[512];
     if (dps_plugin_dir(dir, sizeof dir) != 0 || read_needs(dir, soname, version, sizeof soname) != 0) {
         snprintf(state, sizeof state, "no libtorch adapter is installed in %.300s (it is built where libtorch-dev is "
                  "installed, and packaged as dpshim-libtorch)", dir);
-        dps_in_shim--;
         return;
     }
     void *same = dlopen(soname, RTLD_NOLOAD | RTLD_LAZY);
     if (!same) {
         char loaded[256] = "another libtorch";
         dl_iterate_phdr(find_libtorch, loaded);
-        snprintf(state, sizeof state, "the libtorch adapter is built for %.64s (libtorch %.32s), but this process runs %.256s: "
-                 "its C++ calls run without the adapter; build dpshim against this libtorch",
-                 soname, version, loaded);
-        if (dps_g.rank == 0) DPS_WARN("%s", state);
-        dps_in_shim--;
+        snprintf(why, sizeof why, "the libtorch adapter is built for %.64s (libtorch %.32s), but this process runs "
+                 "%.256s", soname, version, loaded);
+        run_without_adapter(why);
         return;
     }
     dlclose(same);
     char path[1200], err[512] = "";
     snprintf(path, sizeof path, "%s/libdpshim-torch.so", dir);
     void *plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    char open_err[512] = "";
+    if (!plugin) snprintf(open_err, sizeof open_err, "%s", dlerror());
+    if (strstr(open_err, "undefined symbol")) { /* the same soname, another version's symbols */
+        snprintf(why, sizeof why, "the libtorch adapter (built for libtorch %.32s) needs functions this process's "
+                 "%.64s lacks (another version under the same soname)", version, soname);
+        run_without_adapter(why);
+        return;
+    }
     dps_torch_init_t init = NULL;
     if (plugin) *(void **)&init = dlsym(plugin, DPS_TORCH_INIT_SYMBOL);
     dps_torch_config_t c = {.abi = DPS_TORCH_ABI, .rank = dps_g.eff_rank, .size = dps_g.eff_size,
@@ -105,21 +118,25 @@ static void load_adapter(void)
                             .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole,
                             .shard = shard_setting()};
     int started = init ? init(&c, handlers, err, sizeof err) : -1;
-    if (started == 1) { /* the same soname, another version: its layouts are not the plugin's */
-        snprintf(state, sizeof state, "%s: its C++ calls run without the adapter; build dpshim against this libtorch",
-                 err);
-        if (dps_g.rank == 0) DPS_WARN("%s", state);
-        memset(handlers, 0, sizeof handlers);
-        dps_in_shim--;
+    if (started == 1) { /* the same soname, another version */
+        run_without_adapter(err);
         return;
     }
     if (started != 0)
         dps_fatal("the libtorch adapter (%s, built for libtorch %s) could not start: %s; without it every rank would "
                   "train alone",
-                  path, version, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : dlerror());
+                  path, version, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : open_err);
     snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", version);
     DPS_INFO("%s, from %s", state, path);
     running = 1;
+}
+
+static void load_adapter(void)
+{
+    if (dps_g.role != DPS_ROLE_RANK || dps_g.eff_size < 2) return; /* alone: libtorch's own calls */
+    if (dps_g.python_adapter) return; /* a Python script: the PyTorch adapter distributes it */
+    dps_in_shim++;
+    start_adapter();
     dps_in_shim--;
 }
 

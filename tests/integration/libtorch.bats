@@ -184,6 +184,18 @@ at_2_and_3() {
     assert_equal "$(count 'epoch 1 trained on 100 samples')" 2 # each rank the whole epoch, as alone
 }
 
+@test "an adapter that needs functions this libtorch lacks: said once, and its calls run unchanged" {
+    local dir=$BATS_TEST_TMPDIR/plugins
+    mkdir "$dir"
+    ln -s "$BUILD"/lib/dpshim/* "$dir"/
+    ln -sf "$BUILD/tests/unfit_adapter/libdpshim-torch.so" "$dir"/
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
+    assert_success
+    assert_equal "$(count 'needs functions this process')" 2 # the warning, the summary
+    assert_output --partial "(another version under the same soname): its C++ calls run without the adapter"
+    assert_equal "$(count 'epoch 1 trained on 100 samples')" 2
+}
+
 @test "no libtorch adapter installed: the job says so at its end; a damaged description of it stops the job" {
     local dir=$BATS_TEST_TMPDIR/plugins
     mkdir "$dir"

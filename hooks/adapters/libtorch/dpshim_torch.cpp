@@ -737,7 +737,13 @@ extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dp
                       DPS_TORCH_ABI, c->abi);
         return -1;
     }
-    std::string running = running_version(), built = major_minor(DPS_TORCH_VERSION);
+    std::string running, built = major_minor(DPS_TORCH_VERSION);
+    try {
+        running = running_version();
+    } catch (const std::exception &e) { // nothing may unwind into libdpshim.so's C
+        std::snprintf(err, errlen, "libtorch's build settings could not be read: %s", e.what());
+        return -1;
+    }
     if (!running.empty() && running != built) {
         std::snprintf(err, errlen, "libdpshim-torch.so is built for libtorch %s, but this process runs libtorch %s",
                       built.c_str(), running.c_str());
