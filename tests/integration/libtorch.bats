@@ -171,13 +171,19 @@ at_2_and_3() {
     assert_output --partial "The libtorch adapter did not run"
 }
 
-@test "a libtorch of the adapter's soname but another version: said once, and its calls run unchanged" {
+# with_adapter PLUGIN: one epoch of the trainer on 2 ranks, with the build's plugins but PLUGIN
+# as the libtorch adapter (libdpshim-torch.so)
+with_adapter() {
     local dir=$BATS_TEST_TMPDIR/plugins
     mkdir "$dir"
     ln -s "$BUILD"/lib/dpshim/* "$dir"/
-    ln -sf "$BUILD/tests/adapter_for_0_1/libdpshim-torch.so" "$dir"/
+    ln -sf "$1" "$dir"/libdpshim-torch.so
     run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
     assert_success
+}
+
+@test "a libtorch of the adapter's soname but another version: said once, and its calls run unchanged" {
+    with_adapter "$BUILD/tests/adapter_for_0_1/libdpshim-torch.so"
     assert_equal "$(count 'libdpshim-torch.so is built for libtorch 0.1, but this process runs libtorch ')" 2 # warning, summary
     assert_output --regexp "runs libtorch [0-9]+\.[0-9]+: its C\+\+ calls run without the adapter; build dpshim against"
     assert_output --partial "The libtorch adapter did not run"
@@ -185,12 +191,7 @@ at_2_and_3() {
 }
 
 @test "an adapter that needs functions this libtorch lacks: said once, and its calls run unchanged" {
-    local dir=$BATS_TEST_TMPDIR/plugins
-    mkdir "$dir"
-    ln -s "$BUILD"/lib/dpshim/* "$dir"/
-    ln -sf "$BUILD/tests/unfit_adapter/libdpshim-torch.so" "$dir"/
-    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
-    assert_success
+    with_adapter "$BUILD/tests/unfit_adapter/libdpshim-torch.so"
     assert_equal "$(count 'needs functions this process')" 2 # the warning, the summary
     assert_output --partial "(another version under the same soname): its C++ calls run without the adapter"
     assert_equal "$(count 'epoch 1 trained on 100 samples')" 2
