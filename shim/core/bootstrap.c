@@ -105,6 +105,7 @@ static int bootstrap_pmix(dps_state_t *s)
     s->local_rank = local_rank >= 0 ? (int)local_rank : 0;
     s->local_size = local_size > 0 ? (int)local_size : 1;
     s->local_source = local_size > 0 ? "PMIx (PMIX_LOCAL_SIZE)" : "PMIx, without a local size (1 taken)";
+    s->local_size_guessed = local_size <= 0;
     s->local_rank_source = local_rank >= 0 ? "PMIx (PMIX_LOCAL_RANK)" : "PMIx, without a local rank (0 taken)";
     s->launcher = "pmix";
     return 1;
@@ -224,6 +225,7 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
         s->local_source = ls > 0 ? l->local_size : "no variable of the launcher's (1 taken)";
         if (under_slurm && ls <= 0 && (ls = slurm_local_size()) > 0)
             s->local_source = getenv("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+        s->local_size_guessed = ls <= 0;
         s->rank = (int)rank, s->size = (int)size;
         s->local_rank = lr >= 0 ? (int)lr : 0;
         s->local_size = ls > 0 ? (int)ls : 1;

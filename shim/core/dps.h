@@ -41,6 +41,7 @@ typedef struct dps_state {
     int rank, size, local_rank, local_size;
     const char *launcher; /* "pmix", "openmpi", "pmi", "slurm", "torchrun", "singleton" */
     const char *local_source; /* where the local size came from: a variable's name, "PMIx", ... */
+    int local_size_guessed;   /* no launcher said it: 1 taken */
     const char *local_rank_source; /* and the local rank */
     dps_role_t role;
     int exec_in_place; /* this rank process replaced an earlier image of itself with exec */

@@ -33,23 +33,75 @@ DPS_STARTUP void dps_placement_check(const dps_state_t *s)
              mine, online, s->local_size, mine == 1 ? "that one core" : "them", per_rank);
 }
 
+/* The CPUs this node gives the job: Slurm's allocation on it, else the cpuset of the cgroup the
+ * rank runs in (a container's, a batch job's), else every online CPU. */
+static long cpu_list_count(const char *list)
+{
+    long n = 0;
+    for (const char *p = list; *p && *p != '\n';) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi = lo;
+        if (end == p) return 0;
+        if (*end == '-') hi = strtol(end + 1, &end, 10);
+        n += hi - lo + 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static long node_cpus(void)
+{
+    const char *slurm = getenv("SLURM_CPUS_ON_NODE");
+    if (slurm && atol(slurm) > 0) return atol(slurm);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    /* cgroup v1 names the cpuset hierarchy ("N:cpuset:/path"), v2 has one ("0::/path") */
+    char line[600], group[600] = "", path[800], list[4096];
+    const char *root = NULL, *file = NULL;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *two = strstr(line, ":cpuset:"), *v2 = strncmp(line, "0::", 3) ? NULL : line + 3;
+        if (two || (v2 && !root)) {
+            snprintf(group, sizeof group, "%s", two ? two + 8 : v2);
+            root = two ? "/sys/fs/cgroup/cpuset" : "/sys/fs/cgroup";
+            file = two ? "cpuset.effective_cpus" : "cpuset.cpus.effective";
+        }
+    }
+    if (f) fclose(f);
+    group[strcspn(group, "\n")] = '\0';
+    while (root) { /* the nearest cgroup up the tree that says */
+        snprintf(path, sizeof path, "%s%s/%s", root, group, file);
+        if ((f = fopen(path, "r"))) {
+            long in_set = fgets(list, sizeof list, f) ? cpu_list_count(list) : 0;
+            fclose(f);
+            if (in_set > 0 && in_set < n) n = in_set;
+            break;
+        }
+        char *slash = strrchr(group, '/');
+        if (!slash) break;
+        *slash = '\0';
+    }
+    return n;
+}
+
 /* [cpu] threads = share: OpenMP runtimes (libgomp, and through it PyTorch's and libtorch's
  * intra-op pool) start a thread per core in every process, so N ranks on a node run N threads
  * per core, each spinning while it waits for the others: measured with libtorch 2.6 at np=2 on 2
- * cores, 100 times slower per step than with one thread per rank. PyTorch reads OMP_NUM_THREADS
- * when it starts its pool, after this constructor; an OpenMP runtime that has read it already
- * gets its default for the main thread through omp_set_num_threads, where the process has one. */
+ * cores, up to 100 times slower per step than with one thread per rank. PyTorch reads
+ * OMP_NUM_THREADS when it starts its pool, after this constructor; an OpenMP runtime that has
+ * read it already gets its default for the main thread through omp_set_num_threads, where the
+ * process has one. A rank bound to cores of its own (its mask times the local ranks fits the
+ * node) keeps them all; ranks whose masks must overlap divide the node's CPUs. */
 DPS_STARTUP void dps_threads_share(const dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || s->size < 2 || s->local_size < 1 ||
+    if (s->role != DPS_ROLE_RANK || s->size < 2 || s->local_size < 1 || s->local_size_guessed ||
         DPS_POLICY_ENUM(&s->policy, cpu, threads) != DPS_V_cpu_threads_share || getenv("OMP_NUM_THREADS") ||
         getenv("MKL_NUM_THREADS"))
         return;
     cpu_set_t mask;
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    int mine = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : (int)online;
-    long share = online / s->local_size;
-    if (share > mine) share = mine; /* bound to fewer cores than its share */
+    long node = node_cpus();
+    long mine = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : node;
+    long share = mine * s->local_size <= node ? mine : node / s->local_size;
+    if (share > mine) share = mine;
     if (share < 1) share = 1;
     char n[24];
     snprintf(n, sizeof n, "%ld", share);
@@ -57,7 +109,7 @@ DPS_STARTUP void dps_threads_share(const dps_state_t *s)
     void (*set_threads)(int);
     *(void **)&set_threads = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
     if (set_threads) set_threads((int)share);
-    DPS_INFO("[cpu] threads = share: OMP_NUM_THREADS=%ld (%ld cores for %d local ranks, %d in this rank's affinity "
-             "mask)",
-             share, online, s->local_size, mine);
+    DPS_INFO("[cpu] threads = share: OMP_NUM_THREADS=%ld (%ld CPUs on this node for %d local ranks, %ld in this "
+             "rank's affinity mask)",
+             share, node, s->local_size, mine);
 }

@@ -144,9 +144,11 @@ train_mpi_np() {
     run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
     assert_success
     assert_equal "$(count "openmp threads $share")" 2
-    run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" /usr/bin/python3 -c 'import torch; print("torch threads", torch.get_num_threads())'
+    # PyTorch reads the variable when it starts its pool, after the shim's constructor
+    run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" /usr/bin/python3 -c \
+        'import os, torch; print("torch threads", torch.get_num_threads(), os.environ["OMP_NUM_THREADS"])'
     assert_success
-    assert_equal "$(count "torch threads $share")" 2
+    assert_equal "$(count "torch threads $share $share")" 2
     # alone, a count the user set, and keep: as the environment says
     run env LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
     assert_output "openmp threads $cores"
