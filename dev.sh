@@ -4,7 +4,7 @@
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
 #   ./dev.sh test-libtorch2  as root: the libtorch tests against Debian 13's libtorch 2.6 (and its
 #                        GCC 14, Open MPI 5), built in a chroot that debootstrap makes in
-#                        $DPSHIM_TRIXIE_ROOT (default /var/tmp/dpshim-trixie)
+#                        $TRIXIE_ROOT (default /var/tmp/dpshim-trixie)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
 #                        preflight, staged, nccl, torch, libtorch, bench or all) building there unless
@@ -67,32 +67,41 @@ run_tests() {
 TRIXIE_PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev zlib1g-dev
                  bats bats-assert bats-support python3 libtorch-dev binutils)
 test_libtorch2() {
-    local root=${DPSHIM_TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
-    [ "$(id -u)" -eq 0 ] || { echo "dev.sh test-libtorch2: run it as root (debootstrap, mount, chroot)" >&2; exit 1; }
+    local root=${TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
+    if [ "$(id -u)" -ne 0 ]; then # debootstrap, mount and chroot need root
+        exec sudo TRIXIE_ROOT="$root" "$PWD/dev.sh" test-libtorch2
+    fi
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
     if [ ! -x "$root/usr/bin/apt-get" ]; then
         if [ -e "$root" ] && [ -n "$(ls -A "$root")" ]; then
             echo "dev.sh test-libtorch2: $root is not empty and holds no Debian system (an interrupted debootstrap?):" \
-                "remove it, or set DPSHIM_TRIXIE_ROOT to another directory" >&2
+                "remove it, or set TRIXIE_ROOT to another directory" >&2
             exit 1
         fi
         debootstrap --variant=minbase trixie "$root" http://deb.debian.org/debian >/dev/null
     fi
     mkdir -p "$root/src"
-    trap "umount -l '$root/src' '$root/dev/shm' '$root/dev' '$root/sys' '$root/proc' 2>/dev/null || true" EXIT
-    mount -t proc proc "$root/proc"
-    mount --bind /sys "$root/sys"
-    mount --bind /dev "$root/dev"
-    mount -t tmpfs shm "$root/dev/shm" # Open MPI's shared memory
-    mount --bind "$PWD" "$root/src"
-    chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends ${TRIXIE_PACKAGES[*]} >/dev/null"
-    chroot "$root" bash -c 'set -e; cd /src
-        cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
-        cmake --build /build -j"$(nproc)" >/dev/null
-        [ -e /build/lib/dpshim/libdpshim-torch.so ] || { echo "dev.sh: the libtorch adapter was not built" >&2; exit 1; }
-        echo "dev.sh: the libtorch tests with $(dpkg-query -W -f="libtorch \${Version}" libtorch-dev), $(mpirun --version | head -1), $(gcc --version | head -1)"
-        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPS_BUILD=/build timeout 1800 bats --timing tests/integration/libtorch.bats'
+    # in a mount namespace of its own: the mounts go with it, however it ends, and none reaches
+    # the host's (a tmpfs on the chroot's /dev/shm is not one on the host's)
+    local inside
+    inside=$(cat <<'EOF'
+root=$1 src=$2 packages=$3
+mount -t proc proc "$root/proc"
+mount --bind /sys "$root/sys"
+mount --bind /dev "$root/dev"
+mount -t tmpfs shm "$root/dev/shm" # Open MPI's shared memory
+mount --bind "$src" "$root/src"
+chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends $packages >/dev/null"
+chroot "$root" bash -c 'set -e; cd /src
+    cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
+    cmake --build /build -j"$(nproc)" >/dev/null
+    [ -e /build/lib/dpshim/libdpshim-torch.so ] || { echo "dev.sh: the libtorch adapter was not built" >&2; exit 1; }
+    echo "dev.sh: the libtorch tests with $(dpkg-query -W -f="libtorch \${Version}" libtorch-dev), $(mpirun --version | head -1), $(gcc --version | head -1)"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPS_BUILD=/build timeout 1800 bats --timing tests/integration/libtorch.bats'
+EOF
+    )
+    unshare --mount --propagation private bash -euo pipefail -c "$inside" inside "$root" "$PWD" "${TRIXIE_PACKAGES[*]}" </dev/null
 }
 
 # median of the numbers on stdin
