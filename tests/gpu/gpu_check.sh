@@ -33,8 +33,9 @@ fails=0
 
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 note() { echo "$*" | tee -a "$RECORD"; }
-# check NAME EXPECT CMD...: runs CMD (120 s at most; output kept in the record); PASS on exit 0
-# with EXPECT (a regular expression, or "" for none) in its output: the path the check took.
+# check NAME EXPECT CMD...: runs CMD (LIMIT seconds at most, 120 unless set; output kept in the
+# record); PASS on exit 0 with EXPECT (a regular expression, or "" for none) in its output: the
+# path the check took.
 check() {
     local name=$1 expect=$2
     shift 2
@@ -43,7 +44,7 @@ check() {
     note '```'
     note "\$ $*"
     local t0=$SECONDS out rc
-    out=$(timeout --kill-after=10 120 bash -c '"$@"' check "$@" 2>&1) # bash: `mpi` is a function
+    out=$(timeout --kill-after=10 "${LIMIT:-120}" bash -c '"$@"' check "$@" 2>&1) # bash: `mpi` is a function
     rc=$?
     echo "$out" | tail -n 40 | tee -a "$RECORD"
     note '```'
@@ -188,7 +189,7 @@ fi
 # 0 prints what it prints alone, to 1e-9, and the hooks saw GPU tensors (on torch's stream).
 if want libtorch; then
     LT=/tmp/dpshim-libtorch
-    check "build the libtorch adapter and the C++ trainer against PyTorch's libtorch" "" sh -c "
+    LIMIT=600 check "build the libtorch adapter and the C++ trainer against PyTorch's libtorch" "" sh -c "
         cmake -S '$ROOT/tests/gpu/libtorch' -B $LT -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_PREFIX_PATH=\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') >/dev/null &&
         cmake --build $LT -j\$(nproc) >/dev/null && mkdir -p $LT/all && ln -sf '$BUILD'/lib/dpshim/* $LT/plugins/* $LT/all/ &&

@@ -10,6 +10,7 @@ alone, job = lines(sys.argv[1]), lines(sys.argv[2])
 assert len(alone) == len(job), "%d lines alone, %d under dpshim" % (len(alone), len(job))
 worst = 0.0
 for a, b in zip(alone, job):
+    assert len(a) == len(b), "%s against %s" % (" ".join(a), " ".join(b))
     for x, y in zip(a, b):
         try:
             fx, fy = float(x), float(y)
