@@ -457,6 +457,13 @@ void settle(o::Optimizer &opt, Plan &plan)
     }
 }
 
+// Each tensor from its owner rank to every rank (dp_from_owners); a failure throws.
+void send_from_owners(std::vector<dp_tensor> &ts, const std::vector<int32_t> &owner)
+{
+    if (!ts.empty() && dp_from_owners(ts.data(), ts.size(), owner.data()) != 0)
+        throw std::runtime_error("dp_from_owners failed (see the message above)");
+}
+
 // Each updated parameter from its owner to every rank.
 void from_owners(const o::Optimizer &opt, Plan &plan)
 {
@@ -475,8 +482,7 @@ void from_owners(const o::Optimizer &opt, Plan &plan)
             owner.push_back(pc.owner);
         }
     }
-    if (!ts.empty() && dp_from_owners(ts.data(), ts.size(), owner.data()) != 0)
-        throw std::runtime_error("dp_from_owners failed (see the message above)");
+    send_from_owners(ts, owner);
     for (auto &b : back) b.first.copy_(b.second);
 }
 
@@ -582,8 +588,7 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
             }
             wholes.emplace_back(key_of(p), std::move(whole)); // alive until the tensors have gone
         }
-        if (!ts.empty() && dp_from_owners(ts.data(), ts.size(), owner.data()) != 0)
-            throw std::runtime_error("dp_from_owners failed (see the message above)");
+        send_from_owners(ts, owner);
         for (auto &pc : plan.pieces)
             if (!pc.whole() && pc.stepped.defined()) {
                 auto found = state.find(key_of(pc.stepped));
@@ -705,7 +710,6 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
     }
     return r;
 }
-
 
 // "2.6" of "2.6.0+cpu"
 std::string major_minor(const std::string &version)
