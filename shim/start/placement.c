@@ -33,8 +33,7 @@ DPS_STARTUP void dps_placement_check(const dps_state_t *s)
              mine, online, s->local_size, mine == 1 ? "that one core" : "them", per_rank);
 }
 
-/* The CPUs this node gives the job: Slurm's allocation on it, else the cpuset of the cgroup the
- * rank runs in (a container's, a batch job's), else every online CPU. */
+/* The CPUs in a cpuset list ("0-3,8,10-11"); 0 where it is not one. */
 static long cpu_list_count(const char *list)
 {
     long n = 0;
@@ -49,6 +48,8 @@ static long cpu_list_count(const char *list)
     return n;
 }
 
+/* The CPUs this node gives the job: Slurm's allocation on it, else the cpuset of the cgroup the
+ * rank runs in (a container's, a batch job's), else every online CPU. */
 static long node_cpus(void)
 {
     const char *slurm = getenv("SLURM_CPUS_ON_NODE");
