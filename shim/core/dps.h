@@ -79,6 +79,14 @@ void dps_run_before_fatal_exit(void);
 #define DPS_WARN(...) DPS_LOG(DPS_LOG_WARN, __VA_ARGS__)
 #define DPS_INFO(...) DPS_LOG(DPS_LOG_INFO, __VA_ARGS__)
 #define DPS_DEBUG(...) DPS_LOG(DPS_LOG_DEBUG, __VA_ARGS__)
+/* What the user should know of the job although nothing is wrong (the exit summary, dpshim
+ * stepping aside): shown from [diag] log = warn on, under its own label instead of a level's. */
+void dps_note(const char *label, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define DPS_NOTE(label, ...)                                                                          \
+    do {                                                                                              \
+        if (DPS_LOG_WARN <= atomic_load_explicit(&dps_log_level, memory_order_relaxed))               \
+            dps_note((label), __VA_ARGS__);                                                           \
+    } while (0)
 /* A warning printed at most once per call site: repeated warnings are noise, not news. */
 #define DPS_WARN_ONCE(...)                                                     \
     do {                                                                       \

@@ -13,10 +13,10 @@ atomic_int dps_log_level = DPS_LOG_WARN;
 
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
-static void vlog(dps_log_level_t lvl, const char *fmt, va_list ap)
+static void vlog(const char *label, const char *fmt, va_list ap)
 {
     char buf[2048];
-    int n = snprintf(buf, sizeof buf, "[dpshim r%d/%d] %s ", dps_g.rank, dps_g.size, level_names[lvl]);
+    int n = snprintf(buf, sizeof buf, "[dpshim r%d/%d] %s ", dps_g.rank, dps_g.size, label);
     if (n < 0) return;
     int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
@@ -33,7 +33,15 @@ void dps_log(dps_log_level_t lvl, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(lvl, fmt, ap);
+    vlog(level_names[lvl], fmt, ap);
+    va_end(ap);
+}
+
+void dps_note(const char *label, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(label, fmt, ap);
     va_end(ap);
 }
 
@@ -50,7 +58,7 @@ _Noreturn void dps_fatal(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(DPS_LOG_ERROR, fmt, ap);
+    vlog(level_names[DPS_LOG_ERROR], fmt, ap);
     va_end(ap);
     /* _exit: finalizing MPI or PMIx now could wait on ranks that will never come; the
      * launcher sees the non-zero status and ends the job. The program's output is kept. */

@@ -21,8 +21,10 @@ typedef struct dps_engine {
     uint64_t step;
     /* a hook shared out work across ranks: a gradient averaged, a batch or an epoch split */
     int shared_work;
+    uint64_t whole_batches; /* batches every rank took whole: an evaluation pass (dpshim_batch_whole) */
     /* the script distributes itself; the Python adapter stepped aside (dpshim_step_aside) */
     int aside;
+    char aside_why[160]; /* what the adapter found: "a DistributedSampler", ... */
     /* the rank broadcasts come from: 0, except inside dp_from_owners (one thread at a time) */
     int bcast_root;
 } dps_engine_t;

@@ -80,16 +80,33 @@ static int seed_(uint64_t *seed)
     return dps_fused("dp_seed", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
 }
 
-static size_t batch_(uint64_t *idx, size_t n)
+/* This rank's share of a global batch of n in split mode (all of it in scale mode), noted for the
+ * weights of the gradients that follow; where the share starts goes to start_p. */
+static uint64_t note_batch(uint64_t n, uint64_t *start_p)
 {
     uint64_t start = 0, share = n;
-    if (dps_g.split_mode && dps_g.eff_size > 1) {
-        dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
-        if (start) memmove(idx, idx + start, share * sizeof *idx);
-    }
+    if (dps_g.split_mode && dps_g.eff_size > 1) dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
     dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
+    *start_p = start;
+    return share;
+}
+
+static size_t batch_(uint64_t *idx, size_t n)
+{
+    uint64_t start, share = note_batch(n, &start);
+    if (start) memmove(idx, idx + start, share * sizeof *idx);
     dps_e.shared_work |= dps_g.eff_size > 1;
     return share;
+}
+
+/* A batch of n that every rank takes whole (an evaluation pass of the PyTorch adapter): weighed as
+ * a share of the N copies, as dp_batch of n * N would, but no work was shared out by it, so a job
+ * that only evaluates is told that nothing was distributed. */
+static size_t whole_batch_(uint64_t n)
+{
+    uint64_t start;
+    dps_e.whole_batches++;
+    return note_batch(n * (uint64_t)dps_g.eff_size, &start);
 }
 
 _Static_assert((int)DPS_UNEVEN_PAD == (int)DPS_V_data_uneven_pad && (int)DPS_UNEVEN_DROP == (int)DPS_V_data_uneven_drop &&
@@ -387,6 +404,7 @@ DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor *t, si
 DPS_EXPORT ONE_AT_A_TIME(int, dp_from_owners, "dp_from_owners", from_owners_, (dp_tensor *t, size_t n, const int32_t *owner), (t, n, owner))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_seed, "dp_seed", seed_, (uint64_t *seed), (seed))
 DPS_EXPORT ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t *idx, size_t n), (idx, n))
+DPS_EXPORT ONE_AT_A_TIME(size_t, dpshim_batch_whole, "dp_batch", whole_batch_, (uint64_t n), (n))
 DPS_EXPORT ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t *idx, size_t n), (idx, n))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t))
 DPS_EXPORT ONE_AT_A_TIME(int, dp_grads, "dp_grads", grads_, (dp_tensor *t, size_t n), (t, n))

@@ -93,10 +93,13 @@ DPS_EXPORT void dpshim_step_aside(const char *why)
 {
     if (dps_e.aside) return;
     dps_e.aside = 1;
+    snprintf(dps_e.aside_why, sizeof dps_e.aside_why, "%s", why ? why : "?");
+    /* said at the default level: a user who launched a DDP script under dpshim learns at once that
+     * dpshim adds nothing to its data path, rather than at exit or never */
     if (dps_g.rank == 0)
-        DPS_INFO("the script distributes itself (%s): dpshim steps aside for it (no sharding, gradient averaging, "
-                 "parameter broadcast, BatchNorm synchronization or seed agreement from dpshim); the file and "
-                 "output policy and the guard still apply", why ? why : "?");
+        DPS_NOTE("NOTE", "the script distributes itself (%s): dpshim steps aside for it (no sharding, gradient "
+                 "averaging, parameter broadcast, BatchNorm synchronization or seed agreement from dpshim); the "
+                 "file and output policy and the guard still apply", dps_e.aside_why);
 }
 
 DPS_EXPORT int dpshim_describe(char *buf, size_t len)

@@ -73,7 +73,12 @@ static void explain(char *out, size_t cap)
                                       : "no adapter");
     if (declared) ADD("; %d [hook] declaration(s) of the policy, bound at %d call site(s)", declared, sites);
     ADD(". ");
-    if (dps_g.python_adapter)
+    if (dps_g.python_adapter && dps_e.whole_batches)
+        ADD("The script only evaluated or ran inference (%llu DataLoader batches under torch.no_grad() or with its "
+            "models in eval mode): evaluation runs whole on every rank, so that each prints what it prints alone; "
+            "[data] eval = sharded shares it out for scripts that reduce their own metrics.",
+            (unsigned long long)dps_e.whole_batches);
+    else if (dps_g.python_adapter)
         ADD("The PyTorch adapter shares out work once the script imports torch and trains (a backward pass, a "
             "DataLoader's batches); evaluation and inference run whole on every rank.");
     else if (found_lib(&f, "libtorch_python.so"))
@@ -91,8 +96,9 @@ static void explain(char *out, size_t cap)
     else
         ADD("No framework called the hook ABI and no [hook] declaration of the policy did; a Python script "
             "needs [adapters] python = auto.");
-    ADD(" If the launched command only starts the trainer (a shell line, a wrapper such as /usr/bin/time), "
-        "launch the trainer itself.");
+    if (!dps_e.whole_batches)
+        ADD(" If the launched command only starts the trainer (a shell line, a wrapper such as /usr/bin/time), "
+            "launch the trainer itself.");
 #undef ADD
 }
 

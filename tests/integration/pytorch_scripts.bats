@@ -139,6 +139,18 @@ PYEOF
     grep -q 'Test set: Average loss: .*, Accuracy: [0-9]*/250 ' "$BATS_TEST_TMPDIR/np3/out.0"
 }
 
+@test "an inference-only script: scores the whole set on every rank as alone, and says nothing was distributed" {
+    # a model in eval mode scoring a DataLoader under no_grad: each rank prints what it prints
+    # alone, and rank 0 says once, at the default log level, that no work was shared out
+    seeded inference.py
+    assert_equal "$(count "nothing was distributed in this job of 3 ranks")" 1
+    assert_output --partial "The script only evaluated or ran inference (10 DataLoader batches"
+    assert_output --partial "[data] eval = sharded shares it out"
+    # sharded, each rank scores its share: work was shared out, and the warning is not given
+    DPSHIM_DATA_EVAL=sharded ranks 2 inference.py
+    refute_output --partial "nothing was distributed"
+}
+
 @test "MNIST-style evaluation loops in scale mode: training takes 1/N of each epoch, evaluation the whole set" {
     for n in 2 3; do
         DPSHIM_DATA_MODE=scale ranks "$n" mnist_eval.py
@@ -270,8 +282,10 @@ ddp() {
         ddp $n alone$n
         local seen_alone
         seen_alone=$(grep -o "samples seen by this rank [0-9]*" <<<"$output" | head -1)
-        ddp $n shim$n DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM"
-        assert_output --partial "the script distributes itself (torch.distributed.init_process_group (backend gloo))"
+        ddp $n shim$n LD_PRELOAD="$SHIM"
+        # said at the default log level, once for the job
+        assert_equal "$(count "[dpshim r0/$n] NOTE the script distributes itself (torch.distributed.init_process_group (backend gloo))")" 1
+        assert_equal "$(count "the script distributes itself")" 1
         refute_output --partial "nothing was distributed"
         # the DistributedSampler's share, not a share of it
         assert_output --partial "$seen_alone"

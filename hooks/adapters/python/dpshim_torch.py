@@ -84,6 +84,7 @@ class _Shim:
                 ("dp_seed", ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64)]),
                 ("dp_batch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dp_epoch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+                ("dpshim_batch_whole", ctypes.c_size_t, [ctypes.c_uint64]),
                 ("dp_grads", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
                 ("dpshim_grads_summed", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
                 ("dp_grad_ready", ctypes.c_int, [ctypes.POINTER(_Tensor)]),
@@ -1015,7 +1016,7 @@ def _hook_samplers(torch):
             if len(batch) < self.batch_size and self.drop_last:
                 break
             if whole:  # evaluation: every rank the whole batch, weighted 1/N
-                pending.append((len(batch), _shim.size))
+                pending.append((len(batch), _shim.size, True))
                 yield batch
                 continue
             arr = _index_array(batch)
@@ -1023,10 +1024,10 @@ def _hook_samplers(torch):
             if len(batch) < _shim.size and _shim.split:
                 # fewer samples than ranks: every rank takes them all, weighted 1/N (no rank
                 # may get an empty batch, which collate cannot build)
-                pending.append((len(batch), _shim.size))
+                pending.append((len(batch), _shim.size, False))
                 yield batch
                 continue
-            pending.append((len(batch), 1))
+            pending.append((len(batch), 1, False))
             yield [arr[i] for i in range(keep)]
 
     def length(self):
@@ -1059,8 +1060,11 @@ def _hook_samplers(torch):
             raise
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
         if pending and _acting():  # a forked child's copy is not this pass's
-            n, replicas = pending.popleft()
-            _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
+            n, replicas, evaluation = pending.popleft()
+            if evaluation:  # shares nothing out: a job that only evaluates is told so at exit
+                _shim.dpshim_batch_whole(n)
+            else:
+                _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
             _state.replicas, _state.shared = replicas, replicas == 1
         return data
 
