@@ -4,7 +4,8 @@
 #   ./dev.sh test        install what is missing, build, run every test (CTest: unit + bats)
 #   ./dev.sh test-libtorch2  as root: the libtorch tests against Debian 13's libtorch 2.6 (and its
 #                        GCC 14, Open MPI 5), built in a chroot that debootstrap makes in
-#                        $TRIXIE_ROOT (default /var/tmp/dpshim-trixie)
+#                        $TRIXIE_ROOT (default /var/tmp/dpshim-trixie) from the Debian mirror this
+#                        machine's apt uses (DEBIAN_MIRROR=URI to name another), through its proxy
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
 #                        preflight, staged, nccl, torch, libtorch, bench or all) building there unless
@@ -62,15 +63,83 @@ run_tests() {
     ctest --test-dir "$BUILD_DIR" --output-on-failure
 }
 
+# debian_mirror: the URI of the Debian archive (not its security archive) this machine's apt
+# installs from, the first in apt's order (sources.list, then sources.list.d's *.list and deb822
+# *.sources by name); DEBIAN_MIRROR, where set, instead. apt-config names the files, so
+# APT_CONFIG can point it at others (tests/integration/dev_sh.bats does).
+debian_mirror() {
+    if [ -n "${DEBIAN_MIRROR:-}" ]; then
+        echo "$DEBIAN_MIRROR"
+        return
+    fi
+    local list="" parts="" codename f uri=""
+    eval "$(apt-config shell list Dir::Etc::sourcelist/f parts Dir::Etc::sourceparts/d)"
+    # Debian's suite names; the host's own codename covers releases named after this was written
+    codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null || true)
+    for f in "$list" "${parts%/}"/*; do
+        case $f in *.list | *.sources) ;; *) continue ;; esac
+        [ -r "$f" ] || continue
+        uri=$(awk -v deb822="$([[ $f == *.sources ]] && echo 1 || echo 0)" -v host="$codename" '
+            function debian(suite, uri) {
+                if (suite ~ /-security$|\/updates$/ || uri ~ /debian-security/ || uri !~ /^(https?|ftp|file):/) return 0
+                sub(/-(updates|backports|backports-sloppy|proposed-updates)$/, "", suite)
+                return suite ~ /^(buster|bullseye|bookworm|trixie|forky|duke|sid|experimental|(old)*stable|testing|unstable)$/ ||
+                    (host != "" && suite == host)
+            }
+            # one-line format: deb [options] URI SUITE COMPONENTS...
+            !deb822 { sub(/#.*/, ""); gsub(/\[[^]]*\]/, "") }
+            !deb822 && $1 == "deb" && debian($3, $2) { print $2; exit }
+            # deb822: paragraphs of fields; a line that starts with a blank continues the field
+            function paragraph(   n, m, i, j, u, s) {
+                if (tolower(f["enabled"]) != "no" && (" " f["types"] " ") ~ / deb /) {
+                    n = split(f["uris"], u, " "); m = split(f["suites"], s, " ")
+                    for (i = 1; i <= n; i++) for (j = 1; j <= m; j++) if (debian(s[j], u[i])) { print u[i]; return 1 }
+                }
+                delete f
+                return 0
+            }
+            deb822 && /^[ \t]*#/ { next }
+            deb822 && /^[ \t]*$/ { if (paragraph()) exit; next }
+            deb822 && /^[ \t]/ { f[key] = f[key] " " $0; next }
+            deb822 && /:/ { key = tolower(substr($0, 1, index($0, ":") - 1)); f[key] = substr($0, index($0, ":") + 1)
+                            gsub(/^[ \t]+|[ \t]+$/, "", f[key]) }
+            END { if (deb822) paragraph() }' "$f" | head -1)
+        if [ -n "$uri" ]; then
+            echo "$uri"
+            return
+        fi
+    done
+    echo "dev.sh: no Debian archive in this machine's apt sources ($list, ${parts%/}/*.list, *.sources):" \
+        "set DEBIAN_MIRROR to the URI of a Debian mirror (the directory that holds dists/trixie)" >&2
+    return 1
+}
+
+# apt_proxy_conf: this machine's apt proxy settings as apt.conf lines, nothing where none is set.
+apt_proxy_conf() {
+    local http="" https=""
+    eval "$(apt-config shell http Acquire::http::Proxy https Acquire::https::Proxy)"
+    [ -z "$http" ] || printf 'Acquire::http::Proxy "%s";\n' "$http"
+    [ -z "$https" ] || printf 'Acquire::https::Proxy "%s";\n' "$https"
+}
+
 # The libtorch adapter against a libtorch 2.x: Debian 13 (trixie) in a chroot, the source tree
-# bound at /src, built there into /build. The chroot stays for the next run.
+# bound at /src, built there into /build. The chroot stays for the next run; its apt takes the
+# mirror and the proxy that the host's apt has at each run.
 TRIXIE_PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev zlib1g-dev
                  bats bats-assert bats-support python3 libtorch-dev binutils)
 test_libtorch2() {
     local root=${TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
     if [ "$(id -u)" -ne 0 ]; then # debootstrap, mount and chroot need root
-        exec sudo TRIXIE_ROOT="$root" "$PWD/dev.sh" test-libtorch2
+        exec sudo TRIXIE_ROOT="$root" ${DEBIAN_MIRROR:+DEBIAN_MIRROR="$DEBIAN_MIRROR"} "$PWD/dev.sh" test-libtorch2
     fi
+    local mirror proxy
+    mirror=$(debian_mirror) || exit 1
+    proxy=$(apt_proxy_conf)
+    # debootstrap fetches with wget, which takes its proxy from the environment
+    local http_proxy=${http_proxy:-$(sed -n 's/^Acquire::http::Proxy "\(.*\)";$/\1/p' <<<"$proxy")}
+    local https_proxy=${https_proxy:-$(sed -n 's/^Acquire::https::Proxy "\(.*\)";$/\1/p' <<<"$proxy")}
+    [ -z "$http_proxy" ] || export http_proxy
+    [ -z "$https_proxy" ] || export https_proxy
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
     if [ ! -x "$root/usr/bin/apt-get" ]; then
         if [ -e "$root" ] && [ -n "$(ls -A "$root")" ]; then
@@ -78,7 +147,14 @@ test_libtorch2() {
                 "remove it, or set TRIXIE_ROOT to another directory" >&2
             exit 1
         fi
-        debootstrap --variant=minbase trixie "$root" http://deb.debian.org/debian >/dev/null
+        echo "dev.sh: debootstrap of trixie from $mirror${http_proxy:+ through $http_proxy}"
+        debootstrap --variant=minbase trixie "$root" "$mirror" >/dev/null
+    fi
+    echo "deb $mirror trixie main" >"$root/etc/apt/sources.list"
+    if [ -n "$proxy" ]; then
+        echo "$proxy" >"$root/etc/apt/apt.conf.d/01dpshim-proxy"
+    else
+        rm -f "$root/etc/apt/apt.conf.d/01dpshim-proxy"
     fi
     mkdir -p "$root/src"
     # in a mount namespace of its own: the mounts go with it, however it ends, and none reaches
@@ -531,6 +607,9 @@ bench_mean_vs_sum() {
         printf "  %-9s mean %8.2f ms  sum %8.2f ms  mean/sum %.2f\n" "$set" "$mean" "$sum" "$(ratio "$mean" "$sum")"
     done
 }
+
+# sourced (tests/integration/dev_sh.bats), dev.sh defines its functions and runs nothing
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 case "${1:-}" in
 setup) setup ;;
