@@ -43,6 +43,18 @@ static struct {
 /* Uncontended but for [comm] overlap, and at the end, when the files are written. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Counted in every rank process, diagnostics files or not: the stats file's counters and the exit
+ * summary's figures are these. Relaxed atomics: the progress thread counts beside the main
+ * thread, and nothing on the collective path takes a lock for them. */
+static struct {
+    atomic_uint_fast64_t steps, collectives, bytes, comm_ns, bg_collectives, bg_bytes, bg_comm_ns;
+    uint64_t start_ns;
+    atomic_uint_fast64_t end_ns; /* when the program left (dps_diag_leaving); 0 while it runs */
+} tally;
+
+#define TALLY_ADD(field, v) atomic_fetch_add_explicit(&tally.field, (v), memory_order_relaxed)
+#define TALLY_GET(field) atomic_load_explicit(&tally.field, memory_order_relaxed)
+
 /* dps_diag_set_clock's figures, apart from `diag`: a fresh record starts with the same clocks.
  * Guarded by `lock`. */
 static struct {
@@ -62,6 +74,10 @@ DPS_STARTUP void dps_diag_configure(const dps_state_t *s)
 {
     const char *dir = dps_policy_text(&s->policy, DPS_P_diag_dir);
     int on = dir && *dir && s->role == DPS_ROLE_RANK;
+    if (s->role == DPS_ROLE_RANK) {
+        memset(&tally, 0, sizeof tally);
+        tally.start_ns = dps_diag_now();
+    }
     /* every process passes here: one that records nothing leaves the recorder's pages untouched */
     if (!on && !diag.s) return;
     pthread_mutex_lock(&lock);
@@ -76,7 +92,6 @@ DPS_STARTUP void dps_diag_configure(const dps_state_t *s)
     if (!on || dir[0] == '/' || !getcwd(cwd, sizeof cwd) ||
         snprintf(diag.dir, sizeof diag.dir, "%s/%s", cwd, dir) >= (int)sizeof diag.dir)
         snprintf(diag.dir, sizeof diag.dir, "%s", dir ? dir : "");
-    diag.st.start_ns = dps_diag_now();
     dps_diag_on = on;
     pthread_mutex_unlock(&lock);
 }
@@ -101,18 +116,8 @@ static uint32_t name_of(const char *hook)
     return diag.last_name = i;
 }
 
-/* Counts e in the stats, kept in the trace or not. Called with the lock held. */
-static void count(const dps_diag_event_t *e)
-{
-    if (e->kind == DPS_DIAG_COLLECTIVE)
-        diag.st.collectives++, diag.st.bytes += e->bytes, diag.st.comm_ns += e->end_ns - e->begin_ns;
-    if (e->kind == DPS_DIAG_BACKGROUND)
-        diag.st.bg_collectives++, diag.st.bg_bytes += e->bytes, diag.st.bg_comm_ns += e->end_ns - e->begin_ns;
-    if (e->kind == DPS_DIAG_STEP) diag.st.steps++;
-}
-
-/* Counts an event and keeps it while the buffer may grow toward [diag] trace_mb; past that, or
- * when memory runs out, it is counted as dropped. */
+/* Keeps an event while the buffer may grow toward [diag] trace_mb; past that, or when memory
+ * runs out, it is counted as dropped. */
 static void add(char kind, const char *hook, uint64_t begin_ns, uint64_t end_ns, uint64_t seq, uint64_t step,
                 uint64_t bytes)
 {
@@ -124,7 +129,6 @@ static void add(char kind, const char *hook, uint64_t begin_ns, uint64_t end_ns,
                           .seq = seq,
                           .step = step,
                           .bytes = bytes};
-    count(&e);
     if (diag.n == diag.cap && diag.cap < diag.max) {
         size_t cap = diag.cap ? 2 * diag.cap : 4096;
         if (cap > diag.max) cap = diag.max;
@@ -141,6 +145,7 @@ static void add(char kind, const char *hook, uint64_t begin_ns, uint64_t end_ns,
 void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
                          uint64_t step)
 {
+    TALLY_ADD(collectives, 1), TALLY_ADD(bytes, bytes), TALLY_ADD(comm_ns, end_ns - begin_ns);
     if (!dps_diag_on) return;
     add(DPS_DIAG_COLLECTIVE, hook, begin_ns, end_ns, seq, step, bytes);
 }
@@ -148,15 +153,44 @@ void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, ui
 void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
                          uint64_t step)
 {
+    TALLY_ADD(bg_collectives, 1), TALLY_ADD(bg_bytes, bytes), TALLY_ADD(bg_comm_ns, end_ns - begin_ns);
     if (!dps_diag_on) return;
     add(DPS_DIAG_BACKGROUND, hook, begin_ns, end_ns, seq, step, bytes);
 }
 
 void dps_diag_step(uint64_t step)
 {
+    TALLY_ADD(steps, 1);
     if (!dps_diag_on) return;
     uint64_t t = dps_diag_now();
     add(DPS_DIAG_STEP, "dp_step_end", t, t, 0, step, 0);
+}
+
+void dps_diag_leaving(void)
+{
+    uint64_t none = 0;
+    atomic_compare_exchange_strong(&tally.end_ns, &none, dps_diag_now());
+}
+
+/* The end of the rank's wall time: when the program left, else now. */
+static uint64_t end_ns(void)
+{
+    uint64_t end = atomic_load(&tally.end_ns);
+    return end ? end : dps_diag_now();
+}
+
+void dps_diag_tally(dps_diag_tally_t *out)
+{
+    *out = (dps_diag_tally_t){.steps = TALLY_GET(steps),
+                              .collectives = TALLY_GET(collectives),
+                              .bytes = TALLY_GET(bytes) + TALLY_GET(bg_bytes),
+                              .comm_ns = TALLY_GET(comm_ns),
+                              .wall_ns = end_ns() - tally.start_ns};
+}
+
+const char *dps_diag_dir(void)
+{
+    return dps_diag_on ? diag.dir : NULL;
 }
 
 void dps_diag_set_clock(int64_t offset_ns, uint64_t error_ns)
@@ -226,12 +260,16 @@ static void close_out(out_t *o)
 static void write_stats(FILE *f)
 {
     dps_diag_stats_t st = diag.st;
+    st.start_ns = tally.start_ns, st.steps = TALLY_GET(steps);
+    st.collectives = TALLY_GET(collectives), st.bytes = TALLY_GET(bytes), st.comm_ns = TALLY_GET(comm_ns);
+    st.bg_collectives = TALLY_GET(bg_collectives), st.bg_bytes = TALLY_GET(bg_bytes);
+    st.bg_comm_ns = TALLY_GET(bg_comm_ns);
     st.rank = (uint64_t)diag.s->rank;
     st.size = (uint64_t)diag.s->size;
     st.local_rank = (uint64_t)diag.s->local_rank;
     gethostname(st.host, sizeof st.host - 1);
     snprintf(st.launcher, sizeof st.launcher, "%s", diag.s->launcher ? diag.s->launcher : "");
-    st.end_ns = dps_diag_now();
+    st.end_ns = end_ns();
     st.clock_measured = (uint64_t)clock_to_rank0.measured;
     st.clock_offset_ns = clock_to_rank0.offset_ns, st.clock_error_ns = clock_to_rank0.error_ns;
     st.gated_sinks = atomic_load(&dps_diag_count.sinks), st.gated_noops = atomic_load(&dps_diag_count.noops);
@@ -353,7 +391,7 @@ void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, ui
                                             .seq = in_flight_seq,
                                             .step = step};
         diag.has_in_flight = 1;
-        count(&diag.in_flight);
+        TALLY_ADD(collectives, 1), TALLY_ADD(comm_ns, ago_ns); /* the stats count it as the trace shows it */
     }
     pthread_mutex_unlock(&lock);
     dps_diag_write();

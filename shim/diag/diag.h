@@ -28,6 +28,20 @@ void dps_diag_collective(const char *hook, uint64_t bytes, uint64_t begin_ns, ui
 void dps_diag_background(const char *hook, uint64_t bytes, uint64_t begin_ns, uint64_t end_ns, uint64_t seq,
                          uint64_t step);
 void dps_diag_step(uint64_t step);
+/* What a rank counted so far, [diag] dir or not, for the exit summary: dp_step_end calls, the
+ * main thread's collectives, the bytes reduced by both threads, the main thread's time inside
+ * collectives, and the wall time from start-up to the program's exit (or to now while it runs;
+ * never 0 in a rank process). The stats file
+ * carries the same counters. */
+typedef struct dps_diag_tally {
+    uint64_t steps, collectives, bytes, comm_ns, wall_ns;
+} dps_diag_tally_t;
+void dps_diag_tally(dps_diag_tally_t *out);
+/* The program is leaving (the rank's exit work starts): its wall time ends here, in the tally and
+ * the stats file alike, whatever the exit barrier then waits for. Once; later calls keep it. */
+void dps_diag_leaving(void);
+/* [diag] dir made absolute, or NULL when no files are written. */
+const char *dps_diag_dir(void);
 /* This rank's wall clock minus rank 0's (dps_diag_now on each), and the bound on its error, as
  * start-up measured them: recorded in the stats so that the report can put every rank's events on
  * rank 0's clock. Kept across dps_diag_configure, since the clocks do not change with the policy;

@@ -533,10 +533,10 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
         return 0;
     }
     dps_guard_enter(hook, coll, t[0].dtype, count);
-    uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+    uint64_t t0 = dps_diag_now();
     nccl_fused(hook, t, n, kind, w, op);
     end(hook, prev, 1);
-    if (dps_diag_on) dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     dps_guard_leave();
     return 0;
 }

@@ -118,21 +118,21 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
     uint64_t bytes = count * dps_dtype_size(dtype);
     if (L->background) {
         /* the guard watches the main thread, which waits for this in dp_grads */
-        uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+        uint64_t t0 = dps_diag_now();
         int rc = L->allreduce(buf, count, dtype, op, pre, post, one_tensor);
         ++L->seq;
-        if (dps_diag_on) dps_diag_background(hook, bytes, t0, dps_diag_now(), L->seq, dps_e.step);
+        dps_diag_background(hook, bytes, t0, dps_diag_now(), L->seq, dps_e.step);
         if (rc != 0) snprintf(L->err, L->errlen, "%s (background reduction #%llu): %s", hook,
                               (unsigned long long)L->seq, L->last_error());
         return rc;
     }
     int coll = kind == DPS_FUSE_BARRIER ? DPS_COLL_BARRIER : kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
     dps_guard_enter(hook, coll, dtype, count);
-    uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+    uint64_t t0 = dps_diag_now();
     int rc = coll == DPS_COLL_BARRIER ? be->barrier()
              : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, dps_e.bcast_root)
                                       : be->allreduce(buf, count, dtype, op, pre, post, one_tensor);
-    if (dps_diag_on) dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
         char what[600], where[96];

@@ -238,10 +238,10 @@ static int grads_weighted(const char *hook, dp_tensor *t, size_t n, dps_weight_t
     if (m && submit(ready.rest, m)) return -1;
     dps_guard_enter(hook, DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);
     ready.submitted = 0, ready.submitted_count = 0;
-    uint64_t t0 = dps_diag_on ? dps_diag_now() : 0;
+    uint64_t t0 = dps_diag_now();
     char err[1024];
     int rc = dps_progress_wait(err, sizeof err);
-    if (dps_diag_on) dps_diag_collective(hook, 0, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    dps_diag_collective(hook, 0, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     dps_guard_leave();
     if (rc) {
         char where[96];

@@ -11,6 +11,7 @@
 
 #include "backends/backend.h"
 #include "core/dps.h"
+#include "diag/diag.h"
 #include "dpshim/hooks.h"
 
 /* A position saved while the shim runs collectives of its own (dps_guard_own_begin). */
@@ -89,6 +90,10 @@ const char *dps_guard_host(int r);
 const char *dps_guard_who(int r, char *buf, size_t len);
 /* At exit of the rank process, before the backend finalizes: the exit barrier. */
 void dps_guard_exit(void);
+/* On rank 0 after the exit barrier: every rank's figures (dps_diag_tally) as it left, size
+ * entries in rank order, wall_ns 0 for a rank not heard from; NULL where there was no barrier
+ * ([guard] exit_barrier = off, no side channel, another rank). */
+const dps_diag_tally_t *dps_guard_exit_tallies(void);
 
 /* The kinds of collective, and their names in reports. */
 enum { DPS_COLL_ALLREDUCE, DPS_COLL_BCAST, DPS_COLL_BARRIER };

@@ -27,6 +27,7 @@ typedef struct guard_msg {
     double seconds; /* waiting in the collective, or since the last one */
     char hook[DPS_GUARD_HOOK_NAME];
     char failure[256]; /* WHY_FAILED: the backend's error */
+    dps_diag_tally_t tally; /* MSG_LEAVING: what the rank counted, for rank 0's exit summary */
 } guard_msg_t;
 
 _Static_assert(sizeof(guard_msg_t) <= DPS_GUARD_MSG_MAX, "a guard message must fit the side channel's slots");
@@ -35,6 +36,7 @@ _Static_assert(sizeof(guard_msg_t) <= DPS_GUARD_MSG_MAX, "a guard message must f
 typedef struct peer {
     guard_msg_t status; /* its answer, valid when have */
     uint64_t left_seq, left_step;
+    dps_diag_tally_t tally; /* what it counted, as it left */
     unsigned char have, left;
 } peer_t;
 
@@ -282,7 +284,7 @@ static void receive(void)
             if (src == 0) rank0_answered(&m);
         } else if (m.kind == MSG_LEAVING) {
             if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
-            p->left_seq = m.seq, p->left_step = m.step;
+            p->left_seq = m.seq, p->left_step = m.step, p->tally = m.tally;
         } else if (m.kind == MSG_STATUS) {
             p->status = m, p->have = 1;
             if (m.why != WHY_ANSWER && !watch.first.kind) watch.first = m;
@@ -541,6 +543,11 @@ _Noreturn void dps_guard_failed(const char *what)
     dps_fatal("%s", what);
 }
 
+/* Rank 0's record of every rank's figures at exit (size entries; wall_ns 0: not heard from). */
+static dps_diag_tally_t *exit_tallies;
+
+const dps_diag_tally_t *dps_guard_exit_tallies(void) { return exit_tallies; }
+
 void dps_guard_exit(void)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
@@ -551,6 +558,9 @@ void dps_guard_exit(void)
          * then complete everywhere, and a rank that is still stuck gets diagnosed meanwhile */
         guard_msg_t m = snapshot(WHY_ANSWER);
         m.kind = MSG_LEAVING;
+        dps_diag_tally(&m.tally);
+        if (conf->rank == 0 && !exit_tallies && (exit_tallies = calloc((size_t)conf->size, sizeof *exit_tallies)))
+            exit_tallies[0] = m.tally;
         send_all(&m);
         uint64_t deadline =
             conf->timeout > 0 ? dps_guard_now_ns() + (uint64_t)(conf->timeout * 1e9) : UINT64_MAX;
@@ -569,5 +579,7 @@ void dps_guard_exit(void)
     atomic_store(&watch.stop, 1);
     pthread_join(watch.thread, NULL);
     atomic_store(&watch.running, 0);
+    for (int r = 1; exit_tallies && r < conf->size; r++)
+        if (watch.peers[r].left) exit_tallies[r] = watch.peers[r].tally;
     free(watch.peers), watch.peers = NULL;
 }

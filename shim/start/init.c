@@ -39,11 +39,13 @@ static void at_exit(void)
         return;
     }
     DPS_DEBUG("exit: finalizing the backend and PMIx");
+    dps_diag_leaving();
     int nothing_shared = dps_check_something_shared();
     dps_files_leaving(); /* rank 0 writes no more: a rank waiting for it goes on */
     dps_engine_join_at_exit();
     dps_guard_exit();
     dps_diag_write();
+    dps_summary_at_exit();
     /* PMIx first: Open MPI shares the PMIx client, and the launcher counts the process as
      * finalized only when the last reference goes, which must be MPI's own. */
     dps_bootstrap_finalize();

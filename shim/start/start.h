@@ -18,4 +18,8 @@ void dps_threads_share(const dps_state_t *s);
  * says so then), else 0 (nothing_shared.c). */
 int dps_check_something_shared(void);
 
+/* At a rank's exit, after the exit barrier: rank 0 of a job of two or more ranks prints one line
+ * on what the job did ([diag] summary; summary.c). */
+void dps_summary_at_exit(void);
+
 #endif

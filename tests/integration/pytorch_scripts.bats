@@ -285,7 +285,8 @@ ddp() {
         ddp $n shim$n LD_PRELOAD="$SHIM"
         # said at the default log level, once for the job
         assert_equal "$(count "[dpshim r0/$n] NOTE the script distributes itself (torch.distributed.init_process_group (backend gloo))")" 1
-        assert_equal "$(count "the script distributes itself")" 1
+        assert_equal "$(count "NOTE the script distributes itself")" 1
+        assert_output --partial "; dpshim stepped aside: the script distributes itself (torch.distributed.init_process_group (backend gloo))"
         refute_output --partial "nothing was distributed"
         # the DistributedSampler's share, not a share of it
         assert_output --partial "$seen_alone"

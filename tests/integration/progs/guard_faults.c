@@ -12,7 +12,8 @@
  * the others call it 800 times from one), vanish (RANK leaves through _exit(0) before its first
  * hook call, which no exit handler sees), late (RANK sleeps STEP seconds before its first hook),
  * temp (every rank gives dp_params a temporary copy of the parameters, freed at once, as a
- * framework's contiguous copies are).
+ * framework's contiguous copies are), slow (from step STEP on, RANK computes 30 ms longer than
+ * the others each step: a straggler).
  * With GUARD_FAULTS_ANNOUNCE=1 in the environment the gradient is larger (70 000 floats) and
  * announced by dp_grad_ready first, so it is reduced by the shim's progress thread. */
 #define _GNU_SOURCE
@@ -57,7 +58,7 @@ static int two_threads(void)
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|kill|stop|extra|scope|perturb|linger|early|vanish|late|swap|count|threads|temp RANK STEP] (under the shim)\n");
+        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|kill|stop|extra|scope|perturb|linger|early|vanish|late|swap|count|threads|temp|slow RANK STEP] (under the shim)\n");
         return 2;
     }
     int steps = atoi(argv[1]), rank = dp_rank(), size = dp_world_size();
@@ -95,6 +96,7 @@ int main(int argc, char **argv)
         if (here && !strcmp(fault, "stop")) raise(SIGSTOP);
         if (here && !strcmp(fault, "stall"))
             for (;;) pause();
+        if (rank == frank && s >= fstep && !strcmp(fault, "slow")) usleep(30000);
         for (int i = 0; i < n; i++) g[i] = (float)(rank + 1);
         if (announce && !strcmp(announce, "1")) dp_grad_ready(&tg);
         if (!strcmp(fault, "swap")) {
