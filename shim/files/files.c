@@ -435,14 +435,20 @@ void dps_files_post_stream_call(uint64_t id, uint64_t k, int64_t ret, int failed
 /* --- a follower's view of rank 0: its writes and its place ------------------------------------ */
 
 #define MAX_RANK0_FILES 64
+#define MAX_FAILED_RUNS 16
 typedef struct rank0_file {
     uint64_t id;    /* UINT64_MAX: a free slot */
     off_t end;      /* the end of rank 0's furthest write that succeeded */
     off_t fail_at;  /* where rank 0's writes stopped: -1 while none failed */
     int err;        /* the errno there; 0 after a short write, until rank 0's next write says */
     uint64_t calls; /* a stdio stream: rank 0's calls told */
-    int64_t failed_call, failed_ret; /* its first that failed (-1: none), and what it returned */
-    int failed_err;
+    /* its calls that failed and this rank has not made yet, as runs of calls that returned the
+     * same (a full disk fails every call from one on); more than fit are told as successes */
+    struct failed_run {
+        int64_t from, to, ret;
+        int err;
+    } failed[MAX_FAILED_RUNS];
+    int nfailed;
 } rank0_file_t;
 
 /* All under order_lock. */
@@ -460,7 +466,7 @@ static rank0_file_t *rank0_file(uint64_t id, int make)
     int i = 0;
     while (i < MAX_RANK0_FILES && rank0_files[i].id != UINT64_MAX) i++;
     if (i == MAX_RANK0_FILES) i = (int)(rank0_files_next++ % MAX_RANK0_FILES);
-    rank0_files[i] = (rank0_file_t){.id = id, .fail_at = -1, .failed_call = -1};
+    rank0_files[i] = (rank0_file_t){.id = id, .fail_at = -1};
     return &rank0_files[i];
 }
 
@@ -476,8 +482,15 @@ static void take_in(const message_t *m)
     if (m->op == MSG_STREAM_CALL) {
         rank0_file_t *f = rank0_file(m->id, 1);
         if ((uint64_t)m->off + 1 > f->calls) f->calls = (uint64_t)m->off + 1;
-        if (m->rc == WRITE_FAILED && f->failed_call < 0)
-            f->failed_call = m->off, f->failed_ret = m->asked, f->failed_err = m->err;
+        if (m->rc != WRITE_FAILED) return;
+        struct failed_run *last = f->nfailed ? &f->failed[f->nfailed - 1] : NULL;
+        if (last && last->to + 1 == m->off && last->ret == m->asked && last->err == m->err)
+            last->to = m->off;
+        else if (f->nfailed < MAX_FAILED_RUNS)
+            f->failed[f->nfailed++] = (struct failed_run){m->off, m->off, m->asked, m->err};
+        else
+            DPS_WARN_ONCE("[files] rank 0's writes to a gated stream failed in more than %d ways this rank "
+                          "has not reached yet: the later ones succeed here", MAX_FAILED_RUNS);
         return;
     }
     if (m->op != MSG_WRITE) return;
@@ -509,15 +522,12 @@ static int write_failed(const rank0_file_t *f, const paired_t *p)
     return f && f->fail_at >= 0 && f->fail_at < p->b && (p->a < f->fail_at || f->err);
 }
 static int write_known(const rank0_file_t *f, const paired_t *p) { return write_failed(f, p) || (f && f->end >= p->b); }
-static int call_known(const rank0_file_t *f, const paired_t *p)
-{
-    return f && (f->failed_call == (int64_t)p->k || f->calls > p->k);
-}
+static int call_known(const rank0_file_t *f, const paired_t *p) { return f && f->calls > p->k; }
 
 /* With order_lock held: rank 0's messages taken in until known(rank 0's record of p's handle, p)
  * says rank 0's outcome is here, rank 0 is past this rank's place, or the channel is gone. The
  * record, or NULL. `what` names the wait for the guard (static: it may read it meanwhile). */
-static const rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t *p,
+static rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t *p,
                                           int (*known)(const rank0_file_t *, const paired_t *), const char *what)
 {
     while (!known(rank0_file(p->id, 0), p) && !rank0_is_past()) {
@@ -554,9 +564,14 @@ int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
     snprintf(what, sizeof what, "wait for rank 0's write call #%llu to %s", (unsigned long long)k + 1, path);
-    const rank0_file_t *f = wait_for_rank0(c, &p, call_known, what);
-    int failed = f && f->failed_call == (int64_t)k;
-    if (failed) *ret = f->failed_ret, *err = f->failed_err;
+    rank0_file_t *f = wait_for_rank0(c, &p, call_known, what);
+    int failed = 0, n = 0;
+    for (int i = 0; f && i < f->nfailed; i++) {
+        struct failed_run *run = &f->failed[i];
+        if (run->from <= (int64_t)k && (int64_t)k <= run->to) failed = 1, *ret = run->ret, *err = run->err;
+        if (run->to > (int64_t)k) f->failed[n++] = *run; /* this rank's calls come in order: the rest are done */
+    }
+    if (f) f->nfailed = n;
     pthread_mutex_unlock(&order_lock);
     dps_in_shim--;
     return failed;

@@ -122,10 +122,11 @@ void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int 
 /* Another rank: how many of the bytes [a, b) of handle id a write may take (b - a: all of them),
  * or -1 with *err = rank 0's errno; path names the wait. */
 ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, int *err);
-/* C stdio writes to a gated stream (fwrite, fputs): glibc writes the stream's buffer from inside,
- * so these pair by call instead, the k-th of a stream with rank 0's k-th. Rank 0 posts each
- * call's outcome (ret, and err where it failed); another rank's k-th call returns what rank 0's
- * returned where that was a failure (1, with *ret and *err), else makes the real call (0). */
+/* C stdio writes to a gated stream (fwrite, fputs, fprintf, fputc, putc): glibc writes the
+ * stream's buffer from inside, so these pair by call instead, the k-th of a stream with rank 0's
+ * k-th. Rank 0 posts each call's outcome (ret, and err where it failed); another rank's k-th
+ * call returns what rank 0's returned where that was a failure (1, with *ret and *err), else
+ * makes the real call (0). */
 void dps_files_post_stream_call(uint64_t id, uint64_t k, int64_t ret, int failed, int err);
 int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64_t *ret, int *err);
 /* A stand-in closed: rank 0's writes of it are no longer needed. */

@@ -1,10 +1,12 @@
 /* stdio file entry points under the file policy: fopen, freopen (and their 64-bit names) are
- * decided like open with the flags their mode string means; fclose, fflush, fwrite and fputs on
+ * decided like open with the flags their mode string means; fclose, fflush and the calls that
+ * write (fwrite, fputs, fprintf, vfprintf, fputc, putc and the names compilers emit for them) on
  * gated streams return rank 0's outcome. glibc's stdio calls its own open and write internally,
  * so these need wrappers. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -167,3 +169,60 @@ DPS_EXPORT int fputs_unlocked(const char *s, FILE *f)
 {
     STREAM_WRITE_BODY(f, int, DPS_REAL(fputs_unlocked)(s, f), r_ != EOF);
 }
+
+/* The names a compiler emits for formatted and character output (gcc 12 on glibc 2.36): fprintf
+ * and vfprintf, or __fprintf_chk and __vfprintf_chk under _FORTIFY_SOURCE; fputc and putc at any
+ * level (and fprintf with a lone "%c" or one character becomes fputc); fputc_unlocked and
+ * putc_unlocked where not optimizing; _IO_putc from binaries built against glibc before 2.28,
+ * whose putc was a macro for it. Optimized, fputc_unlocked and putc_unlocked are inline stores
+ * into the buffer that call __overflow when it is full: that is not paired, as its calls follow
+ * the buffer's size (the file system's block size, which a stand-in need not share), not the
+ * program's calls; such a stream's failure shows at its fflush or fclose, which are paired. */
+#undef fputc_unlocked
+#undef putc_unlocked
+DPS_REAL_DECLARE(int, vfprintf, (FILE *, const char *, va_list));
+DPS_REAL_DECLARE(int, __vfprintf_chk, (FILE *, int, const char *, va_list));
+DPS_REAL_DECLARE(int, fputc, (int, FILE *));
+DPS_REAL_DECLARE(int, putc, (int, FILE *));
+DPS_REAL_DECLARE(int, _IO_putc, (int, FILE *));
+DPS_REAL_DECLARE(int, fputc_unlocked, (int, FILE *));
+DPS_REAL_DECLARE(int, putc_unlocked, (int, FILE *));
+
+static int paired_vfprintf(FILE *f, const char *fmt, va_list ap)
+{
+    STREAM_WRITE_BODY(f, int, DPS_REAL(vfprintf)(f, fmt, ap), r_ >= 0);
+}
+static int paired_vfprintf_chk(FILE *f, int flag, const char *fmt, va_list ap)
+{
+    STREAM_WRITE_BODY(f, int, DPS_REAL(__vfprintf_chk)(f, flag, fmt, ap), r_ >= 0);
+}
+
+DPS_EXPORT int vfprintf(FILE *f, const char *fmt, va_list ap) { return paired_vfprintf(f, fmt, ap); }
+DPS_EXPORT int __vfprintf_chk(FILE *f, int flag, const char *fmt, va_list ap)
+{
+    return paired_vfprintf_chk(f, flag, fmt, ap);
+}
+DPS_EXPORT int fprintf(FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = paired_vfprintf(f, fmt, ap);
+    va_end(ap);
+    return r;
+}
+DPS_EXPORT int __fprintf_chk(FILE *f, int flag, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = paired_vfprintf_chk(f, flag, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+#define PUTC_WRAPPER(name)                                                          \
+    DPS_EXPORT int name(int c, FILE *f) { STREAM_WRITE_BODY(f, int, DPS_REAL(name)(c, f), r_ != EOF); }
+PUTC_WRAPPER(fputc)
+PUTC_WRAPPER(putc)
+PUTC_WRAPPER(_IO_putc)
+PUTC_WRAPPER(fputc_unlocked)
+PUTC_WRAPPER(putc_unlocked)

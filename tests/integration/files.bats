@@ -425,3 +425,29 @@ full_disk() {
     assert_equal "$(stat -c %s bound.bin)" 3145728
     assert_equal "$(tail -c 65536 bound.bin | od -An -v -tu1 | tr -s ' \n' '\n' | sort -u | grep -v '^$')" 47
 }
+
+# fprintf, vfprintf, fputc and putc (and the fortified and _unlocked names a compiler emits for
+# them) on a gated stream pair by call as fwrite does: where the disk fills, each call returns on
+# every rank what it returns alone (rank 0's -1 and ENOSPC on the others too, whose stand-ins
+# are in memory), with the stream's error indicator; the job then exits 74 for rank 0's short file.
+@test "fprintf, vfprintf, fputc, putc on a full disk: every rank's results are the program alone's (plain, fortified)" {
+    unshare -m true 2>/dev/null || skip "no mount namespaces here (needs root)"
+    cd "$BATS_TEST_TMPDIR"
+    local bin r
+    for bin in file_semantics file_semantics_fortify; do
+        mkdir -p "alone.$bin" "kept.$bin"
+        timeout 60 unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs "$1" && "$2" "$1" "$3" full; cp -a "$1/." "$4/"' \
+            sh "$PWD/alone.$bin" "$BUILD/bin/$bin" "$PWD/alone.$bin.report" "kept.$bin"
+        grep -q '^call .*No space left on device' "alone.$bin.report.rank0" # the disk did fill
+        run small_disk 16k "disk.$bin" "out.$bin" 2 env DPSHIM_POLICY="$SRC/tests/integration/files/semantics.conf" \
+            LD_PRELOAD="$SHIM" "$BUILD/bin/$bin" "$PWD/disk.$bin" "$PWD/shim.$bin.report" full
+        echo "$bin: $output"
+        assert_equal "$status" 74
+        for r in 0 1; do
+            run diff "alone.$bin.report.rank0" "shim.$bin.report.rank$r"
+            echo "$bin rank $r: $output"
+            assert_success
+        done
+        cmp "out.$bin/ckpts/stdio.bin" "kept.$bin/ckpts/stdio.bin" # rank 0's file is the one alone left
+    done
+}

@@ -3,13 +3,16 @@
  * symbolic links, '..' through a link, exclusive creation, missing files and directories,
  * fsync/ftruncate/fallocate/mmap, O_TMPFILE + linkat, the save-to-temporary-then-rename idiom,
  * reading back what was just saved, a forked child that leaves with _exit, ...).
- *   file_semantics DIR REPORT     (DIR holds an empty ckpts/; policy files/semantics.conf)
+ *   file_semantics DIR REPORT [full]
+ * (DIR holds an empty ckpts/; policy files/semantics.conf). full: only formatted and character
+ * writes through stdio, each result, on a disk too small for them.
  * Run alone without the shim, then under mpirun with it: every rank's report must equal the
  * run alone's, and DIR must end as the run alone leaves it (files.bats). Each rank writes its
  * rank into what it saves, so a file written by another rank than 0 shows. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,10 +245,51 @@ static void children(void)
     show("ckpts/child.ckpt");
 }
 
+static int paired_vfprintf(FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int r = vfprintf(f, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* Formatted and character writes to a gated stream where the disk fills: each call's result,
+ * errno and the stream's error indicator (the same on every rank as alone), then fclose's. */
+static void stdio_on_full_disk(void)
+{
+    FILE *f = fopen("ckpts/stdio.bin", "w");
+    note("fopen stdio.bin", f ? 0 : -1);
+    if (!f) return;
+    char line[3001];
+    memset(line, 'x', 3000);
+    line[3000] = '\0';
+#ifdef __OPTIMIZE__
+    enum { KINDS = 4 }; /* optimized, the _unlocked forms are inline stores into the buffer */
+#else
+    enum { KINDS = 6 };
+#endif
+    for (int i = 0; i < 48; i++) {
+        int r = 0;
+        errno = 0;
+        switch (i % KINDS) {
+        case 0: r = fprintf(f, "%d %s\n", i, line); break;
+        case 1: r = paired_vfprintf(f, "%d %s\n", i, line); break;
+        case 2: r = fputc('c', f); break;
+        case 3: r = putc('p', f); break;
+        case 4: r = fputc_unlocked('C', f); break;
+        case 5: r = putc_unlocked('P', f); break;
+        }
+        fprintf(report, "call %d: %d %s, error indicator %d\n", i, r, r < 0 ? strerror(errno) : "ok", ferror(f) != 0);
+    }
+    note("fclose stdio.bin", fclose(f));
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: file_semantics DIR REPORT\n");
+    const char *mode = argc == 4 ? argv[3] : "";
+    if ((argc != 3 && argc != 4) || (argc == 4 && strcmp(mode, "full"))) {
+        fprintf(stderr, "usage: file_semantics DIR REPORT [full]\n");
         return 2;
     }
     rank = dp_rank ? dp_rank() : 0;
@@ -254,6 +298,13 @@ int main(int argc, char **argv)
     if (!(report = fopen(path, "w")) || chdir(argv[1]) != 0) {
         perror(argv[1]);
         return 1;
+    }
+    if (!strcmp(mode, "full")) {
+        mkdir("ckpts", 0755); /* on the small disk mounted at DIR: made by every rank, not noted */
+        train_step();
+        stdio_on_full_disk();
+        fprintf(report, "done\n");
+        return fclose(report) == 0 ? 0 : 1;
     }
     train_step(); /* a trainer's first collective (its parameters from rank 0) comes before it saves */
     modes_and_links();
