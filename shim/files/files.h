@@ -16,9 +16,11 @@
  *   - a lookup or an open that reads runs for real after rank 0's, so a file rank 0 wrote earlier
  *     is read whole, as rank 0 left it (read after write); the follower acknowledges it, and
  *     rank 0 changes no gated path before every follower made the reads of it rank 0 made.
- * Where no channel exists (children of a rank process, a rank-0 scope, a backend without one),
- * or the calls do not pair (another kind of call than rank 0's), the other ranks take rank 0's
- * call to have succeeded: their own tree cannot tell what rank 0's will be.
+ * The channel exists from the job's first collective or first gated call on (the interposers
+ * open the backend there in a program that calls hooks: interpose/posix_files.c). Where none
+ * exists (children of a rank process, a wrapper, a rank-0 scope, a backend without one), or the
+ * calls do not pair (another kind of call than rank 0's), the other ranks take rank 0's call to
+ * have succeeded: their own tree cannot tell what rank 0's will be.
  * The interposers in shim/interpose/ ask here and call the real function. */
 #ifndef DPS_FILES_H
 #define DPS_FILES_H

@@ -6,16 +6,22 @@
  * outcome: a call that changes the tree then returns it without being made; an open that writes
  * opens its sink through the same entry point. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/dps.h"
 #include "core/real.h"
+#include "engine/engine.h"
 #include "files/files.h"
+#include "files_channel.h"
 
 #define BYPASS() \
     (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim)
@@ -32,6 +38,103 @@
 
 DPS_REAL_DECLARE(int, close, (int));
 
+/* --- the channel from the first gated call on ------------------------------------------------
+ * Rank 0's outcomes go over the backend, which opens at the job's first collective. A gated call
+ * before it would leave the other ranks to decide alone (an O_EXCL open of a file rank 0 has,
+ * an open in a folder rank 0 has not made yet, a temporary whose rename rank 0 has not made),
+ * so the first gated call opens the backend itself, where the process is one that would open it
+ * at its first hook anyway:
+ *   - the process that talks for its rank (the rank process, or a child that took its place,
+ *     such as Python's once it imported torch), never a fork or another child: children never
+ *     talk to other ranks, and a wrapper's child (cp, a compiler) taking the place would leave
+ *     the trainer started after it outside the job;
+ *   - a program that calls hooks: one of its objects refers to the hook ABI (dp_*) or it runs on
+ *     libtorch (whose steps reach the hooks), or it holds the rank's place already. A shell, an
+ *     interpreter before its framework or /usr/bin/time never opens it: such a wrapper would
+ *     otherwise hold the rank's place (and MPI across an exec) that its trainer needs;
+ *   - outside rank-0 scopes and before the program's MPI_Finalize, as the channel itself.
+ * Opening is collective: it ends when every rank has opened the backend, at its own first
+ * gated call, first hook, or exit (the exit barrier opens it for a rank that never called a
+ * hook), so ranks that make a gated call on some ranks only still meet. Until then a rank waits
+ * under the guard, whose watchdog covers the opening: a rank that waits outside the shim for
+ * one that opens (a file it polls that no glob matches) ends the job after [guard] timeout,
+ * naming the opening, instead of hanging it. */
+static int refers_to_hooks; /* 0: not looked yet, 1: yes, -1: no */
+
+/* The address of an object's dynamic entry: glibc relocates most of them in place, the vDSO's
+ * are offsets. */
+static const void *dyn_ptr(const struct dl_phdr_info *info, ElfW(Addr) p)
+{
+    return (const void *)(p < info->dlpi_addr ? p + info->dlpi_addr : p);
+}
+
+/* The number of dynamic symbols, from the ELF or the GNU hash table. */
+static size_t dyn_symbols(const uint32_t *hash, const uint32_t *gnu)
+{
+    if (hash) return hash[1];
+    if (!gnu) return 0;
+    uint32_t nbuckets = gnu[0], offset = gnu[1], bloom = gnu[2];
+    const uint32_t *buckets = gnu + 4 + bloom * (sizeof(ElfW(Addr)) / 4), *chain = buckets + nbuckets;
+    uint32_t last = 0;
+    for (uint32_t b = 0; b < nbuckets; b++)
+        if (buckets[b] > last) last = buckets[b];
+    if (last < offset) return offset;
+    while (!(chain[last - offset] & 1)) last++;
+    return last + 1;
+}
+
+static int look_for_hooks(struct dl_phdr_info *info, size_t size, void *found)
+{
+    (void)size;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    const char *base = slash ? slash + 1 : info->dlpi_name ? info->dlpi_name : "";
+    if (!strncmp(base, "libtorch_cpu.so", 15)) return *(int *)found = 1;
+    Dl_info self;
+    if (dladdr((void *)dps_files_start_channel, &self) && (ElfW(Addr))self.dli_fbase == info->dlpi_addr)
+        return 0; /* this library defines them */
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
+        const ElfW(Sym) *sym = NULL;
+        const char *str = NULL;
+        const uint32_t *hash = NULL, *gnu = NULL;
+        for (const ElfW(Dyn) *d = (const void *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr); d->d_tag != DT_NULL; d++) {
+            if (d->d_tag == DT_SYMTAB) sym = dyn_ptr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_STRTAB) str = dyn_ptr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_HASH) hash = dyn_ptr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_GNU_HASH) gnu = dyn_ptr(info, d->d_un.d_ptr);
+        }
+        size_t n = sym && str ? dyn_symbols(hash, gnu) : 0;
+        for (size_t k = 1; k < n; k++)
+            if (sym[k].st_shndx == SHN_UNDEF && !strncmp(str + sym[k].st_name, "dp_", 3)) return *(int *)found = 1;
+    }
+    return 0;
+}
+
+void dps_files_start_channel(void)
+{
+    if (DPS_LIKELY(__atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE) != NULL) || dps_g.role != DPS_ROLE_RANK ||
+        dps_g.eff_size < 2 || atomic_load_explicit(&dps_g.forked, memory_order_relaxed) || dps_e.scope_depth ||
+        dps_e.released)
+        return;
+    int saved = errno;
+    dps_in_shim++;
+    int owner = dps_rank_owner();
+    if (owner != (int)getpid()) {
+        if (owner) goto out; /* a child of ours holds it: it talks for the rank */
+        if (!__atomic_load_n(&refers_to_hooks, __ATOMIC_RELAXED)) {
+            int found = 0;
+            dl_iterate_phdr(look_for_hooks, &found);
+            __atomic_store_n(&refers_to_hooks, found ? 1 : -1, __ATOMIC_RELAXED);
+        }
+        if (__atomic_load_n(&refers_to_hooks, __ATOMIC_RELAXED) < 0) goto out;
+    }
+    DPS_DEBUG("[files] a gated file call before the first collective: opening the backend for rank 0's outcomes");
+    dps_comm("the first gated file call"); /* claims the place where it is free; fatal where it cannot open */
+out:
+    dps_in_shim--;
+    errno = saved;
+}
+
 /* Rank 0's failure, as the follower's own. */
 #define LEADERS_RESULT(r) ((r).rc0 ? (errno = (r).err0, -1) : 0)
 
@@ -45,6 +148,7 @@ DPS_REAL_DECLARE(int, close, (int));
         dps_files_open(&r_, dirfd_, path_, flags_);                                 \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
+        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                  \
         if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
         int fd_ = CALL(r_.path, r_.flags);                                          \
         if (dps_files_done(&r_, fd_ >= 0)) {                                        \
@@ -66,6 +170,7 @@ DPS_REAL_DECLARE(int, close, (int));
         dps_files_path(&r_, op_, dirfd_, path_);                                    \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
+        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                  \
         if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
         int rc_ = CALL(r_.path);                                                    \
         return dps_files_done(&r_, rc_ == 0) ? rc_ : LEADERS_RESULT(r_);            \
@@ -82,6 +187,7 @@ DPS_REAL_DECLARE(int, close, (int));
         dps_files_pair(&ra_, &rb_, DPS_FOP_##op_, fda, a, fdb, b);                  \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
+        if (rb_.action != DPS_FILE_PASS) dps_files_start_channel();                 \
         if (rb_.action == DPS_FILE_FOLLOW) {                                        \
             dps_files_follow_pair(&ra_, &rb_);                                      \
             return LEADERS_RESULT(rb_);                                             \

@@ -13,6 +13,7 @@
 #include "core/dps.h"
 #include "core/real.h"
 #include "files/files.h"
+#include "files_channel.h"
 
 /* The open(2) flags that an fopen mode string stands for. */
 static int mode_flags(const char *mode)
@@ -50,6 +51,7 @@ DPS_REAL_DECLARE(int, fclose, (FILE *));
         dps_files_open(&r_, AT_FDCWD, path_, mode_flags(mode_));                    \
         dps_in_shim--;                                                              \
         errno = saved_;                                                             \
+        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                  \
         if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) {               \
             FAILED;                                                                 \
             errno = r_.err0;                                                        \

@@ -188,14 +188,14 @@ tree() {
     done)
 }
 
-# semantics BIN N: file_semantics alone without the shim, then at np=N with it; every rank's
-# report and the tree must be the run alone's.
+# semantics BIN N [early]: file_semantics alone without the shim, then at np=N with it; every
+# rank's report and the tree must be the run alone's.
 semantics() {
-    local bin=$1 n=$2 alone=$BATS_TEST_TMPDIR/alone shim=$BATS_TEST_TMPDIR/shim
+    local bin=$1 n=$2 mode=${3:-} alone=$BATS_TEST_TMPDIR/alone shim=$BATS_TEST_TMPDIR/shim
     mkdir -p "$alone/ckpts" "$shim/ckpts"
-    "$BUILD/bin/$bin" "$alone" "$BATS_TEST_TMPDIR/alone.report"
+    "$BUILD/bin/$bin" "$alone" "$BATS_TEST_TMPDIR/alone.report" $mode
     run mpi "$n" env DPSHIM_POLICY="$SRC/tests/integration/files/semantics.conf" LD_PRELOAD="$SHIM" \
-        "$BUILD/bin/$bin" "$shim" "$BATS_TEST_TMPDIR/shim.report"
+        "$BUILD/bin/$bin" "$shim" "$BATS_TEST_TMPDIR/shim.report" $mode
     echo "$output"
     assert_success
     for r in $(seq 0 $((n - 1))); do
@@ -216,6 +216,28 @@ semantics() {
 }
 @test "rank0_only paths at np=2, -O2 -D_FORTIFY_SOURCE=2: as the program alone" { semantics file_semantics_fortify 2; }
 @test "rank0_only paths at np=4, fortified, 64-bit offsets: as the program alone" { semantics file_semantics_fortify64 4; }
+
+# Before the job's first collective too: the first gated call opens the backend, so O_EXCL on a
+# file rank 0 has, a folder rank 0 has not made yet, a missing file, a save through a temporary
+# and a per_rank log in a rank0_only folder made just before all come out as alone.
+@test "rank0_only paths before the first collective at np=3: as the program alone" { semantics file_semantics 3 early; }
+@test "rank0_only paths before the first collective at np=2, fortified, 64-bit offsets: as alone" {
+    semantics file_semantics_fortify64 2 early
+}
+
+# Only a program that calls hooks opens the backend at a gated call: a wrapper (a shell line)
+# that writes a rank0_only file before it starts the trainer leaves the rank's place to it.
+@test "a shell line that writes a rank0_only file, then starts the trainer: the trainer is the rank (np=2)" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" sh -c 'echo started >run.ckpt; "$@"; echo shell done' \
+        sh "$TRAINER" --steps 5 --no-eval --save m.ckpt
+    echo "$output"
+    assert_success
+    refute_output --partial "nothing was distributed"
+    refute_output --partial "children never enter collectives"
+    assert_equal "$(count "shell done")" 2
+    assert_equal "$(cat run.ckpt)" started
+}
 
 @test "the save-to-temporary idiom with a temporary no glob matches: every save lands, and the policy says what to add" {
     cd "$BATS_TEST_TMPDIR"

@@ -3,9 +3,10 @@
  * symbolic links, '..' through a link, exclusive creation, missing files and directories,
  * fsync/ftruncate/fallocate/mmap, O_TMPFILE + linkat, the save-to-temporary-then-rename idiom,
  * reading back what was just saved, a forked child that leaves with _exit, ...).
- *   file_semantics DIR REPORT [full]
- * (DIR holds an empty ckpts/; policy files/semantics.conf). full: only formatted and character
- * writes through stdio, each result, on a disk too small for them.
+ *   file_semantics DIR REPORT [early | full]
+ * (DIR holds an empty ckpts/; policy files/semantics.conf). early: the cases come before the
+ * job's first collective, as in a program that prepares its folders before it trains. full:
+ * only formatted and character writes through stdio, each result, on a disk too small for them.
  * Run alone without the shim, then under mpirun with it: every rank's report must equal the
  * run alone's, and DIR must end as the run alone leaves it (files.bats). Each rank writes its
  * rank into what it saves, so a file written by another rank than 0 shows. */
@@ -107,6 +108,10 @@ static void errors(void)
     note("O_EXCL new", save("ckpts/x", O_CREAT | O_EXCL | O_WRONLY, 0644, "x"));
     note("O_EXCL existing", open("ckpts/x", O_CREAT | O_EXCL | O_WRONLY, 0644));
     note("O_CREAT in a missing directory", open("ckpts/nodir/f", O_CREAT | O_WRONLY, 0644));
+    note("O_RDONLY, missing", open("ckpts/missing.bin", O_RDONLY));
+    FILE *r = fopen("ckpts/missing.bin", "r");
+    note("fopen r, missing", r ? 0 : -1);
+    if (r) fclose(r);
     FILE *f = fopen("ckpts/x", "wx");
     note("fopen wx existing", f ? 0 : -1);
     if (f) fclose(f);
@@ -288,8 +293,8 @@ static void stdio_on_full_disk(void)
 int main(int argc, char **argv)
 {
     const char *mode = argc == 4 ? argv[3] : "";
-    if ((argc != 3 && argc != 4) || (argc == 4 && strcmp(mode, "full"))) {
-        fprintf(stderr, "usage: file_semantics DIR REPORT [full]\n");
+    if ((argc != 3 && argc != 4) || (argc == 4 && strcmp(mode, "early") && strcmp(mode, "full"))) {
+        fprintf(stderr, "usage: file_semantics DIR REPORT [early | full]\n");
         return 2;
     }
     rank = dp_rank ? dp_rank() : 0;
@@ -306,14 +311,17 @@ int main(int argc, char **argv)
         fprintf(report, "done\n");
         return fclose(report) == 0 ? 0 : 1;
     }
-    train_step(); /* a trainer's first collective (its parameters from rank 0) comes before it saves */
+    if (!strcmp(mode, "early"))
+        children(); /* a folder prepared, and a log in it, before anything else */
+    else
+        train_step(); /* a trainer's first collective (its parameters from rank 0) comes before it saves */
     modes_and_links();
     errors();
     like_a_file();
     tree_calls();
     save_idioms();
     read_after_write();
-    children();
+    if (strcmp(mode, "early")) children();
     fprintf(report, "done\n");
     return fclose(report) == 0 ? 0 : 1;
 }
