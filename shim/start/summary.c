@@ -64,9 +64,9 @@ void dps_summary_at_exit(void)
     ADD(", %.1f s: %llu steps, %llu collectives, %.1f MB reduced per rank", (double)me->wall_ns * 1e-9,
         (unsigned long long)me->steps, (unsigned long long)me->collectives, (double)me->bytes / 1e6);
     if (me->collectives)
-        ADD("; in collectives %.1f%% of the wall time (mean of the ranks): %.1f%% waiting for other ranks, %.1f%% "
-            "moving data",
-            100 * in_coll, 100 * waiting, 100 * (in_coll - waiting));
+        ADD("; in collectives %.1f%% of the wall time (waiting there for the last rank to arrive: %.1f%%; means of "
+            "the ranks)",
+            100 * in_coll, 100 * waiting);
     char who[128];
     /* under 1% of the time the ranks arrive together, and which one came last is chance */
     if (heard > 1 && me->collectives && waiting >= 0.01)
