@@ -16,6 +16,7 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
     local lib=$STAGE/$(libdir) f
     for f in "$lib/libdpshim.so" "$lib/dpshim/libdpshim-mpi.so" "$lib/dpshim/libdpshim-nccl.so" \
         "$lib/dpshim/python/dpshim_torch.py" "$lib/dpshim/python/sitecustomize.py" "$STAGE/bin/dpshim-diag" \
+        "$STAGE/bin/dpshim-run" \
         "$STAGE/libexec/dpshim/dpshim-bench" "$STAGE/libexec/dpshim/libdpshim-bench.so" \
         "$STAGE/libexec/dpshim/bench_torch.py" "$STAGE/include/dpshim/hooks.h" "$lib/pkgconfig/dpshim.pc" \
         "$lib/cmake/dpshim/dpshimConfig.cmake" "$lib/cmake/dpshim/dpshimConfigVersion.cmake" \
@@ -37,9 +38,9 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
     done < <(find "$STAGE" -type f)
 }
 
-@test "man pages: dpshim(7), dpshim-diag(1), and dpshim.conf(5) with every key and variable" {
+@test "man pages: dpshim(7), dpshim-diag(1), dpshim-run(1), and dpshim.conf(5) with every key and variable" {
     local man=$STAGE/share/man f
-    for f in man7/dpshim.7 man1/dpshim-diag.1 man5/dpshim.conf.5; do
+    for f in man7/dpshim.7 man1/dpshim-diag.1 man1/dpshim-run.1 man5/dpshim.conf.5; do
         [ -s "$man/$f" ] || fail "missing: $man/$f"
         if command -v groff >/dev/null; then
             run groff -man -Tutf8 -ww -z "$man/$f"
@@ -156,7 +157,7 @@ CM
     fi
     run dpkg-deb -c "${deb[0]}"
     for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch.py \
-        ./usr/bin/dpshim-diag ./usr/libexec/dpshim/dpshim-bench; do
+        ./usr/bin/dpshim-diag ./usr/bin/dpshim-run ./usr/libexec/dpshim/dpshim-bench; do
         assert_output --partial " $f"
     done
     run dpkg-deb -c "${dev[0]}"
@@ -170,9 +171,18 @@ CM
     fi
     dpkg -i "${deb[0]}" "${dev[0]}" >/dev/null
     run mpi 2 env LD_PRELOAD=libdpshim.so "$BUILD/bin/fork_workers"
+    local bare=$output bare_status=$status
+    # the launcher, by its name on PATH, with the installed library by its full path
+    run timeout --kill-after=10 "$MPI_TIMEOUT" dpshim-run -np 2 --oversubscribe "$BUILD/bin/fork_workers"
+    local launched=$output launched_status=$status
     dpkg -r dpshim-dev dpshim >/dev/null
-    echo "$output"
-    assert_success
-    assert_equal "$(grep -oE 'fork_workers rank [01]: ok' <<<"$output" | wc -l)" 2
+    echo "$bare"
+    echo "$launched"
+    [ "$bare_status" = 0 ] || fail "LD_PRELOAD=libdpshim.so failed"
+    assert_equal "$(grep -oE 'fork_workers rank [01]: ok' <<<"$bare" | wc -l)" 2
+    [ "$launched_status" = 0 ] || fail "dpshim-run failed"
+    grep -q "^dpshim-run: .*mpirun --bind-to none -np 2 --oversubscribe env LD_PRELOAD=/usr/lib/libdpshim.so " <<<"$launched" ||
+        fail "dpshim-run did not preload /usr/lib/libdpshim.so"
+    assert_equal "$(grep -oE 'fork_workers rank [01]: ok' <<<"$launched" | wc -l)" 2
     [ ! -e /usr/lib/libdpshim.so ] || fail "dpkg -r left /usr/lib/libdpshim.so"
 }

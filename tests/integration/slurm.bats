@@ -55,6 +55,20 @@ STEPS=(--steps 50 --no-eval)
     assert_success
 }
 
+@test "dpshim-run inside an allocation: srun --mpi=pmix with the library's full path, as mpirun" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_FILES_RANK0_ONLY='*.ckpt' LD_PRELOAD="$SHIM" "$TRAINER" "${STEPS[@]}" --save mpirun.ckpt
+    assert_success
+    run timeout 180 sbatch -O -n 2 --wait -o run.out --wrap "DPSHIM_FILES_RANK0_ONLY='*.ckpt' \
+        '$BUILD/bin/dpshim-run' '$TRAINER' ${STEPS[*]} --save run.ckpt"
+    cat run.out
+    assert_success
+    grep -q "^dpshim-run: srun --mpi=pmix --cpu-bind=none env LD_PRELOAD=$(readlink -f "$SHIM") $TRAINER" run.out ||
+        fail "dpshim-run did not choose srun"
+    run "$CKPT" same mpirun.ckpt run.ckpt
+    assert_success
+}
+
 @test "srun without PMIx (--mpi=pmi2, --mpi=none): every rank stops at once with the line that works" {
     for mpi in pmi2 none; do
         local start=$SECONDS

@@ -1,0 +1,124 @@
+#!/usr/bin/env bats
+# dpshim-run, the launcher: the line it prints and runs (the library by its full path, no one-core
+# binding, the root variables where needed, the policy and DPSHIM_* variables passed on), its
+# refusals, and jobs it starts from the build tree, a prefix install and as another user. The
+# Debian package's copy is tested in install.bats, srun's in slurm.bats.
+load helpers
+
+RUN=$BUILD/bin/dpshim-run
+
+# line ARGS...: the line dpshim-run prints for ARGS (--dry-run), without its "dpshim-run: " prefix.
+line() { "$RUN" --dry-run "$@" 2>&1 | sed -n 's/^dpshim-run: //p'; }
+
+@test "dpshim-run -np 2 PROGRAM: a data-parallel job, with the line it runs printed first" {
+    cd "$BATS_TEST_TMPDIR"
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+        "$RUN" -np 2 --oversubscribe "$BUILD/bin/guard_faults" 3
+    echo "$output"
+    assert_success
+    local root=
+    [ "$(id -u)" != 0 ] || root="OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+    assert_line "dpshim-run: ${root}mpirun --bind-to none -np 2 --oversubscribe env LD_PRELOAD=$(readlink -f "$SHIM") $BUILD/bin/guard_faults 3"
+    # distributed: both ranks summed over 2 ranks, and rank 0's summary
+    assert_output --partial "rank 0 finished 3 steps, 2 ranks"
+    assert_output --partial "rank 1 finished 3 steps, 2 ranks"
+    assert_output --partial "SUMMARY 2 ranks on 1 host"
+}
+
+@test "dpshim-run's line: the user's binding, options and arguments kept, the policy and variables passed on" {
+    cd "$BATS_TEST_TMPDIR"
+    local lib
+    lib=$(readlink -f "$SHIM")
+    # a binding of the user's own: no --bind-to none; the program's own options stay its own
+    run line -np 4 --bind-to core --map-by socket ./train.py --epochs 3 -x 1
+    assert_output --regexp "mpirun -np 4 --bind-to core --map-by socket env LD_PRELOAD=$lib ./train.py --epochs 3 -x 1\$"
+    run line -np 2 --map-by ppr:1:node:PE=2 ./t
+    assert_output --regexp "mpirun -np 2 --map-by ppr:1:node:PE=2 env "
+    run line -np 2 --mca btl self,vader -H a,b python3 t.py "a b"
+    assert_output --regexp "mpirun --bind-to none -np 2 --mca btl self,vader -H a,b env LD_PRELOAD=$lib python3 t.py a\\\\ b\$"
+    # DPSHIM_* variables to every node; a relative DPSHIM_POLICY made absolute
+    printf '[output]\nstdout = rank0\n' >p.conf
+    run env DPSHIM_POLICY=p.conf DPSHIM_DATA_MODE=scale "$RUN" --dry-run -np 2 ./t
+    assert_output --regexp "DPSHIM_POLICY=$BATS_TEST_TMPDIR/p.conf mpirun --bind-to none -np 2 -x DPSHIM_DATA_MODE -x DPSHIM_POLICY env "
+    # ./dpshim.conf, found where the job starts, named for every rank
+    mv p.conf dpshim.conf
+    run line -np 2 ./t
+    assert_output --regexp "DPSHIM_POLICY=$BATS_TEST_TMPDIR/dpshim.conf mpirun --bind-to none -np 2 -x DPSHIM_POLICY env "
+    rm dpshim.conf
+    # an option this tool does not know ends with '--' before the program
+    run line -np 2 --some-new-option value -- ./t
+    assert_output --regexp "mpirun --bind-to none -np 2 --some-new-option value env LD_PRELOAD=$lib ./t\$"
+    # srun: its own words
+    run line --launcher srun -np 3 -l ./t
+    assert_output "srun --mpi=pmix --cpu-bind=none -n 3 -l env LD_PRELOAD=$lib ./t"
+    run line --launcher srun -n3 --cpu-bind=cores ./t
+    assert_output "srun --mpi=pmix -n3 --cpu-bind=cores env LD_PRELOAD=$lib ./t"
+}
+
+@test "dpshim-run refuses what would go wrong: a library that does not load, no rank count, an unknown option" {
+    cd "$BATS_TEST_TMPDIR"
+    run "$RUN" --lib /etc/passwd -np 2 "$BUILD/bin/guard_faults" 3
+    assert_failure 2
+    assert_output --partial "dpshim-run: /etc/passwd does not load: "
+    assert_output --partial "cannot be preloaded"
+    refute_output --partial "finished"
+    run env DPSHIM_LIB=$BATS_TEST_TMPDIR/none.so "$RUN" -np 2 ./t
+    assert_failure 2
+    assert_output "dpshim-run: --lib $BATS_TEST_TMPDIR/none.so: no such file"
+    run "$RUN" ./t
+    assert_failure 2
+    assert_output --partial "give -np N"
+    run "$RUN" -np 2 --frob 3 ./t
+    assert_failure 2
+    assert_output --partial "--frob: not an option of mpirun that this tool knows; end the launcher's options with '--'"
+    run "$RUN" --launcher torchrun -np 2 ./t
+    assert_failure 2
+    assert_output --partial "unknown; use mpirun or srun"
+    run "$RUN" -np 2
+    assert_failure 2
+    assert_output --partial "no program to run"
+    run "$RUN" --help
+    assert_success
+    assert_output --partial "usage: dpshim-run"
+}
+
+@test "dpshim-run from a prefix install finds its own library, with nothing on the loader's path" {
+    local stage=$BATS_TEST_TMPDIR/stage
+    cmake --install "$BUILD" --prefix "$stage" >/dev/null
+    cd "$BATS_TEST_TMPDIR"
+    # the mission's line with the bare name: the loader finds no libdpshim.so, ignores the
+    # preload, and every rank runs alone (the pitfall dpshim-run avoids)
+    run mpi 2 env LD_PRELOAD=libdpshim.so "$BUILD/bin/guard_faults" 3
+    assert_output --partial "cannot be preloaded"
+    run timeout --kill-after=10 "$MPI_TIMEOUT" "$stage/bin/dpshim-run" -np 2 --oversubscribe "$BUILD/bin/guard_faults" 3
+    echo "$output"
+    assert_success
+    local lib
+    lib=$(find "$stage" -name libdpshim.so)
+    assert_output --partial "env LD_PRELOAD=$lib $BUILD/bin/guard_faults 3"
+    assert_output --partial "rank 1 finished 3 steps, 2 ranks"
+    refute_output --partial "cannot be preloaded"
+}
+
+@test "dpshim-run as a user other than root: no root variables, the job runs" {
+    [ "$(id -u)" = 0 ] || skip "needs root to become another user"
+    command -v setpriv >/dev/null || skip "no setpriv (util-linux)"
+    # an install and a program in a directory the user can reach (bats's and the build tree's
+    # may be root's alone)
+    local home
+    home=$(mktemp -d /tmp/dpshim-run-nobody.XXXXXX)
+    cmake --install "$BUILD" --prefix "$home/stage" >/dev/null
+    cp "$BUILD/bin/guard_faults" "$home/"
+    chmod -R a+rX "$home" && chmod 777 "$home"
+    cd "$home"
+    run timeout --kill-after=10 "$MPI_TIMEOUT" setpriv --reuid=nobody --regid=nogroup --clear-groups \
+        env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM HOME="$home" \
+        "$home/stage/bin/dpshim-run" -np 2 --oversubscribe ./guard_faults 3
+    echo "$output"
+    local lib
+    lib=$(find "$home/stage" -name libdpshim.so)
+    cd / && rm -rf "$home"
+    assert_success
+    assert_line "dpshim-run: mpirun --bind-to none -np 2 --oversubscribe env LD_PRELOAD=$lib ./guard_faults 3"
+    assert_output --partial "rank 1 finished 3 steps, 2 ranks"
+}
