@@ -14,6 +14,7 @@
 #include "core/real.h"
 #include "files/files.h"
 #include "files_channel.h"
+#include "output/output.h"
 
 /* The open(2) flags that an fopen mode string stands for. */
 static int mode_flags(const char *mode)
@@ -126,9 +127,11 @@ DPS_EXPORT int fflush(FILE *f) { STREAM_BODY(f, FLUSH, DPS_REAL(fflush)(f)); }
 /* Writes to a gated stream, paired by call (files.h): rank 0's outcome of each is told to the
  * others; another rank's call returns what rank 0's returned where that failed, with rank 0's
  * errno and the stream's error indicator set, and is made for real otherwise. T is the call's
- * result type, CALL the real call, OK whether a result r_ is a success. */
+ * result type, CALL the real call, OK whether a result r_ is a success. A write to stderr first
+ * lets output.c make a wrapper's stderr line buffered. */
 #define STREAM_WRITE_BODY(f_, T, CALL, OK)                                          \
     do {                                                                            \
+        if (DPS_UNLIKELY((f_) == stderr)) dps_output_wrapper_stderr();              \
         if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim) \
             return CALL;                                                            \
         uint64_t id_, k_;                                                           \

@@ -7,4 +7,8 @@
 /* In the rank process's constructor; -1 with errno when the redirection cannot be set up. */
 int dps_output_setup(const dps_state_t *s);
 
+/* Before a stdio write to stderr (the interposers): in a wrapper, whose trainer (a child) took
+ * the rank's place, stderr becomes line buffered (output.c says why). */
+void dps_output_wrapper_stderr(void);
+
 #endif

@@ -61,3 +61,19 @@ SH
         assert_line "[r$r] after"
     done
 }
+
+# A wrapper's own report when its trainer ends: /usr/bin/time -v writes it to stderr one
+# character at a time, and the exit barrier ends every rank's trainer at the same moment, so
+# the ranks' reports used to come out interleaved character by character (a line torn on one
+# rank in about 1 run of 3). A wrapper's stderr is line buffered: every line whole, every run.
+@test "a wrapper's report after the trainer ends (/usr/bin/time -v): every line whole on every rank, 10 runs at np=3" {
+    [ -x /usr/bin/time ] || skip "no /usr/bin/time"
+    local labels='Command being timed|User time|System time|Percent of CPU|Elapsed|Average shared|Average unshared|Average stack|Average total|Maximum resident|Average resident|Major|Minor|Voluntary|Involuntary|Swaps|File system inputs|File system outputs|Socket messages sent|Socket messages received|Signals delivered|Page size|Exit status'
+    local i
+    for i in $(seq 10); do
+        run mpi 3 env LD_PRELOAD="$SHIM" /usr/bin/time -v "$TRAINER" --steps 1 --no-eval
+        assert_success
+        # 23 lines on each of 3 ranks, each a whole "label: value" line
+        assert_equal "$(grep -cE "^	($labels)[^	]*: [^	]*\$" <<<"$output")" 69 || { echo "run $i: $output"; false; }
+    done
+}
