@@ -19,9 +19,9 @@
 
 #include "backends/device.h"
 #include "core/dtype.h"
+#include "common.h"
 #include "device.h"
 #include "diag/diag.h"
-#include "engine.h"
 #include "gpu/where.h"
 #include "guard/guard.h"
 
@@ -33,13 +33,7 @@ static struct {
     int dev;
     unsigned char *pinned[2];
     size_t pinned_bytes;
-    /* gradients announced by dp_grad_ready: pending (not yet queued) and queued this step */
-    dp_tensor *pending;
-    size_t npending, cap_pending, pending_bytes;
-    const void **queued;
-    size_t nqueued, cap_queued;
-    dp_tensor *rest; /* dp_grads: what is left to queue */
-    size_t cap_rest;
+    dps_ready_t ready; /* gradients announced by dp_grad_ready: pending, and queued this step */
     /* the lists a hook call's tensors are split into (dps_device_split) */
     dp_tensor *host, *device;
     size_t cap_host, cap_device;
@@ -103,7 +97,7 @@ static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
     if (!all) dps_fatal("GPU set-up: out of memory for %zu ranks' device information", n);
     all[dps_g.eff_rank] = *mine;
     dp_tensor t = {all, n * sizeof *all, DP_U8, DP_HOST, "device info"};
-    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
+    dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
     return all;
 }
 
@@ -143,7 +137,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
         if (!id[128]) snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
     }
     dp_tensor t = {id, sizeof id, DP_U8, DP_HOST, "NCCL id"};
-    dps_fused("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+    dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
     /* NCCL makes the communicator on the current device: the tensors', not whatever the
      * program left current */
@@ -551,51 +545,36 @@ int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor 
 
 static void flush_pending(const dps_backend_t *be, dps_weight_t w)
 {
-    if (!dv.npending) return;
-    if (dps_grow((void **)&dv.queued, &dv.cap_queued, dv.nqueued + dv.npending, sizeof *dv.queued))
-        dps_fatal("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.nqueued + dv.npending);
-    run("dp_grad_ready", be, dv.pending, dv.npending, DPS_FUSE_GRADS, w, DPS_RED_SUM, dv.mode == MODE_STAGED);
-    for (size_t i = 0; i < dv.npending; i++) dv.queued[dv.nqueued++] = dv.pending[i].data;
-    dv.npending = dv.pending_bytes = 0;
+    if (!dv.ready.npending) return;
+    if (dps_ready_reserve(&dv.ready))
+        dps_fatal("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.ready.nhanded + dv.ready.npending);
+    run("dp_grad_ready", be, dv.ready.pending, dv.ready.npending, DPS_FUSE_GRADS, w, DPS_RED_SUM,
+        dv.mode == MODE_STAGED);
+    dps_ready_handed_on(&dv.ready);
 }
 
 int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weight_t w)
 {
     if (dps_check_tensors("dp_grad_ready", t, 1, 1)) return -1;
-    if (dps_grow((void **)&dv.pending, &dv.cap_pending, dv.npending + 1, sizeof *dv.pending)) {
-        DPS_ERROR("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.npending + 1);
+    size_t bytes = t->count * dps_dtype_size(t->dtype);
+    if (dps_ready_add(&dv.ready, t, bytes)) {
+        DPS_ERROR("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.ready.npending + 1);
         return -1;
     }
-    dv.pending[dv.npending++] = *t;
-    size_t bytes = t->count * dps_dtype_size(t->dtype);
-    dv.pending_bytes += bytes;
     /* a full bucket, or a tensor that travels alone, is queued now: the GPU reduces it while the
      * framework's backward goes on */
-    if (dv.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) flush_pending(be, w);
-    return 0;
-}
-
-int dps_device_announced(const void *data)
-{
-    for (size_t i = 0; i < dv.nqueued; i++)
-        if (dv.queued[i] == data) return 1;
-    for (size_t i = 0; i < dv.npending; i++)
-        if (dv.pending[i].data == data) return 1;
+    if (dv.ready.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) flush_pending(be, w);
     return 0;
 }
 
 int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_weight_t w)
 {
     if (dps_check_tensors("dp_grads", t, n, 1)) return -1;
-    size_t m = 0;
-    if (dps_grow((void **)&dv.rest, &dv.cap_rest, dv.npending + n, sizeof *dv.rest))
-        dps_fatal("dp_grads: out of memory for %zu GPU gradients", dv.npending + n);
-    for (size_t i = 0; i < dv.npending; i++) dv.rest[m++] = dv.pending[i];
-    for (size_t i = 0; i < n; i++)
-        if (!dps_device_announced(t[i].data)) dv.rest[m++] = t[i];
-    int any_queued = dv.nqueued > 0;
-    dv.npending = dv.pending_bytes = dv.nqueued = 0;
-    if (m) run("dp_grads", be, dv.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM, 1);
+    int any_queued = dv.ready.nhanded > 0;
+    size_t m;
+    if (dps_ready_complete(&dv.ready, t, n, &m))
+        dps_fatal("dp_grads: out of memory for %zu GPU gradients", dv.ready.npending + n);
+    if (m) run("dp_grads", be, dv.ready.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM, 1);
     else if (any_queued) {
         /* everything went during backward: wait for it here, as the guard's collective */
         int prev = dv.gpu->use(dv.dev);
@@ -606,7 +585,7 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_
     return 0;
 }
 
-int dps_device_outstanding(void) { return dv.npending + dv.nqueued > 0; }
+int dps_device_outstanding(void) { return dps_ready_outstanding(&dv.ready); }
 
 static void gpu_at_exit(void)
 {

@@ -20,8 +20,6 @@ int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor 
 
 /* dp_grad_ready with a device tensor: full buckets are queued at once and not waited for. */
 int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weight_t w);
-/* Whether dp_grad_ready saw this device gradient in this step. */
-int dps_device_announced(const void *data);
 /* dp_grads's device tensors t[0..n): the ones not yet announced and the pending ones queued,
  * then everything of this step waited for. */
 int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_weight_t w);

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-dps_engine_t dps_e;
 static const dps_files_channel_t files_channel; /* below, next to the backend's opening */
 
 DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)

@@ -79,16 +79,11 @@ static inline uint64_t dps_total_count(const dp_tensor *t, size_t n)
     return c;
 }
 
-/* A framework's bad tensor (no data, invalid dtype; on a GPU where device_ok is 0), named before
- * any collective starts: 0, or -1 after logging. */
-int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok);
-
-/* Reduce (float elements weighted by w; scale 0 gives exact zeros) or broadcast from
- * rank 0 the tensors t[0..n) in place, packed into buckets of [comm] bucket_mb; tensors of a
- * bucket's size or more go to the backend in place. Returns 0, or -1 after logging. */
-int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-              dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
-/* dps_fused for a list already known to be in host memory (no look for GPU tensors). */
+/* The host path (fusion.c): reduce (float elements weighted by w; scale 0 gives exact zeros) or
+ * broadcast from rank 0 the tensors t[0..n), all in host memory, in place, packed into buckets of
+ * [comm] bucket_mb; tensors of a bucket's size or more go to the backend in place. Returns 0, or
+ * -1 after logging. The hooks (hooks.c) decide what goes here and what to the GPU path
+ * (device.c), which stages through here where it must. */
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
                    dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
 

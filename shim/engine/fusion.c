@@ -5,8 +5,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
-#include "device.h"
-#include "engine.h"
+#include "common.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
 
@@ -87,27 +86,6 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
         return;
     }
     for (uint64_t j = 0; j < k; j++) store_half(dst, t->dtype, j, (float)dps_scaled(f[j], post)); /* from f32 */
-}
-
-int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (t[i].count && !t[i].data) {
-            DPS_ERROR("%s: tensor %zu (%s) has %llu elements but no data", hook, i, dps_tensor_name(&t[i]),
-                      (unsigned long long)t[i].count);
-            return -1;
-        }
-        if (!dps_dtype_size(t[i].dtype)) {
-            DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, dps_tensor_name(&t[i]), t[i].dtype);
-            return -1;
-        }
-        if (t[i].device != DP_HOST && !device_ok) { /* dps_fused and the hooks sort GPU tensors out before this */
-            DPS_ERROR("%s: tensor %zu (%s) is on CUDA device %d where only host tensors can go", hook, i,
-                      dps_tensor_name(&t[i]), t[i].device);
-            return -1;
-        }
-    }
-    return 0;
 }
 
 /* One collective on buf (one tensor, or a bucket); a reduction weights what goes in by `pre` and
@@ -222,22 +200,6 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
 int dps_barrier(const char *hook, const dps_backend_t *be)
 {
     return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0);
-}
-
-int dps_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-              dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
-{
-    dp_tensor *host, *device;
-    size_t nhost, ndevice;
-    dps_guard_tensors(t, n);
-    int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
-    if (DPS_LIKELY(split == 0)) return fuse(&main_lane, hook, be, t, n, kind, w, op);
-    if (split < 0) return -1;
-    /* every tensor is checked before the first collective, GPU ones too */
-    if (dps_check_tensors(hook, t, n, 1)) return -1;
-    /* host tensors first, then the GPU's: the same order on every rank */
-    if (nhost && fuse(&main_lane, hook, be, host, nhost, kind, w, op)) return -1;
-    return dps_device_fused(hook, be, device, ndevice, kind, w, op);
 }
 
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "core/dtype.h"
-#include "engine.h"
+#include "common.h"
 #include "device.h"
 #include "diag/diag.h"
 #include "guard/guard.h"
@@ -34,12 +34,28 @@ static int null_list(const char *hook, const void *p, size_t n)
     return -1;
 }
 
+/* A collective of the hooks on t[0..n): where every tensor is in host memory (the common case,
+ * known at a glance) the host path, else the host's tensors then the GPU's, the same order on
+ * every rank; every tensor is checked before the first collective, GPU ones too. */
+static int collective(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                      dps_weight_t w, dps_redop_t op)
+{
+    dp_tensor *host, *device;
+    size_t nhost, ndevice;
+    int split = dps_device_split(t, n, &host, &nhost, &device, &ndevice);
+    if (DPS_LIKELY(split == 0)) return dps_fused_host(hook, be, t, n, kind, w, op);
+    if (split < 0 || dps_check_tensors(hook, t, n, 1)) return -1;
+    dps_guard_tensors(t, n);
+    if (nhost && dps_fused_host(hook, be, host, nhost, kind, w, op)) return -1;
+    return dps_device_fused(hook, be, device, ndevice, kind, w, op);
+}
+
 static int params_(dp_tensor *t, size_t n)
 {
     if (null_list("dp_params", t, n)) return -1;
     dps_guard_params(t, n);
     const dps_backend_t *be = dps_comm("dp_params");
-    return be ? dps_fused("dp_params", be, t, n, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;
+    return be ? collective("dp_params", be, t, n, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;
 }
 
 /* Each owner's tensors as broadcasts from it, owners in rank order: every rank walks the same
@@ -64,7 +80,7 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
             if (owner[i] == r) group[m++] = t[i];
         if (!m) continue;
         dps_e.bcast_root = r;
-        int rc = dps_fused("dp_from_owners", be, group, m, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+        int rc = collective("dp_from_owners", be, group, m, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
         dps_e.bcast_root = 0;
         if (rc) return rc;
     }
@@ -77,7 +93,7 @@ static int seed_(uint64_t *seed)
     const dps_backend_t *be = dps_comm("dp_seed");
     if (!be) return 0;
     dp_tensor t = {seed, 1, DP_I64, DP_HOST, "seed"};
-    return dps_fused("dp_seed", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+    return collective("dp_seed", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
 }
 
 /* This rank's share of a global batch of n in split mode (all of it in scale mode), noted for the
@@ -140,18 +156,13 @@ static dps_weight_t grad_weight(void)
     return (dps_weight_t){1.0 / dps_g.eff_size, 0};
 }
 
-/* Gradients announced by dp_grad_ready in this step: pending (not yet reduced) and done. Grown
- * to the model's size in the first steps, then reused. */
+/* Gradients in host memory announced by dp_grad_ready in this step (the GPU's are device.c's).
+ * Grown to the model's size in the first steps, then reused. */
+static dps_ready_t ready;
 static struct {
-    dp_tensor *pending;
-    size_t npending, cap_pending, pending_bytes;
-    const void **done;
-    size_t ndone, cap_done;
-    dp_tensor *rest;
-    size_t cap_rest;
-    int submitted; /* [comm] overlap: groups handed to the progress thread in this step */
+    int submitted;            /* [comm] overlap: groups handed to the progress thread in this step */
     uint64_t submitted_count; /* and their elements */
-} ready;
+} overlap;
 
 /* Hands t[0..n) to the progress thread as one group. */
 static int submit(const dp_tensor *t, size_t n)
@@ -159,21 +170,19 @@ static int submit(const dp_tensor *t, size_t n)
     uint64_t count = dps_total_count(t, n);
     dps_guard_tensors(t, n);
     dps_guard_note("dp_grad_ready", DPS_COLL_ALLREDUCE, t[0].dtype, count);
-    ready.submitted++, ready.submitted_count += count;
+    overlap.submitted++, overlap.submitted_count += count;
     return dps_progress_submit(t, n, grad_weight());
 }
 
 static int flush_pending(const dps_backend_t *be, int background)
 {
     if (!ready.npending) return 0;
-    if (dps_grow((void **)&ready.done, &ready.cap_done, ready.ndone + ready.npending, sizeof *ready.done))
-        return no_memory("dp_grad_ready", ready.ndone + ready.npending);
+    if (dps_ready_reserve(&ready)) return no_memory("dp_grad_ready", ready.nhanded + ready.npending);
     int rc = background ? submit(ready.pending, ready.npending)
                         : dps_fused_host("dp_grad_ready", be, ready.pending, ready.npending, DPS_FUSE_GRADS,
                                          grad_weight(), DPS_RED_SUM);
     if (rc) return rc; /* a bucket that failed stays pending: dp_grads reduces (or reports) it */
-    for (size_t i = 0; i < ready.npending; i++) ready.done[ready.ndone++] = ready.pending[i].data;
-    ready.npending = ready.pending_bytes = 0;
+    dps_ready_handed_on(&ready);
     return 0;
 }
 
@@ -187,25 +196,13 @@ static int grad_ready_(const dp_tensor *t)
     size_t nhost, ndevice;
     int split = dps_device_split(t, 1, &host, &nhost, &device, &ndevice);
     if (split) return split < 0 ? -1 : dps_device_grad_ready(be, device, grad_weight());
-    if (dps_grow((void **)&ready.pending, &ready.cap_pending, ready.npending + 1, sizeof *ready.pending))
-        return no_memory("dp_grad_ready", ready.npending + 1);
-    ready.pending[ready.npending++] = *t;
     size_t bytes = t->count * dps_dtype_size(dps_reduce_dtype(t->dtype));
-    ready.pending_bytes += bytes;
+    if (dps_ready_add(&ready, t, bytes)) return no_memory("dp_grad_ready", ready.npending + 1);
     /* A full bucket is reduced now (in the background with [comm] overlap), and so is a tensor
      * large enough to travel alone; the rest waits for dp_grads. */
     int background = dps_progress_available(be);
     if (ready.pending_bytes >= dps_g.bucket_bytes || (background && bytes >= DPS_INPLACE_MIN_BYTES))
         return flush_pending(be, background);
-    return 0;
-}
-
-static int announced(const void *data)
-{
-    for (size_t i = 0; i < ready.ndone; i++)
-        if (ready.done[i] == data) return 1;
-    for (size_t i = 0; i < ready.npending; i++)
-        if (ready.pending[i].data == data) return 1;
     return 0;
 }
 
@@ -217,8 +214,9 @@ static int grads_weighted(const char *hook, dp_tensor *t, size_t n, dps_weight_t
     const dps_backend_t *be = dps_comm(hook);
     if (!be) return 0;
     dps_e.shared_work |= dps_g.eff_size > 1;
-    if (dps_grow((void **)&ready.rest, &ready.cap_rest, ready.npending + n, sizeof *ready.rest))
-        return no_memory(hook, ready.npending + n);
+    /* room for the host's list before any collective: a rank that runs short must not leave the
+     * others in the GPU's */
+    if (dps_ready_make_room(&ready, n)) return no_memory(hook, ready.npending + n);
     /* GPU gradients first (queued on the GPU), then the host's */
     dp_tensor *host, *device;
     size_t nhost, ndevice;
@@ -228,16 +226,13 @@ static int grads_weighted(const char *hook, dp_tensor *t, size_t n, dps_weight_t
         if (dps_device_grads(be, split ? device : NULL, split ? ndevice : 0, w)) return -1;
         if (split) t = host, n = nhost;
     }
-    size_t m = 0;
-    for (size_t i = 0; i < ready.npending; i++) ready.rest[m++] = ready.pending[i];
-    for (size_t i = 0; i < n; i++)
-        if (!(ready.ndone + ready.npending) || !announced(t[i].data)) ready.rest[m++] = t[i];
-    ready.npending = ready.pending_bytes = ready.ndone = 0;
-    if (!ready.submitted) return dps_fused_host(hook, be, ready.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM);
+    size_t m;
+    dps_ready_complete(&ready, t, n, &m); /* the room is made */
+    if (!overlap.submitted) return dps_fused_host(hook, be, ready.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM);
     /* [comm] overlap: the rest joins the queue, and the wait is what the guard watches */
     if (m && submit(ready.rest, m)) return -1;
-    dps_guard_enter(hook, DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, ready.submitted_count);
-    ready.submitted = 0, ready.submitted_count = 0;
+    dps_guard_enter(hook, DPS_COLL_ALLREDUCE, m ? ready.rest[0].dtype : DP_F32, overlap.submitted_count);
+    overlap.submitted = 0, overlap.submitted_count = 0;
     uint64_t t0 = dps_diag_now();
     char err[1024];
     int rc = dps_progress_wait(err, sizeof err);
@@ -270,12 +265,12 @@ static int bn_stats_(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
         /* one bucket: the count rides along as a double (exact below 2^53) */
         double c = (double)*count;
         dp_tensor t[3] = {*sum, *sumsq, {&c, 1, DP_F64, DP_HOST, "count"}};
-        int rc = dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
+        int rc = collective("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
         *count = (uint64_t)c;
         return rc;
     }
     dp_tensor t[3] = {*sum, *sumsq, {count, 1, DP_I64, DP_HOST, "count"}};
-    return dps_fused("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
+    return collective("dp_bn_stats", be, t, 3, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
 }
 
 static dps_redop_t redop_of(int op)
@@ -293,7 +288,7 @@ static int metric_(double *v, size_t n, int op)
     const dps_backend_t *be = dps_comm("dp_metric");
     if (!be) return 0;
     dp_tensor t = {v, n, DP_F64, DP_HOST, "metric"};
-    int rc = dps_fused("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, redop_of(op));
+    int rc = collective("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, redop_of(op));
     if (rc == 0 && op == DP_MEAN)
         for (size_t i = 0; i < n; i++) v[i] /= dps_g.eff_size;
     return rc;
@@ -303,7 +298,7 @@ static int hook_allreduce_(const char *where, dp_tensor *t, int op)
 {
     const dps_backend_t *be = dps_comm(where);
     if (!be) return 0;
-    return dps_fused(where, be, t, 1, DPS_FUSE_ALLREDUCE, (dps_weight_t){op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, 0},
+    return collective(where, be, t, 1, DPS_FUSE_ALLREDUCE, (dps_weight_t){op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, 0},
                      redop_of(op));
 }
 
@@ -335,7 +330,7 @@ static int step_end_(uint64_t step)
     dps_e.step = step;
     dps_guard_step(step, dps_e.scope_depth > 0);
     dps_diag_step(step);
-    if (ready.npending || dps_device_outstanding())
+    if (dps_ready_outstanding(&ready) || dps_device_outstanding())
         DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "
                       "by dp_grads", (unsigned long long)step);
     return 0;

@@ -222,7 +222,7 @@ static void test_shared_weight(void)
         fill(&t[k], k), memcpy(orig[k], t[k].data, t[k].count * dps_dtype_size(t[k].dtype));
     const double scale = 1.0 / 3.0; /* not a power of two: before and after round differently */
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, (dps_weight_t){scale, 0}, DPS_RED_SUM) == 0,
+    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, (dps_weight_t){scale, 0}, DPS_RED_SUM) == 0,
           "dps_fused failed");
     CHECK(ncalls == 3, "%zu calls, want 3 (a alone, e in place, h packed)", ncalls);
     if (ncalls != 3) return;
@@ -264,7 +264,7 @@ static void test_planning(void)
     const double scale = 0.5;
     reset();
     uint64_t seq = dps_guard_seq();
-    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
     /* a b c and d's first element fill a bucket of 16; the rest of d; e in place (>= 8, half a
      * bucket), which also closes the bucket before it; f and g */
     CHECK(ncalls == 4, "%zu calls, want 4", ncalls);
@@ -332,7 +332,7 @@ static void test_half_bucket(void)
     for (int k = 0; k < 5; k++)
         fill(&t[k], k);
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 5, "%zu calls, want 5", ncalls);
     if (ncalls != 5) return;
     /* a, c and x would each be alone in a bucket (the next tensor goes in place or has another
@@ -364,7 +364,7 @@ static void test_dtype_change(void)
     uint16_t h0[3], bf0[4]; /* as rounded to their type by fill */
     memcpy(h0, h, sizeof h), memcpy(bf0, bf, sizeof bf);
     reset();
-    CHECK(dps_fused("dp_metric", &stub, t, N, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_metric", &stub, t, N, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     static const struct {
         size_t count;
         int dtype;
@@ -401,7 +401,7 @@ static void test_half_types(void)
     memcpy(h0, h, sizeof h), memcpy(bf0, bf, sizeof bf);
     const double scale = 1.0 / 3.0;
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 2, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 2, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
     /* 40 + 5 halves as f32, 16 a bucket: 16, 16, 8 + 5 */
     CHECK(ncalls == 3, "%zu calls, want 3", ncalls);
     for (size_t i = 0; i < ncalls; i++)
@@ -441,7 +441,7 @@ static void test_scale_zero(void)
                      tensor(b, 7, DP_F64, "b"), tensor(bigd, 4, DP_F64, "bigd"),
                      tensor(h, 7, DP_F16, "h"), tensor(bf, 7, DP_BF16, "bf")};
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 6, DPS_FUSE_GRADS, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 6, DPS_FUSE_GRADS, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls >= 4 && calls[1].buf == big && calls[3].buf == bigd,
           "big and bigd were not reduced in place");
     /* exact +0: no NaN, no infinity, no -0 */
@@ -469,7 +469,7 @@ static void test_scale_one_and_ops(void)
     dp_tensor t[] = {tensor(a, 4, DP_F32, "a"), tensor(big, 12, DP_F32, "big")};
     for (int op = DPS_RED_MIN; op <= DPS_RED_MAX; op++) {
         reset();
-        CHECK(dps_fused("dp_metric", &stub, t, 2, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, (dps_redop_t)op) == 0,
+        CHECK(dps_fused_host("dp_metric", &stub, t, 2, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, (dps_redop_t)op) == 0,
               "dps_fused failed");
         CHECK(ncalls == 2 && calls[0].op == (dps_redop_t)op && calls[1].op == (dps_redop_t)op,
               "op %d not passed on", op);
@@ -480,7 +480,7 @@ static void test_scale_one_and_ops(void)
     }
     /* a plain all-reduce with a scale (dp_metric's mean) scales like gradients */
     reset();
-    CHECK(dps_fused("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, per_rank(0.25), DPS_RED_SUM) == 0,
+    CHECK(dps_fused_host("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, per_rank(0.25), DPS_RED_SUM) == 0,
           "dps_fused failed");
     CHECK(a[0] == 1.5f && a[1] == -2.0f && isnan(a[2]) && a[3] == INFINITY,
           "mean of identical ranks: %g %g %g %g", a[0], a[1], a[2], a[3]);
@@ -501,7 +501,7 @@ static void test_integers(void)
     uint8_t c0[5];
     memcpy(a0, a, sizeof a), memcpy(b0, b, sizeof b), memcpy(c0, c, sizeof c), memcpy(big0, big, sizeof big);
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 4, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 4, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 4, "%zu calls, want 4", ncalls);
     if (ncalls == 4) {
         CHECK(calls[0].dtype == DP_I32 && same_bits(calls[0].data, a0, sizeof a0), "a was scaled");
@@ -543,7 +543,7 @@ static void test_broadcast(void)
     reset();
     uint64_t seq = dps_guard_seq();
     /* the scale never applies to a broadcast (0 would zero every float) */
-    CHECK(dps_fused("dp_params", &stub, t, N, DPS_FUSE_BCAST, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_params", &stub, t, N, DPS_FUSE_BCAST, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
     /* every dtype its own bucket (f16 and bf16 included: bytes are not widened), big in place */
     CHECK(ncalls == N, "%zu calls, want %d", ncalls, N);
     CHECK(guard_calls(seq) == ncalls, "the guard saw %llu collectives", (unsigned long long)guard_calls(seq));
@@ -567,7 +567,7 @@ static void test_broadcast(void)
     float p0[10], q0[10];
     memcpy(p0, p, sizeof p), memcpy(q0, q, sizeof q);
     reset();
-    CHECK(dps_fused("dp_params", &stub, pq, 4, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_params", &stub, pq, 4, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 2 && calls[0].count == 64 && calls[1].count == 16, "%zu calls: %zu, %zu bytes", ncalls,
           ncalls ? calls[0].count : 0, ncalls > 1 ? calls[1].count : 0);
     for (int j = 0; j < 10; j++) {
@@ -609,7 +609,7 @@ static void test_compress(int32_t cd)
         memcpy(orig[k], t[k].data, t[k].count * dps_dtype_size(t[k].dtype));
     const double scale = 0.5;
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "%s: dps_fused failed",
+    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "%s: dps_fused failed",
           cn);
     /* a | d | i | e o big[0..24) (32 halves) | big[24..40) | own in place (20 >= 16) | small */
     static const struct {
@@ -670,10 +670,10 @@ static void test_compress(int32_t cd)
     for (int k = 0; k < N; k++)
         fill(&t[k], k);
     reset();
-    CHECK(dps_fused("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].dtype == DP_F32, "%s: a plain all-reduce was compressed", cn);
     reset();
-    CHECK(dps_fused("dp_params", &stub, &t[5], 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_params", &stub, &t[5], 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].count == 160 && calls[0].buf == big, "%s: a broadcast was compressed", cn);
     dps_g.compress_dtype = -1;
 }
@@ -690,17 +690,17 @@ static void test_zero_counts(void)
                      tensor(b, 2, DP_F32, "b"),       tensor(unused, 0, DP_I32, "z3"),
                      tensor(c, 8, DP_F32, "c"),       tensor(NULL, 0, DP_U8, "z4")};
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 8, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 8, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     /* the empty f64 and i32 tensors do not split the f32 bucket */
     CHECK(ncalls == 2 && calls[0].count == 5 && calls[0].dtype == DP_F32 && calls[1].buf == c, "%zu calls",
           ncalls);
     CHECK(a[2] == 12 && b[0] == 16 && b[1] == 20 && c[7] == 8 && unused[0] == 9,
           "results of the non-empty tensors");
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 0, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty list");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 0, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty list");
     dp_tensor empty[] = {tensor(NULL, 0, DP_F32, "z"), tensor(NULL, 0, DP_BF16, "z")};
-    CHECK(dps_fused("dp_grads", &stub, empty, 2, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty tensors");
-    CHECK(dps_fused("dp_params", &stub, empty, 2, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty broadcast");
+    CHECK(dps_fused_host("dp_grads", &stub, empty, 2, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty tensors");
+    CHECK(dps_fused_host("dp_params", &stub, empty, 2, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty broadcast");
     CHECK(ncalls == 0, "%zu calls for nothing", ncalls);
 }
 
@@ -753,7 +753,7 @@ static void expect_bad(dp_tensor bad, const char *frag)
     reset();
     uint64_t seq = dps_guard_seq();
     dps_test_capture_begin();
-    int rc = dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM);
+    int rc = dps_fused_host("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM);
     const char *msg = dps_test_capture_end();
     CHECK(rc == -1, "%s: returned %d", frag, rc);
     CHECK(ncalls == 0 && guard_calls(seq) == 0, "%s: %zu collectives before the error", frag, ncalls);
@@ -783,7 +783,7 @@ static void fail_allreduce(void)
     float a[3] = {1, 2, 3};
     dp_tensor t = tensor(a, 3, DP_F32, "a");
     fail_calls = 1;
-    dps_fused("dp_grads", &stub, &t, 1, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM);
+    dps_fused_host("dp_grads", &stub, &t, 1, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM);
     _exit(0); /* not reached */
 }
 static void fail_bcast(void)
@@ -791,7 +791,7 @@ static void fail_bcast(void)
     float a[30] = {0};
     dp_tensor t = tensor(a, 30, DP_F32, "a");
     fail_calls = 1;
-    dps_fused("dp_params", &stub, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+    dps_fused_host("dp_params", &stub, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
     _exit(0);
 }
 
@@ -836,7 +836,7 @@ static void big_bucket(void)
                      tensor(a, ELEMS, DP_F32, "a")};
     fill(&t[0], 0);
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     /* 1 MiB bucket, half is 512 KiB: b (256 KiB - 4) is packed with c, a (256 KiB) goes in place */
     CHECK(ncalls == 2, "%zu calls, want 2", ncalls);
     if (ncalls == 2) {
@@ -855,7 +855,7 @@ static void bucket_256(void)
     for (int k = 0; k < 60; k++)
         v[k][0] = (float)k, t[k] = tensor(v[k], 1, DP_F32, "v");
     reset();
-    CHECK(dps_fused("dp_grads", &stub, t, 60, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 60, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].count == 60, "%zu calls", ncalls);
     for (int k = 0; k < 60; k++)
         CHECK(v[k][0] == (float)(k * NRANKS), "v[%d] = %g", k, v[k][0]);
