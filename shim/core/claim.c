@@ -90,8 +90,7 @@ int dps_claim_rank(void)
     int32_t holder = 0, me = (int32_t)getpid();
     if (!atomic_compare_exchange_strong(w, &holder, me) && holder != me) return 0;
     if (dps_g.role == DPS_ROLE_CHILD) {
-        dps_g.role = DPS_ROLE_RANK;
-        dps_bootstrap_export_marker();
+        dps_g.role = DPS_ROLE_RANK; /* its children are its own: start-up exports its marker (dps_on_rank_claimed) */
         DPS_INFO("rank %d: this process (%d) takes the rank's place in the job: the process the launcher "
                  "started never called a hook", dps_g.rank, (int)me);
         if (dps_on_rank_claimed) dps_on_rank_claimed();

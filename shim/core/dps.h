@@ -107,7 +107,7 @@ int dps_plugin_dir(char *out, size_t len);
  * dps_claim_setup: the rank process (fd -1, or its claim file's descriptor after an exec in
  * place) makes the claim file, a child notes the one named by fd (mapped when first asked);
  * returns the descriptor to export, or -1. dps_claim_rank: 1 where this process holds the place or now takes it (a child
- * then becomes the rank process and runs dps_on_rank_claimed), 0 where another process holds it.
+ * then becomes the rank process and runs dps_on_rank_claimed, which exports its marker), 0 where another process holds it.
  * dps_rank_owner: the holder's pid, 0 while nobody holds it or without a claim file. */
 int dps_claim_setup(int role, int fd);
 int dps_claim_rank(void);

@@ -20,6 +20,8 @@
 #include "glob.h"
 
 atomic_int dps_files_on;
+atomic_int dps_files_handles;
+off_t dps_files_standin_bytes = (off_t)64 << 20;
 
 typedef enum { GLOB_BASENAME, GLOB_ABSOLUTE, GLOB_RELATIVE } glob_kind_t;
 typedef struct glob_list {
@@ -58,7 +60,7 @@ DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, int size, c
         snprintf(err, errlen, "out of memory reading [files] globs");
         return -1;
     }
-    dps_files_set_standin_bound((off_t)dps_policy_num(p, DPS_P_files_standin_mb) << 20);
+    dps_files_standin_bytes = (off_t)dps_policy_num(p, DPS_P_files_standin_mb) << 20;
     atomic_store(&dps_files_on, rank0_only.n + per_rank.n > 0);
     return 0;
 }
@@ -718,7 +720,7 @@ static int make_sink(dps_redirect_t *r)
         if (src >= 0 && fstat(src, &st) == 0 && S_ISREG(st.st_mode)) {
             /* what it reads back: the content, up to the bound the stand-in keeps */
             off_t keep = (r->flags & O_ACCMODE) == O_WRONLY ? 0 : st.st_size;
-            if (keep > dps_files_standin_bound()) keep = dps_files_standin_bound();
+            if (keep > dps_files_standin_bytes) keep = dps_files_standin_bytes;
             if (ftruncate(fd, st.st_size) != 0) DPS_DEBUG("sink for %s: %s", r->orig, strerror(errno));
             if (keep) {
                 for (off_t left = keep; left > 0;) { /* in the kernel; a copy where it cannot */

@@ -147,8 +147,9 @@ void dps_files_leaving(void);
  * the calls above: every rank gets rank 0's outcome. */
 extern atomic_int dps_files_handles; /* open handles: the write family's fast path */
 enum { DPS_HANDLE_NONE, DPS_HANDLE_RANK0, DPS_HANDLE_STANDIN };
-void dps_files_set_standin_bound(off_t bytes);
-off_t dps_files_standin_bound(void);
+/* What a stand-in keeps in memory at most ([files] standin_mb), set by dps_files_configure. Both
+ * live in files.c, which handles.c stands on: the two files call one way. */
+extern off_t dps_files_standin_bytes;
 /* After an open on r that returned fd (any action; only opens that write a gated path count). */
 void dps_files_opened(const dps_redirect_t *r, int fd);
 int dps_files_handle_kind(int fd);

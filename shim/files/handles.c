@@ -37,9 +37,7 @@ typedef struct handle {
 } handle_t;
 
 static handle_t handles[MAX_HANDLES] = {[0 ... MAX_HANDLES - 1] = {.fd = -1}};
-atomic_int dps_files_handles;
 static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
-static off_t standin_bound = (off_t)64 << 20;
 
 /* Rank 0's files whose last writer failed and that are short of what the program wrote. */
 typedef struct short_file {
@@ -51,8 +49,6 @@ typedef struct short_file {
 static short_file_t *shorts;
 static size_t nshorts;
 
-void dps_files_set_standin_bound(off_t bytes) { standin_bound = bytes; }
-off_t dps_files_standin_bound(void) { return standin_bound; }
 
 static int slot_of(int fd)
 {
@@ -163,7 +159,7 @@ static size_t iov_total(const struct iovec *iov, int n)
  * len, or -1. */
 static ssize_t standin_put(int fd, const struct iovec *iov, int n, off_t pos, size_t len)
 {
-    size_t keep = pos < standin_bound ? (size_t)(standin_bound - pos) : 0, at = 0;
+    size_t keep = pos < dps_files_standin_bytes ? (size_t)(dps_files_standin_bytes - pos) : 0, at = 0;
     if (keep > len) keep = len;
     for (int k = 0; k < n && at < keep; k++) {
         size_t part = iov[k].iov_len < keep - at ? iov[k].iov_len : keep - at;
@@ -201,18 +197,18 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
         errno = err;
         return -1;
     }
-    if (pos >= 0 && (size_t)rc == total && pos + (off_t)total <= standin_bound) {
+    if (pos >= 0 && (size_t)rc == total && pos + (off_t)total <= dps_files_standin_bytes) {
         rc = off < 0 ? writev(fd, iov, n) : pwritev(fd, iov, n, off);
     } else if (pos >= 0) {
         rc = standin_put(fd, iov, n, pos, (size_t)rc);
         if (off < 0 && rc >= 0) lseek(fd, pos + rc, SEEK_SET);
-        if (pos + (off_t)total > standin_bound && (i = lock_checked(fd)) >= 0) {
+        if (pos + (off_t)total > dps_files_standin_bytes && (i = lock_checked(fd)) >= 0) {
             int first = !handles[i].dropped;
             handles[i].dropped = 1;
             if (first)
                 DPS_INFO("[files] the stand-in for %s keeps its first %lld MiB in memory; what this rank "
                          "writes past that is counted, not kept (reading it back here gives zeros; rank "
-                         "0's file is whole)", handles[i].path, (long long)(standin_bound >> 20));
+                         "0's file is whole)", handles[i].path, (long long)(dps_files_standin_bytes >> 20));
             pthread_mutex_unlock(&handles_lock);
         }
     }

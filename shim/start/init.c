@@ -85,6 +85,7 @@ static void register_exit_work(void)
  * lacks. The output policy and the GPU binding came with the environment it inherited. */
 static void became_rank(void)
 {
+    dps_bootstrap_export_marker(); /* its children are its own now */
     if (dps_g.size > 1) dps_guard_install_crash_handlers();
     register_exit_work();
 }
