@@ -126,7 +126,7 @@ apt_proxy_conf() {
 # bound at /src, built there into /build. The chroot stays for the next run; its apt takes the
 # mirror and the proxy that the host's apt has at each run.
 TRIXIE_PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev zlib1g-dev
-                 bats bats-assert bats-support python3 libtorch-dev binutils)
+                 bats bats-assert bats-support python3 libtorch-dev binutils dataset-fashion-mnist)
 test_libtorch2() {
     local root=${TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
     if [ "$(id -u)" -ne 0 ]; then # debootstrap, mount and chroot need root

@@ -162,6 +162,38 @@ at_2_and_3() {
     assert_equal "$(count 'epoch 1 trained on 48 samples in 3 batches')" 2
 }
 
+# pytorch/examples' cpp/mnist as a user copies it (libtorch/mnist_cnn.cpp: two convolutions, feature
+# dropout and dropout, log_softmax and nll_loss, SGD at lr 0.01 with momentum 0.5, batch 64, a
+# test pass after each epoch) on the first 6400 training images of Fashion-MNIST (its sampler's
+# size), 2 epochs. Under mpirun it trains as alone: at np=1 bitwise (the launcher changes the rank's
+# affinity and its OMPI_, PMIX_ and PRTE_ variables, nothing libtorch reads); at np=2 and 3 each
+# rank draws dropout masks for its share of the batch with its share of the threads, so within
+# 0.03 of alone's accuracy, every loss finite (the program asserts it at each step).
+@test "pytorch/examples' MNIST CNN on Fashion-MNIST: at np=1 bitwise as alone, at np=2 and 3 trains as alone" {
+    local data=/usr/share/datasets/fashion-mnist n acc alone_acc
+    [ -r $data/train-images-idx3-ubyte.gz ] || skip "no Fashion-MNIST: install Debian's dataset-fashion-mnist"
+    mkdir fm
+    for f in $data/*-ubyte.gz; do gzip -dc "$f" >fm/"$(basename "$f" .gz)"; done
+    "$BUILD/bin/mnist_cnn" fm 2 6400 >alone.txt
+    grep '^Test' alone.txt >alone.test
+    alone_acc=$(tail -1 alone.test | awk '{ print $NF }')
+    echo "alone: $(paste -sd' ' alone.test)"
+    for n in 1 2 3; do
+        run mpi $n env LD_PRELOAD="$SHIM" DPSHIM_OUTPUT_STDOUT=rank0 "$BUILD/bin/mnist_cnn" fm 2 6400
+        grep '^Test' <<<"$output" >np$n.test || true
+        echo "np=$n: $(paste -sd' ' np$n.test)"
+        assert_success
+        assert_equal "$(wc -l <np$n.test)" 2
+        if [ $n = 1 ]; then
+            cmp alone.test np1.test
+        else
+            acc=$(tail -1 np$n.test | awk '{ print $NF }')
+            awk -v a="$acc" -v b="$alone_acc" 'BEGIN { exit !(a - b <= 0.03 && b - a <= 0.03) }' ||
+                fail "np=$n: accuracy $acc, alone $alone_acc"
+        fi
+    done
+}
+
 @test "a libtorch other than the one the adapter is built for: said once, and its calls run unchanged" {
     run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/other_libtorch_user"
     assert_success
