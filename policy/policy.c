@@ -4,6 +4,7 @@
 #include "policy.h"
 
 #include "glob.h"
+#include "sys.h" /* shim/core/sys.h */
 
 #include <ctype.h>
 #include <errno.h>
@@ -447,9 +448,9 @@ int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e)
      * opening a device may act on it. So only a regular file is opened, and without blocking in
      * case the path became something else since stat(); fstat() then says what was opened. */
     struct stat st;
-    if (stat(path, &st) != 0) return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
+    if (dps_sys_stat(path, &st) != 0) return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return not_regular(e, path, st.st_mode);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = dps_sys_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
     if (fd < 0) return fail(e, "cannot read policy file %s: %s", path, strerror(errno));
     int bad = fstat(fd, &st) != 0    ? fail(e, "cannot read policy file %s: %s", path, strerror(errno))
               : !S_ISREG(st.st_mode) ? not_regular(e, path, st.st_mode)
@@ -457,7 +458,7 @@ int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e)
                   ? fail(e, "policy file %s is larger than %u bytes", path, DPS_MAX_FILE_BYTES)
                   : 0;
     if (bad) {
-        close(fd);
+        dps_sys_close(fd);
         return -1;
     }
     /* a regular file's reads may still say EAGAIN under a mandatory lock: block as usual */
@@ -470,7 +471,7 @@ int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e)
         if (r <= 0) break;
         got += (size_t)r;
     }
-    close(fd);
+    dps_sys_close(fd);
     if (!buf || got != (size_t)st.st_size) {
         free(buf);
         return fail(e, "cannot read policy file %s", path);
@@ -552,7 +553,7 @@ DPS_STARTUP int dps_policy_load(dps_policy_t *p, char *const *envp, dps_error_t 
         if (strncmp(*ep, DPS_ENV_POLICY "=", sizeof DPS_ENV_POLICY) == 0) path = *ep + sizeof DPS_ENV_POLICY;
     if (path && *path) {
         if (dps_policy_load_file(p, path, e) != 0) return -1;
-    } else if (access("dpshim.conf", F_OK) == 0) {
+    } else if (dps_sys_access("dpshim.conf", F_OK) == 0) {
         if (dps_policy_load_file(p, "dpshim.conf", e) != 0) return -1;
     }
     return dps_policy_apply_env(p, envp, e);

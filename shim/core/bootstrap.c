@@ -17,6 +17,7 @@
 #include <pmix.h>
 
 #include "dps.h"
+#include "sys.h"
 
 /* One row per launcher whose environment tells the rank; checked in this order. */
 typedef struct launcher_env {
@@ -148,11 +149,11 @@ DPS_STARTUP static int mpi_joins_without_pmix(void)
     char path[1024];
     int seen = 0;
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
-        if (!dirs[i] || access(dirs[i], F_OK) != 0) continue;
+        if (!dirs[i] || dps_sys_access(dirs[i], F_OK) != 0) continue;
         seen = 1;
         for (int k = 1; k <= 2; k++) {
             snprintf(path, sizeof path, "%s/mca_pmix_s%d.so", dirs[i], k);
-            if (access(path, F_OK) == 0) return 1;
+            if (dps_sys_access(path, F_OK) == 0) return 1;
         }
     }
     return !seen;
@@ -240,11 +241,11 @@ DPS_STARTUP static void own_command(char *out, size_t len)
 {
     char buf[4096];
     size_t n = 0, o = 0;
-    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    int fd = dps_sys_open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC, 0);
     if (fd >= 0) {
         ssize_t r = read(fd, buf, sizeof buf - 1);
         n = r > 0 ? (size_t)r : 0;
-        close(fd);
+        dps_sys_close(fd);
     }
     buf[n] = '\0';
     out[0] = '\0';

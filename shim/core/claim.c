@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dps.h"
+#include "sys.h"
 
 #define CLAIM_NAME "dpshim-rank"
 #define CLAIM_FD_MIN 100 /* above the low numbers shells and scripts use themselves */
@@ -49,7 +50,7 @@ DPS_STARTUP int dps_claim_setup(int role, int fd)
     if (fd < 0) {
         int made = memfd_create(CLAIM_NAME, 0); /* inherited across exec: no close-on-exec */
         fd = made >= 0 && ftruncate(made, sizeof(int32_t)) == 0 ? fcntl(made, F_DUPFD, CLAIM_FD_MIN) : -1;
-        if (made >= 0) close(made);
+        if (made >= 0) dps_sys_close(made);
         if (fd < 0) DPS_DEBUG("no claim file (%s): the rank process keeps the rank's place", strerror(errno));
     }
     if (fd >= 0) atomic_store(&owner_word, map_word(fd));

@@ -1,5 +1,5 @@
-/* dpshim's own messages: "[dpshim r1/4] WARN ...", formatted on the stack and written with
- * write(2), so logging never goes through stdio or malloc that the shim may interpose. */
+/* dpshim's own messages: "[dpshim r1/4] WARN ...", formatted on the stack and written with the
+ * write system call (sys.h), so logging never goes through stdio, malloc or the shim's interposers. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "dps.h"
+#include "sys.h"
 
 atomic_int dps_log_level = DPS_LOG_WARN;
 
@@ -23,7 +24,7 @@ static void vlog(const char *label, const char *fmt, va_list ap)
     if (len > sizeof buf - 2) len = sizeof buf - 2;
     buf[len++] = '\n';
     for (size_t off = 0; off < len;) {
-        ssize_t w = write(STDERR_FILENO, buf + off, len - off);
+        ssize_t w = dps_sys_write(STDERR_FILENO, buf + off, len - off);
         if (w <= 0) break;
         off += (size_t)w;
     }
@@ -63,6 +64,6 @@ _Noreturn void dps_fatal(const char *fmt, ...)
     /* _exit: finalizing MPI or PMIx now could wait on ranks that will never come; the
      * launcher sees the non-zero status and ends the job. The program's output is kept. */
     dps_run_before_fatal_exit();
-    fflush(NULL);
+    dps_sys_flush_all();
     _exit(DPS_EXIT_FATAL);
 }

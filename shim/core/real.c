@@ -15,3 +15,4 @@ void *dps_real_find(const char *name)
     }
     return f;
 }
+

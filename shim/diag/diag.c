@@ -4,6 +4,7 @@
  * the guard ends the job), with the shim's own calls passing through its interposers untouched. */
 #define _GNU_SOURCE
 #include "diag.h"
+#include "core/sys.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -225,7 +226,7 @@ static void check_out(out_t *o, const char *file_fmt)
     snprintf(o->path, sizeof o->path, "%s/%s", diag.dir, name);
     snprintf(o->shown, sizeof o->shown, "%s/%s", diag.shown, name);
     struct stat st;
-    if (lstat(o->path, &st) != 0) return; /* nothing there, or what creating it will say */
+    if (dps_sys_lstat(o->path, &st) != 0) return; /* nothing there, or what creating it will say */
     if (S_ISLNK(st.st_mode))
         snprintf(o->refused, sizeof o->refused, "is a symbolic link");
     else if (!S_ISREG(st.st_mode))
@@ -237,14 +238,14 @@ static void check_out(out_t *o, const char *file_fmt)
 
 static void open_out(out_t *o)
 {
-    if (unlink(o->path) != 0 && errno != ENOENT) {
+    if (dps_sys_unlink(o->path) != 0 && errno != ENOENT) {
         o->err = errno;
         return;
     }
-    int fd = open(o->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    int fd = dps_sys_open(o->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     o->f = fd < 0 ? NULL : fdopen(fd, "w");
     o->err = o->f ? 0 : errno;
-    if (fd >= 0 && !o->f) close(fd);
+    if (fd >= 0 && !o->f) dps_sys_close(fd);
 }
 
 /* Closes o's file whatever happened to the other one: closing is what flushes it. */
@@ -252,7 +253,7 @@ static void close_out(out_t *o)
 {
     if (!o->f) return;
     if (ferror(o->f) && !o->err) o->err = errno ? errno : EIO;
-    if (fclose(o->f) != 0 && !o->err) o->err = errno;
+    if (dps_sys_fclose(o->f) != 0 && !o->err) o->err = errno;
     o->f = NULL;
 }
 
@@ -275,11 +276,11 @@ static void write_stats(FILE *f)
     st.gated_sinks = atomic_load(&dps_diag_count.sinks), st.gated_noops = atomic_load(&dps_diag_count.noops);
     st.followed = atomic_load(&dps_diag_count.followed);
     st.rank_paths = atomic_load(&dps_diag_count.rank_paths);
-    fprintf(f, DPS_DIAG_STATS_MAGIC " %d\n", DPS_DIAG_FORMAT_VERSION);
-#define NUM(key) fprintf(f, #key " %llu\n", (unsigned long long)st.key);
-#define SNUM(key) fprintf(f, #key " %lld\n", (long long)st.key);
+    dps_sys_fprintf(f, DPS_DIAG_STATS_MAGIC " %d\n", DPS_DIAG_FORMAT_VERSION);
+#define NUM(key) dps_sys_fprintf(f, #key " %llu\n", (unsigned long long)st.key);
+#define SNUM(key) dps_sys_fprintf(f, #key " %lld\n", (long long)st.key);
 #define TEXT(key, len)                                                                                       \
-    if (st.key[0]) fprintf(f, #key " %s\n", st.key);
+    if (st.key[0]) dps_sys_fprintf(f, #key " %s\n", st.key);
     DPS_DIAG_STATS(NUM, SNUM, TEXT)
 #undef NUM
 #undef SNUM
@@ -288,17 +289,17 @@ static void write_stats(FILE *f)
 
 static void write_event(FILE *f, const dps_diag_event_t *e)
 {
-    fputc(e->kind, f);
-#define FIELD(field) fprintf(f, " %llu", (unsigned long long)e->field);
+    dps_sys_fputc(e->kind, f);
+#define FIELD(field) dps_sys_fprintf(f, " %llu", (unsigned long long)e->field);
     DPS_DIAG_TRACE_FIELDS(FIELD)
 #undef FIELD
-    fprintf(f, " %s\n", diag.names[e->hook]);
+    dps_sys_fprintf(f, " %s\n", diag.names[e->hook]);
 }
 
 /* The trace: every event kept, then the one the guard found in flight. Lock held. */
 static void write_trace(FILE *f)
 {
-    fprintf(f, DPS_DIAG_TRACE_MAGIC " %d\n" DPS_DIAG_TRACE_COLUMNS "\n", DPS_DIAG_FORMAT_VERSION);
+    dps_sys_fprintf(f, DPS_DIAG_TRACE_MAGIC " %d\n" DPS_DIAG_TRACE_COLUMNS "\n", DPS_DIAG_FORMAT_VERSION);
     for (size_t i = 0; i < diag.n; i++)
         write_event(f, &diag.ev[i]);
     if (diag.has_in_flight) write_event(f, &diag.in_flight);
@@ -325,7 +326,7 @@ static void write_files(char *warn, size_t len)
 {
     out_t st = {0}, tr = {0};
     pthread_mutex_lock(&lock);
-    if (mkdir(diag.dir, 0755) != 0 && errno != EEXIST) {
+    if (dps_sys_mkdir(diag.dir, 0755) != 0 && errno != EEXIST) {
         snprintf(warn, len, "cannot create it (%s); no diagnostics written", strerror(errno));
         goto done;
     }

@@ -18,6 +18,7 @@
 #include "diag/diag.h"
 #include "engine.h"
 #include "guard/guard.h"
+#include "core/sys.h"
 
 
 /* Room for an item's name and a rank's value in the exchange of texts. */
@@ -182,7 +183,7 @@ static _Noreturn void report_differences(const dps_backend_t *be, const item_t *
     /* rank 0's list first: the launcher ends the job at the first exit */
     if (dps_g.eff_rank != 0) sleep(2);
     dps_run_before_fatal_exit();
-    fflush(NULL);
+    dps_sys_flush_all();
     _exit(DPS_EXIT_CONFIG);
 }
 

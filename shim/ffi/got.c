@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/dps.h"
+#include "core/sys.h"
 
 #if defined(__x86_64__)
 #define RELOC_JUMP_SLOT R_X86_64_JUMP_SLOT
@@ -272,7 +273,7 @@ static void *open_in(const char *dir, const char *file, int mode)
     char path[PATH_MAX];
     if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path) return NULL;
     dps_in_shim++; /* access is interposed: the file policy is not for the shim's own lookups */
-    int there = access(path, R_OK) == 0;
+    int there = dps_sys_access(path, R_OK) == 0;
     dps_in_shim--;
     return there ? real_dlopen(path, mode) : NULL;
 }

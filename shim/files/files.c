@@ -18,6 +18,7 @@
 #include "core/real.h"
 #include "diag/diag.h"
 #include "glob.h"
+#include "core/sys.h"
 
 atomic_int dps_files_on;
 atomic_int dps_files_handles;
@@ -713,7 +714,7 @@ static int make_sink(dps_redirect_t *r)
     /* fstat on every rank shows the mode rank 0's file has: the one it was made with, less the
      * umask, or the one it already had (rank 0's call came first) */
     struct stat made;
-    if (!tmpfile && fstatat(r->dirfd, r->path, &made, 0) == 0 && S_ISREG(made.st_mode)) fchmod(fd, made.st_mode & 07777);
+    if (!tmpfile && dps_sys_fstatat(r->dirfd, r->path, &made, 0) == 0 && S_ISREG(made.st_mode)) fchmod(fd, made.st_mode & 07777);
     if (!tmpfile && !(r->flags & O_TRUNC)) {
         int src = DPS_REAL(openat)(r->dirfd, r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         struct stat st;
@@ -728,7 +729,7 @@ static int make_sink(dps_redirect_t *r)
                     if (k <= 0) {
                         char buf[1 << 16];
                         k = read(src, buf, (size_t)left < sizeof buf ? (size_t)left : sizeof buf);
-                        if (k <= 0 || write(fd, buf, (size_t)k) != k) break;
+                        if (k <= 0 || dps_sys_write(fd, buf, (size_t)k) != k) break;
                     }
                     left -= k;
                 }

@@ -20,6 +20,7 @@
 
 #include "core/dps.h"
 #include "files.h"
+#include "core/sys.h"
 
 #define MAX_HANDLES 64
 
@@ -163,7 +164,7 @@ static ssize_t standin_put(int fd, const struct iovec *iov, int n, off_t pos, si
     if (keep > len) keep = len;
     for (int k = 0; k < n && at < keep; k++) {
         size_t part = iov[k].iov_len < keep - at ? iov[k].iov_len : keep - at;
-        if (pwrite(fd, iov[k].iov_base, part, pos + (off_t)at) != (ssize_t)part) return -1;
+        if (dps_sys_pwrite(fd, iov[k].iov_base, part, pos + (off_t)at) != (ssize_t)part) return -1;
         at += part;
     }
     struct stat st;
@@ -198,7 +199,7 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
         return -1;
     }
     if (pos >= 0 && (size_t)rc == total && pos + (off_t)total <= dps_files_standin_bytes) {
-        rc = off < 0 ? writev(fd, iov, n) : pwritev(fd, iov, n, off);
+        rc = off < 0 ? dps_sys_writev(fd, iov, n) : dps_sys_pwritev(fd, iov, n, off);
     } else if (pos >= 0) {
         rc = standin_put(fd, iov, n, pos, (size_t)rc);
         if (off < 0 && rc >= 0) lseek(fd, pos + rc, SEEK_SET);
@@ -314,7 +315,7 @@ int dps_files_exit_check(void)
     pthread_mutex_lock(&handles_lock);
     for (size_t k = 0; k < nshorts; k++) {
         struct stat st;
-        if (stat(shorts[k].path, &st) != 0 || st.st_size >= shorts[k].end) continue;
+        if (dps_sys_stat(shorts[k].path, &st) != 0 || st.st_size >= shorts[k].end) continue;
         DPS_ERROR("[files] %s is %lld bytes, short of the %lld the program wrote to it: its %s failed (%s) on "
                   "rank 0, the only rank that writes it. Make room for one copy where it lies and run "
                   "again; this rank exits %d",

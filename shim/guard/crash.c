@@ -3,6 +3,7 @@
  * are async-signal-safe (tests/checks/signal_safe.sh checks this file's object). */
 #define _GNU_SOURCE
 #include "guard_internal.h"
+#include "core/sys.h"
 
 #include <signal.h>
 #include <string.h>
@@ -68,7 +69,7 @@ static void on_crash(int sig)
     put_str(&t, "; the launcher ends the job\n");
     if (t.len == sizeof t.buf) t.buf[t.len - 1] = '\n';
     for (size_t off = 0; off < t.len;) {
-        ssize_t n = write(STDERR_FILENO, t.buf + off, t.len - off);
+        ssize_t n = dps_sys_write(STDERR_FILENO, t.buf + off, t.len - off);
         if (n <= 0) break;
         off += (size_t)n;
     }

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "diag/diag.h"
+#include "core/sys.h"
 
 /* --- messages between the ranks' watchdogs --- */
 
@@ -142,7 +143,7 @@ _Noreturn void dps_guard_end_job(int printed)
         struct timespec pause_ = {2, 0};
         nanosleep(&pause_, NULL);
     }
-    fflush(NULL);
+    dps_sys_flush_all();
     _exit(DPS_EXIT_GUARD);
 }
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "output.h"
+#include "core/sys.h"
 
 /* Launchers forward each rank's output in reads of a few KiB and merge ranks at read
  * boundaries. Written into an empty pipe, a batch of whole lines of at most PIPE_BUF bytes is
@@ -39,7 +40,7 @@ static void wait_drained(int fd)
 static void write_all(int fd, const char *b, size_t n)
 {
     while (n) {
-        ssize_t w = write(fd, b, n);
+        ssize_t w = dps_sys_write(fd, b, n);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return;
         b += w, n -= (size_t)w;
@@ -90,20 +91,20 @@ static int setup_prefix(int rank)
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return -1;
     pid_t mid = fork();
-    if (mid < 0) return close(p[0]), close(p[1]), -1;
+    if (mid < 0) return dps_sys_close(p[0]), dps_sys_close(p[1]), -1;
     if (mid == 0) {
         /* the intermediate child: start the helper and leave, so init adopts it */
         if (fork() == 0) {
-            close(p[1]);
+            dps_sys_close(p[1]);
             prefix_loop(p[0], STDOUT_FILENO, tag, taglen);
         }
         _exit(0);
     }
     int st;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR) {}
-    close(p[0]);
+    dps_sys_close(p[0]);
     int rc = dup2(p[1], STDOUT_FILENO) < 0 ? -1 : 0; /* fd 1 stays open across exec */
-    close(p[1]);
+    dps_sys_close(p[1]);
     return rc;
 }
 
@@ -137,11 +138,11 @@ int dps_output_setup(const dps_state_t *s)
     const dps_policy_t *p = &s->policy;
     if (s->exec_in_place) return 0; /* the process it replaced set stdout up already */
     if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_rank0 && s->rank != 0) {
-        int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        int fd = dps_sys_open("/dev/null", O_WRONLY | O_CLOEXEC, 0);
         if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0) return -1;
-        close(fd);
+        dps_sys_close(fd);
     } else if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_prefix) {
-        fflush(stdout);
+        dps_sys_fflush(stdout);
         return setup_prefix(s->rank);
     }
     return 0;

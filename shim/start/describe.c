@@ -17,6 +17,7 @@
 #include "core/dps.h"
 #include "engine/engine.h"
 #include "gpu/bind.h"
+#include "core/sys.h"
 
 static void add(char *buf, size_t len, size_t *o, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void add(char *buf, size_t len, size_t *o, const char *fmt, ...)
@@ -122,7 +123,7 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
             char path[1100];
             snprintf(path, sizeof path, "%s/%s", plugins, parts[i][1]);
             add(buf, len, &o, "           %s: %s%s\n", parts[i][0], parts[i][1],
-                access(path, R_OK) == 0 ? "" : errno == ENOENT ? " missing" : " unreadable");
+                dps_sys_access(path, R_OK) == 0 ? "" : errno == ENOENT ? " missing" : " unreadable");
         }
     }
     add(buf, len, &o, "launcher   %s\n", dps_g.launcher);

@@ -18,6 +18,7 @@
 #include "gpu/bind.h"
 #include "guard/guard.h"
 #include "output/output.h"
+#include "core/sys.h"
 
 extern char **environ;
 
@@ -53,11 +54,11 @@ static void at_exit(void)
     /* a save that failed on rank 0 and was swallowed must not end as a job that succeeded; last,
      * as the program's other exit work is done by now */
     if (dps_files_exit_check()) {
-        fflush(NULL);
+        dps_sys_flush_all();
         _exit(DPS_EXIT_IO);
     }
     if (nothing_shared) {
-        fflush(NULL);
+        dps_sys_flush_all();
         _exit(DPS_EXIT_CONFIG);
     }
 }

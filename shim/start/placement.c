@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "start.h"
+#include "core/sys.h"
 
 DPS_STARTUP void dps_placement_check(const dps_state_t *s)
 {
@@ -58,7 +59,7 @@ static long node_cpus(void)
     /* cgroup v1 names the cpuset hierarchy ("N:cpuset:/path"), v2 has one ("0::/path") */
     char line[600], group[600] = "", path[800], list[4096];
     const char *root = NULL, *file = NULL;
-    FILE *f = fopen("/proc/self/cgroup", "r");
+    FILE *f = dps_sys_fopen("/proc/self/cgroup", "r");
     while (f && fgets(line, sizeof line, f)) {
         char *two = strstr(line, ":cpuset:"), *v2 = strncmp(line, "0::", 3) ? NULL : line + 3;
         if (two || (v2 && !root)) {
@@ -67,13 +68,13 @@ static long node_cpus(void)
             file = two ? "cpuset.effective_cpus" : "cpuset.cpus.effective";
         }
     }
-    if (f) fclose(f);
+    if (f) dps_sys_fclose(f);
     group[strcspn(group, "\n")] = '\0';
     while (root) { /* the nearest cgroup up the tree that says */
         snprintf(path, sizeof path, "%s%s/%s", root, group, file);
-        if ((f = fopen(path, "r"))) {
+        if ((f = dps_sys_fopen(path, "r"))) {
             long in_set = fgets(list, sizeof list, f) ? cpu_list_count(list) : 0;
-            fclose(f);
+            dps_sys_fclose(f);
             if (in_set > 0 && in_set < n) n = in_set;
             break;
         }

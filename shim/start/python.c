@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "start.h"
+#include "core/sys.h"
 
 /* The user's PYTHONPATH, for the adapter to put back: "set:VALUE" or "unset". */
 #define DPS_ENV_PYTHONPATH "DPSHIM_PYTHONPATH"
@@ -64,7 +65,7 @@ DPS_STARTUP void dps_python_inject(const dps_state_t *s)
     snprintf(dir, sizeof dir, "%s/python", plugins);
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/sitecustomize.py", dir);
-    if (access(probe, R_OK) != 0) {
+    if (dps_sys_access(probe, R_OK) != 0) {
         DPS_WARN("[adapters] python: %s is missing; the PyTorch adapter is not loaded (reinstall dpshim)",
                  probe);
         return;
