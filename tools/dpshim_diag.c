@@ -11,7 +11,9 @@
  *                   program that initialized MPI itself or not, or in a Python process
  *   report DIR [--trace OUT.json] [--svg OUT.svg]
  *                   merge the per-rank files of a [diag] dir
- *   --help, --version */
+ *   model DIR ...   the step time predicted at other scales (diag_model.c)
+ *   --help, --version
+ * The commands table below gives --help and the usage their lines. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -265,25 +267,97 @@ static int cmd_report(int argc, char **argv)
     return dps_diag_report(argv[2], trace, svg);
 }
 
+/* The commands, for --help and the usage: one line each. */
+static const struct command {
+    const char *name, *args, *doc;
+} commands[] = {
+    {"config", "", "the effective policy, every value with its source"},
+    {"check", "FILE", "validate a policy file: exit 0 when valid, 1 with the error"},
+    {"keys", "[--conf | --man]", "the policy reference; --conf the example policy, --man dpshim.conf(5)"},
+    {"env", "", "what the library finds here, under mpirun too: rank, MPI, GPUs"},
+    {"bench", "[--init WORLD] [SET]", "(under mpirun, preloaded) the library's all-reduce against MPI's"},
+    {"report", "DIR [--trace F] [--svg F]", "merge a [diag] dir: a table, a Chrome trace, an SVG timeline"},
+    {"model", "DIR (--bench F | ...)", "the step time at other scales (or --alpha-us A --bw-gbs B)"},
+    {"--help", "", "each command with a line on what it does: this list"},
+    {"--version", "", "the versions of dpshim-diag and of the hook ABI"},
+};
+enum { N_COMMANDS = sizeof commands / sizeof *commands };
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dpshim-diag COMMAND [ARGS]; dpshim-diag(1) says more\n");
+    for (int i = 0; i < N_COMMANDS; i++) {
+        char synopsis[128];
+        snprintf(synopsis, sizeof synopsis, "%s%s%s", commands[i].name, *commands[i].args ? " " : "",
+                 commands[i].args);
+        fprintf(f, "  %-32s %s\n", synopsis, commands[i].doc);
+    }
+}
+
+/* Edits that turn a into b (Levenshtein), for names of up to 15 characters: for a suggestion. */
+static int edits(const char *a, const char *b)
+{
+    int la = (int)strlen(a), lb = (int)strlen(b), d[16][16];
+    if (la > 15 || lb > 15) return 99;
+    for (int i = 0; i <= la; i++)
+        for (int j = 0; j <= lb; j++) {
+            if (!i || !j) {
+                d[i][j] = i + j;
+                continue;
+            }
+            int swap = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]), drop = d[i - 1][j] + 1, add = d[i][j - 1] + 1;
+            d[i][j] = swap < drop ? (swap < add ? swap : add) : (drop < add ? drop : add);
+        }
+    return d[la][lb];
+}
+
+/* A wrong command line: what was wrong, then the usage, on stderr; exit status 2. */
+static int wrong(const char *cmd)
+{
+    const struct command *known = NULL;
+    for (int i = 0; cmd && i < N_COMMANDS; i++)
+        if (!strcmp(cmd, commands[i].name)) known = &commands[i];
+    if (!cmd)
+        fprintf(stderr, "dpshim-diag: no command\n");
+    else if (known)
+        fprintf(stderr, "dpshim-diag: %s takes %s\n", cmd, *known->args ? known->args : "no arguments");
+    else {
+        const char *near = NULL;
+        for (int i = 0; i < N_COMMANDS; i++)
+            if (edits(cmd, commands[i].name) <= 2 && (!near || edits(cmd, commands[i].name) < edits(cmd, near)))
+                near = commands[i].name;
+        fprintf(stderr, "dpshim-diag: unknown command '%s'%s%s%s\n", cmd, near ? "; did you mean '" : "",
+                near ? near : "", near ? "'?" : "");
+    }
+    usage(stderr);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "env")) return cmd_env();
-    if (argc >= 2 && !strcmp(argv[1], "bench")) return cmd_bench(argv);
-    if (argc >= 3 && !strcmp(argv[1], "report")) return cmd_report(argc, argv);
-    if (argc >= 2 && !strcmp(argv[1], "config")) return cmd_config();
-    if (argc == 3 && !strcmp(argv[1], "check")) return cmd_check(argv[2]);
-    if (argc == 3 && !strcmp(argv[1], "keys") && !strcmp(argv[2], "--conf")) return cmd_keys_conf();
-    if (argc == 3 && !strcmp(argv[1], "keys") && !strcmp(argv[2], "--man")) return cmd_keys_man();
-    if (argc >= 2 && !strcmp(argv[1], "keys")) return cmd_keys();
-    if (argc >= 2 && !strcmp(argv[1], "model")) return dps_diag_model(argc - 2, argv + 2);
-    int help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"));
-    if (argc == 2 && !strcmp(argv[1], "--version")) {
+    const char *cmd = argc >= 2 ? argv[1] : NULL;
+    if (!cmd) return wrong(NULL);
+    if (!strcmp(cmd, "env")) return argc == 2 ? cmd_env() : wrong(cmd);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argv);
+    if (!strcmp(cmd, "report")) return argc >= 3 ? cmd_report(argc, argv) : wrong(cmd);
+    if (!strcmp(cmd, "config")) return argc == 2 ? cmd_config() : wrong(cmd);
+    if (!strcmp(cmd, "check")) return argc == 3 ? cmd_check(argv[2]) : wrong(cmd);
+    if (!strcmp(cmd, "keys")) {
+        if (argc == 2) return cmd_keys();
+        if (argc == 3 && !strcmp(argv[2], "--conf")) return cmd_keys_conf();
+        if (argc == 3 && !strcmp(argv[2], "--man")) return cmd_keys_man();
+        return wrong(cmd);
+    }
+    if (!strcmp(cmd, "model")) return dps_diag_model(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        if (argc != 2) return wrong("--help");
+        usage(stdout); /* asked for: on stdout, success */
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        if (argc != 2) return wrong(cmd);
         printf("dpshim-diag %s (dpshim %s, hook ABI version %d)\n", DPS_VERSION, DPS_VERSION, DPSHIM_HOOK_ABI_VERSION);
         return 0;
     }
-    /* asked for: on stdout, success; after a wrong command line: on stderr, exit 2 */
-    fprintf(help ? stdout : stderr,
-            "usage: dpshim-diag config | check FILE | keys [--conf | --man] | env | bench [--init program|program-mt|shim|python] [SET] | report DIR [--trace OUT.json] [--svg OUT.svg]\n"
-            "       | model DIR (--bench BENCH.txt | --alpha-us A --bw-gbs B) [options] | --help | --version\n");
-    return help ? 0 : 2;
+    return wrong(cmd);
 }

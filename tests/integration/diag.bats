@@ -257,6 +257,37 @@ lanes() {
     assert_equal "$(count "host       $(hostname)")" 2
 }
 
+# --help lists every command with a line on what it does, the same commands as dpshim-diag(1)
+# describes; a wrong command line says what was wrong, then the usage, with status 2.
+@test "dpshim-diag --help: a line per command, as the man page has them; an unknown command is named" {
+    run "$BUILD/bin/dpshim-diag" --help
+    echo "$output"
+    assert_success
+    assert_line --index 0 --partial "usage: dpshim-diag COMMAND"
+    local c help man
+    for c in config check keys env bench report model --help --version; do
+        assert_line --regexp "^  $c( [^ ]+)* +[a-z(][a-z]+ .{16,}\$"
+    done
+    help=$(sed -n 's/^  \([^ ]*\).*/\1/p' <<<"$output" | sort)
+    man=$(awk '/^\.SH /{d = $2 == "DESCRIPTION"; next} d && prev == ".TP" {print $2} {prev = $0}' \
+        "$SRC/docs/man/dpshim-diag.1" | sed 's/\\-/-/g' | sort)
+    assert_equal "$help" "$man"
+    run "$BUILD/bin/dpshim-diag" frob
+    assert_failure 2
+    assert_line --index 0 "dpshim-diag: unknown command 'frob'"
+    assert_line --index 1 --partial "usage: dpshim-diag COMMAND"
+    assert_line --regexp "^  report DIR "
+    run "$BUILD/bin/dpshim-diag" reprot
+    assert_failure 2
+    assert_line --index 0 "dpshim-diag: unknown command 'reprot'; did you mean 'report'?"
+    run "$BUILD/bin/dpshim-diag" check
+    assert_failure 2
+    assert_line --index 0 "dpshim-diag: check takes FILE"
+    run "$BUILD/bin/dpshim-diag"
+    assert_failure 2
+    assert_line --index 0 "dpshim-diag: no command"
+}
+
 @test "dpshim-diag bench: the shim's averages equal plain MPI's sums weighted alike, bit for bit, in every kind of program" {
     # np=3: the weight 1/3 is not exact, and blocks of the ring do not divide the buffers evenly
     for world in program program-mt shim; do
