@@ -200,6 +200,50 @@ static int from_own_folder(const char *rel, char *out, size_t len)
     return k > 0 && (size_t)k < len ? 0 : -1;
 }
 
+/* dpshim-diag shares out no work, so in a job of two or more ranks (mpirun -np 2 dpshim-diag env)
+ * the library's exit check would warn that nothing was distributed, and its summary say so. The
+ * library that env loads learns that it serves a tool from these settings of its policy, in the
+ * environment before it starts: the keys' own override, so no hidden switch is needed. */
+static void quiet_library_policy(void)
+{
+    setenv("DPSHIM_GUARD_NOTHING_SHARED", "off", 1);
+    setenv("DPSHIM_DIAG_SUMMARY", "off", 1);
+}
+
+/* A library preloaded into this process (mpirun ... env LD_PRELOAD=libdpshim.so dpshim-diag env,
+ * or dpshim-run's line) started before main() with the job's policy: the tool runs itself again
+ * without it, the preload's other entries kept; env then loads the library as it does unpreloaded.
+ * Its output policy was applied to standard output once already, which the new process inherits.
+ * Returns only where there is nothing to take away or exec failed (then the warning stays). */
+static void without_preloaded_library(char **argv)
+{
+    Dl_info info;
+    void *describe = dlsym(RTLD_DEFAULT, "dpshim_describe");
+    const char *preload = getenv("LD_PRELOAD");
+    if (!describe || !preload || !dladdr(describe, &info) || !info.dli_fname) return;
+    const char *slash = strrchr(info.dli_fname, '/'), *lib = slash ? slash + 1 : info.dli_fname;
+    char kept[8192];
+    size_t n = 0;
+    int dropped = 0;
+    kept[0] = '\0';
+    for (const char *p = preload; *p; p += strspn(p, ": ")) { /* ld.so separates entries by ':' or ' ' */
+        size_t len = strcspn(p, ": ");
+        const char *base = memrchr(p, '/', len);
+        base = base ? base + 1 : p;
+        if ((size_t)(p + len - base) == strlen(lib) && !strncmp(base, lib, strlen(lib)))
+            dropped = 1;
+        else if (n + len + 2 < sizeof kept)
+            n += (size_t)snprintf(kept + n, sizeof kept - n, "%s%.*s", n ? ":" : "", (int)len, p);
+        p += len;
+    }
+    if (!dropped) return;
+    if (n) setenv("LD_PRELOAD", kept, 1);
+    else unsetenv("LD_PRELOAD");
+    if (argv[1] && !strcmp(argv[1], "env")) setenv("DPSHIM_OUTPUT_STDOUT", "all", 1);
+    fflush(NULL);
+    execv("/proc/self/exe", argv);
+}
+
 /* The shim answers for itself: dpshim-diag loads libdpshim.so (its own build or install tree's,
  * where the install layout puts it relative to this program, or DPSHIM_LIB) and asks it what its
  * start-up found, after the host it runs on, which tells the ranks of a job across machines
@@ -210,6 +254,7 @@ static int cmd_env(void)
     const char *given = getenv("DPSHIM_LIB");
     if (given) snprintf(lib, sizeof lib, "%s", given);
     else if (from_own_folder(DPS_BIN_TO_LIB "/libdpshim.so", lib, sizeof lib) != 0) snprintf(lib, sizeof lib, "libdpshim.so");
+    quiet_library_policy();
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     int (*describe)(char *, size_t) = h ? (int (*)(char *, size_t))dlsym(h, "dpshim_describe") : NULL;
     if (!describe) {
@@ -336,6 +381,7 @@ static int wrong(const char *cmd)
 int main(int argc, char **argv)
 {
     const char *cmd = argc >= 2 ? argv[1] : NULL;
+    if (!cmd || strcmp(cmd, "bench")) without_preloaded_library(argv); /* bench runs a job through it */
     if (!cmd) return wrong(NULL);
     if (!strcmp(cmd, "env")) return argc == 2 ? cmd_env() : wrong(cmd);
     if (!strcmp(cmd, "bench")) return cmd_bench(argv);

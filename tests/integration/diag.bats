@@ -257,6 +257,33 @@ lanes() {
     assert_equal "$(count "host       $(hostname)")" 2
 }
 
+# dpshim-diag shares out no work: run as the ranks of a job, by itself or under the preload
+# (mpirun ... env LD_PRELOAD=libdpshim.so, as dpshim-run launches), it must not warn that nothing
+# was distributed, nor summarize a job; config still shows the user's own policy.
+@test "dpshim-diag as the ranks of a job: no \"nothing was distributed\", plain or preloaded" {
+    run mpi 2 "$BUILD/bin/dpshim-diag" env
+    echo "$output"
+    assert_success
+    assert_equal "$(count "rank process")" 2
+    refute_output --partial "nothing was distributed"
+    refute_output --partial "SUMMARY"
+    for cmd in env config; do
+        run mpi 2 env DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" $cmd
+        echo "$output"
+        assert_success
+        refute_output --partial "nothing was distributed"
+        refute_output --partial "SUMMARY"
+    done
+    # the last was config: the user's values, not the tool's own settings for the library it loads
+    assert_equal "$(count "nothing_shared = warn")" 2
+    refute_output --partial "[r1] [r1]"
+    run mpi 2 env DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" env
+    assert_line --regexp '^\[r1\] rank +1 of 2 \(local 1 of 2\), rank process$'
+    # a job that must distribute, as the policy says, still runs the tool
+    run mpi 2 env DPSHIM_GUARD_NOTHING_SHARED=error "$BUILD/bin/dpshim-diag" env
+    assert_success
+}
+
 # --help lists every command with a line on what it does, the same commands as dpshim-diag(1)
 # describes; a wrong command line says what was wrong, then the usage, with status 2.
 @test "dpshim-diag --help: a line per command, as the man page has them; an unknown command is named" {
