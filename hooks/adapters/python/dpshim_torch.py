@@ -886,7 +886,7 @@ def _gathered_state(optimizer, plan, state_dict):
     return out
 
 
-def _hook_optimizer_state(torch):
+def _patch_optimizer_state(torch):
     base = torch.optim.Optimizer
     state_dict, load_state_dict = base.state_dict, base.load_state_dict
 
@@ -906,7 +906,7 @@ def _hook_optimizer_state(torch):
     base.state_dict, base.load_state_dict = whole_state_dict, load_share
 
 
-def _hook_optimizers(torch):
+def _patch_optimizers(torch):
     import weakref
     base = torch.optim.Optimizer
     init = base.__init__
@@ -919,7 +919,7 @@ def _hook_optimizers(torch):
             _broadcast_tensors([p for p in _parameters([self]) if not _is_lazy(p)])
 
     base.__init__ = registering_init
-    _hook_optimizer_state(torch)
+    _patch_optimizer_state(torch)
     backward = torch.autograd.backward
 
     @functools.wraps(backward)
@@ -962,7 +962,7 @@ def _index_array(idx):
     return (ctypes.c_uint64 * max(len(idx), 1))(*idx)
 
 
-def _hook_samplers(torch):
+def _patch_samplers(torch):
     sampler = torch.utils.data.sampler
     random_iter = sampler.RandomSampler.__iter__
 
@@ -1111,7 +1111,7 @@ _LOSSES = ("l1_loss", "mse_loss", "cross_entropy", "nll_loss", "binary_cross_ent
            "triplet_margin_with_distance_loss", "ctc_loss")
 
 
-def _hook_losses(torch):
+def _patch_losses(torch):
     class GlobalValue(torch.autograd.Function):
         """The global value forward, this rank's loss's gradient backward."""
 
@@ -1182,7 +1182,7 @@ def _bn_sums(a, b, n):
     return count.value
 
 
-def _hook_batchnorm(torch):
+def _patch_batchnorm(torch):
     shape_of = lambda x: [1, x.shape[1]] + [1] * (x.dim() - 2)  # noqa: E731 (a channel's broadcast)
 
     class SyncedBatchNorm(torch.autograd.Function):
@@ -1449,15 +1449,15 @@ def _install(torch):
         return result
 
     torch.nn.Module.load_state_dict = load_state_dict
-    _hook_optimizers(torch)
-    _hook_samplers(torch)
+    _patch_optimizers(torch)
+    _patch_samplers(torch)
     if _shim.bn_sync:
-        _hook_batchnorm(torch)
-    _hook_losses(torch)
-    _hook_self_distribution(torch)
+        _patch_batchnorm(torch)
+    _patch_losses(torch)
+    _patch_self_distribution(torch)
 
 
-def _hook_self_distribution(torch):
+def _patch_self_distribution(torch):
     """A script that distributes itself: torch.distributed initialized (any backend), or a model
     wrapped in DistributedDataParallel or FullyShardedDataParallel. (A DistributedSampler is seen
     where batches are drawn.) The adapter steps aside from that call on, before the first step it
