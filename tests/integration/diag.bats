@@ -90,6 +90,15 @@ lanes() {
     done
 }
 
+# docs/diagnostics.md tells the format version the files carry.
+@test "docs/diagnostics.md: the files' format version" {
+    local v
+    v=$(sed -nE 's/^#define DPS_DIAG_FORMAT_VERSION ([0-9]+)$/\1/p' "$SRC/shim/diag/diag_format.h")
+    [ -n "$v" ] || fail "no DPS_DIAG_FORMAT_VERSION in diag_format.h"
+    grep -qF "(\`dpshim-stats $v\`, \`dpshim-trace $v\`)" "$SRC/docs/diagnostics.md" ||
+        fail "docs/diagnostics.md: $(grep -o 'dpshim-stats [0-9]*' "$SRC/docs/diagnostics.md"), the files carry $v"
+}
+
 # The report aligns the ranks' events on rank 0's clock: each rank's recorded clock_offset_ns is
 # subtracted first, so a host whose clock runs ahead (or behind) does not look late (or early).
 @test "report: recorded clock offsets are subtracted before the ranks' arrivals are compared" {
