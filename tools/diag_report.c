@@ -22,6 +22,10 @@ typedef struct rank_data {
     double wait_s; /* inside collectives, waiting for the last rank to arrive */
     uint64_t last; /* collectives this rank arrived at last */
     double late_s; /* how much later than the second-to-last it arrived, summed */
+    /* start-up: from the rank's start to where its first step begins (see find_startup); 0 when
+     * its trace holds no collective and no step end */
+    uint64_t first_step;
+    uint64_t startup_comm_ns; /* of that, inside collectives */
 } rank_data_t;
 
 /* The ranks of one host: by_host[at .. at + n), in ascending order. */
@@ -369,6 +373,79 @@ static void match_collectives(rank_data_t *rd, int size, uint64_t lo, uint64_t h
     free(at);
 }
 
+/* --- start-up --- */
+
+static int u64_order(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The middle of the times between rank d's step ends (its typical step); 0 with fewer than two. */
+static uint64_t median_step(const rank_data_t *d)
+{
+    size_t n = 0;
+    uint64_t prev = 0, mid = 0, *len = malloc(d->n * sizeof *len);
+    for (size_t i = 0; len && i < d->n; i++)
+        if (d->ev[i].kind == DPS_DIAG_STEP) {
+            if (prev) len[n++] = d->ev[i].begin_ns - prev;
+            prev = d->ev[i].begin_ns;
+        }
+    if (n) {
+        qsort(len, n, sizeof *len, u64_order);
+        mid = len[n / 2];
+    }
+    free(len);
+    return mid;
+}
+
+/* Where each rank's training begins, so that the table's compute column and the picture leave out
+ * the start-up before it (an interpreter's imports, loading data, building the model, which can
+ * outlast a short run's steps many times). Only step ends are recorded, so the first step is taken
+ * to last as long as the rank's median step: it begins that long before the first step end, never
+ * before the rank started. A rank with fewer than two step ends starts training at its first
+ * collective; one whose trace holds neither (trace_mb = 0), nowhere known. */
+static void find_startup(job_t *j)
+{
+    for (int r = 0; r < j->size; r++) {
+        rank_data_t *d = &j->rd[r];
+        uint64_t first_end = 0, first_coll = 0, step = median_step(d);
+        for (size_t i = 0; i < d->n && !first_end; i++) {
+            if (d->ev[i].kind == DPS_DIAG_STEP) first_end = d->ev[i].begin_ns;
+            if (d->ev[i].kind == DPS_DIAG_COLLECTIVE && !first_coll) first_coll = d->ev[i].begin_ns;
+        }
+        if (!step)
+            d->first_step = first_coll;
+        else if (first_end > d->st.start_ns + step)
+            d->first_step = first_end - step;
+        else
+            d->first_step = d->st.start_ns;
+        d->startup_comm_ns = 0;
+        for (size_t i = 0; i < d->n; i++) {
+            const ev_t *e = &d->ev[i];
+            if (e->kind != DPS_DIAG_COLLECTIVE || e->begin_ns >= d->first_step) continue;
+            d->startup_comm_ns += (e->end_ns < d->first_step ? e->end_ns : d->first_step) - e->begin_ns;
+        }
+    }
+}
+
+/* Rank d's start-up outside collectives, in seconds: what the compute column leaves out. */
+static double startup_s(const rank_data_t *d)
+{
+    if (!d->first_step || d->first_step <= d->st.start_ns) return 0;
+    return (double)(d->first_step - d->st.start_ns - d->startup_comm_ns) * 1e-9;
+}
+
+/* The earliest first step of the ranks with files; 0 where none is known. */
+static uint64_t job_first_step(const job_t *j)
+{
+    uint64_t first = 0;
+    for (int r = 0; r < j->size; r++)
+        if (j->rd[r].present && j->rd[r].first_step && (!first || j->rd[r].first_step < first))
+            first = j->rd[r].first_step;
+    return first;
+}
+
 /* --- the Chrome/Perfetto trace --- */
 
 /* A JSON string: hook names are plain, but nothing stops one holding a quote. */
@@ -408,8 +485,16 @@ static void json_lane(FILE *f, const job_t *j, int r, int tid, const char *suffi
     fprintf(f, "}}");
 }
 
-/* One rank's lanes: compute between its collectives, the collectives, step marks, and the
- * progress thread's reductions on a lane of their own. */
+/* Time outside collectives on lane tid: "compute", or "start-up" before the first step. */
+static void json_compute(FILE *f, const char *what, int tid, uint64_t from, uint64_t to, uint64_t t0)
+{
+    fprintf(f,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+            what, what, tid, (double)(from - t0) / 1e3, (double)(to - from) / 1e3);
+}
+
+/* One rank's lanes: the start-up, compute between its collectives, the collectives, step marks,
+ * and the progress thread's reductions on a lane of their own. */
 static void json_rank(FILE *f, const job_t *j, int r, uint64_t t0)
 {
     const rank_data_t *d = &j->rd[r];
@@ -427,11 +512,12 @@ static void json_rank(FILE *f, const job_t *j, int r, uint64_t t0)
             json_span(f, j, e, "background", j->size + r, t0);
             continue;
         }
-        if (e->begin_ns > prev)
-            fprintf(f,
-                    ",\n{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%."
-                    "3f,\"dur\":%.3f}",
-                    r, (double)(prev - t0) / 1e3, (double)(e->begin_ns - prev) / 1e3);
+        if (prev < d->first_step && e->begin_ns > prev) { /* the part before the first step */
+            uint64_t end = e->begin_ns < d->first_step ? e->begin_ns : d->first_step;
+            json_compute(f, "start-up", r, prev, end, t0);
+            prev = end;
+        }
+        if (e->begin_ns > prev) json_compute(f, "compute", r, prev, e->begin_ns, t0);
         json_span(f, j, e, "comm", r, t0);
         prev = e->end_ns;
     }
@@ -452,16 +538,38 @@ static void json_events(FILE *f, const job_t *j, uint64_t t0)
 
 /* --- the SVG timeline --- */
 
+/* The picture's time axis: the start-up, from the first rank's start t0 to the first step at ts,
+ * then the training to the last event at t1. A start-up that would take more than SVG_FOLD_W
+ * pixels at the training's scale is folded: drawn that wide, hatched, not to scale, and set off by
+ * a break, so that a short run after a long start-up (an interpreter's imports) shows its steps
+ * across the picture. Lanes are named "rank N (host)"; a thin dark line marks each step end. */
+enum { SVG_FOLD_W = 64, SVG_BREAK_W = 10 };
+#define SVG_COMPUTE "#9ecae1"
+#define SVG_WAIT "#e6550d"
+#define SVG_COMM "#31a354"
+#define SVG_STEP "#08306b"
+
 typedef struct svg_frame {
-    double W, left, lane, top, x_of;
-    uint64_t t0;
+    double W, left, lane, top;
+    double x_train, x_of; /* where the training begins on the picture; pixels per ns from there */
+    uint64_t t0, ts, t1;
+    int folded;
 } svg_frame_t;
 
+static double svg_x(const svg_frame_t *s, uint64_t t)
+{
+    if (s->folded && t < s->ts) return s->left + SVG_FOLD_W * (double)(t - s->t0) / (double)(s->ts - s->t0);
+    return s->x_train + (t >= s->ts ? (double)(t - s->ts) : -(double)(s->ts - t)) * s->x_of;
+}
+
+/* A span of lane r; what falls in a folded start-up is left out (not to scale there). */
 static void svg_box(FILE *f, const svg_frame_t *s, int r, uint64_t from, uint64_t to, const char *color)
 {
-    fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"/>\n",
-            s->left + (double)(from - s->t0) * s->x_of, s->top + s->lane * r + 4,
-            (double)(to - from) * s->x_of, s->lane - 8, color);
+    if (s->folded && from < s->ts) from = s->ts;
+    if (to <= from) return;
+    double x = svg_x(s, from);
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"/>\n", x,
+            s->top + s->lane * r + 4, svg_x(s, to) - x, s->lane - 8, color);
 }
 
 /* Collectives matched across ranks by number, so that waiting can be drawn apart from
@@ -469,7 +577,7 @@ static void svg_box(FILE *f, const svg_frame_t *s, int r, uint64_t from, uint64_
  * the end. */
 static void svg_collectives(FILE *f, const svg_frame_t *s, const rank_data_t *rd, int size)
 {
-    size_t *at = calloc((size_t)size, sizeof *at);
+    size_t *at = size > 0 ? calloc((size_t)size, sizeof *at) : NULL;
     uint64_t latest, second;
     int last;
     if (!at) return; /* the picture lacks the collectives; the report says what it can */
@@ -477,33 +585,92 @@ static void svg_collectives(FILE *f, const svg_frame_t *s, const rank_data_t *rd
         for (int r = 0; r < size; r++) {
             const ev_t *e = &rd[r].ev[at[r]++];
             uint64_t w_end = latest < e->end_ns ? latest : e->end_ns;
-            if (w_end > e->begin_ns) svg_box(f, s, r, e->begin_ns, w_end, "#e6550d");
-            if (e->end_ns > w_end) svg_box(f, s, r, w_end, e->end_ns, "#31a354");
+            if (w_end > e->begin_ns) svg_box(f, s, r, e->begin_ns, w_end, SVG_WAIT);
+            if (e->end_ns > w_end) svg_box(f, s, r, w_end, e->end_ns, SVG_COMM);
         }
     }
     for (int r = 0; r < size; r++)
         for (; at[r] < rd[r].n; at[r]++) {
             const ev_t *e = &rd[r].ev[at[r]];
             if (e->kind == DPS_DIAG_COLLECTIVE && e->end_ns > e->begin_ns)
-                svg_box(f, s, r, e->begin_ns, e->end_ns, "#e6550d");
+                svg_box(f, s, r, e->begin_ns, e->end_ns, SVG_WAIT);
         }
     free(at);
 }
 
-static void svg_legend(FILE *f, const svg_frame_t *s, int size, double span)
+/* Every `every`-th step: 1, 2, 5, 10, 20, 50 ... steps, the fewest that leave `px` pixels
+ * between two marks at a typical step of step_ns. */
+static uint64_t svg_every(const svg_frame_t *s, uint64_t step_ns, double px)
+{
+    double step_px = (double)step_ns * s->x_of;
+    for (uint64_t k = 1;; k *= 10)
+        for (int m = 0; m < 3; m++) {
+            uint64_t every = k * (uint64_t)(m == 0 ? 1 : m == 1 ? 2 : 5);
+            if (step_px <= 0 || (double)every * step_px >= px || every >= UINT64_MAX / 20) return every;
+        }
+}
+
+/* Each rank's step ends as thin lines across its lane (every few where steps are narrow), and
+ * rank 0's step numbers above the lanes. */
+static void svg_steps(FILE *f, const svg_frame_t *s, const job_t *j)
+{
+    uint64_t typical = median_step(&j->rd[0]), mark = svg_every(s, typical, 4),
+             label = svg_every(s, typical, 48);
+    for (int r = 0; r < j->size; r++)
+        for (size_t i = 0; i < j->rd[r].n; i++) {
+            const ev_t *e = &j->rd[r].ev[i];
+            if (e->kind != DPS_DIAG_STEP || e->step % mark || (s->folded && e->begin_ns < s->ts)) continue;
+            fprintf(f,
+                    "<rect x=\"%.0f\" y=\"%.1f\" width=\"1\" height=\"%.1f\" fill=\"" SVG_STEP
+                    "\" shape-rendering=\"crispEdges\"/>\n",
+                    svg_x(s, e->begin_ns) - 0.5, s->top + s->lane * r + 4, s->lane - 8);
+            if (r == 0 && e->step % label == 0)
+                fprintf(f,
+                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" text-anchor=\"middle\">%llu</text>\n",
+                        svg_x(s, e->begin_ns), s->top - 2, (unsigned long long)e->step);
+        }
+    if (j->rd[0].st.steps) fprintf(f, "<text x=\"8\" y=\"%.1f\" font-size=\"10\">step</text>\n", s->top - 2);
+}
+
+/* A folded start-up: a hatched band per lane and a break after it. */
+static void svg_fold(FILE *f, const svg_frame_t *s, int size)
+{
+    for (int r = 0; r < size; r++) {
+        double y = s->top + s->lane * r;
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"url(#startup)\"/>\n",
+                s->left, y + 4, SVG_FOLD_W, s->lane - 8);
+        double x = s->left + SVG_FOLD_W;
+        fprintf(
+            f,
+            "<path d=\"M%.1f %.1f L%.1f %.1f M%.1f %.1f L%.1f %.1f\" stroke=\"#636363\" stroke-width=\"1.5\" "
+            "fill=\"none\"/>\n",
+            x + 1, y + s->lane - 4, x + 5, y + 4, x + 5, y + s->lane - 4, x + 9, y + 4);
+    }
+}
+
+static void svg_legend(FILE *f, const svg_frame_t *s, int size)
 {
     double ly = s->top + s->lane * size + 25;
-    const char *names[] = {"compute", "waiting for the last rank", "communication"};
-    const char *colors[] = {"#9ecae1", "#e6550d", "#31a354"};
-    for (int i = 0; i < 3; i++) {
-        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n",
-                s->left + 230 * i, ly, colors[i]);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", s->left + 230 * i + 20, ly + 12, names[i]);
+    const char *names[] = {"compute", "waiting for the last rank", "communication", "step end",
+                           s->folded ? "start-up (folded, not to scale)" : "start-up"};
+    const char *colors[] = {SVG_COMPUTE, SVG_WAIT, SVG_COMM, SVG_STEP, "url(#startup)"};
+    for (int i = 0; i < 5; i++) {
+        double x = s->left + 175 * i;
+        if (i == 3)
+            fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"2\" height=\"14\" fill=\"%s\"/>\n", x + 6, ly,
+                    colors[i]);
+        else
+            fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", x, ly,
+                    colors[i]);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", x + 20, ly + 12, names[i]);
     }
-    fprintf(f,
-            "<text x=\"%.0f\" y=\"%.0f\">0 s</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.3f "
-            "s</text>\n",
-            s->left, ly + 36, s->W - 20, ly + 36, span * 1e-9);
+    double ay = ly + 36;
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">0 s</text>\n", s->left, ay);
+    if (s->ts > s->t0 && svg_x(s, s->ts) - s->left >= 50 && s->W - 20 - svg_x(s, s->ts) >= 90)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\">%.3f s</text>\n", svg_x(s, s->ts), ay,
+                (double)(s->ts - s->t0) * 1e-9);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.3f s</text>\n", s->W - 20, ay,
+            (double)(s->t1 - s->t0) * 1e-9);
 }
 
 /* Text in an SVG element: host names and directories may hold what XML reserves. */
@@ -534,33 +701,59 @@ static double svg_left(const job_t *j, double W)
     return left < 70 ? 70 : left > W / 3 ? W / 3 : left;
 }
 
-/* One lane per rank: compute, waiting for the last rank inside a collective, and transfer. */
-static void svg_timeline(FILE *f, const job_t *j, uint64_t t0, uint64_t t1)
+/* The last event of any rank (a collective's end, a step end); 0 without any. */
+static uint64_t last_event(const job_t *j)
 {
-    svg_frame_t s = {.W = 1100, .left = svg_left(j, 1100), .lane = 34, .top = 50, .t0 = t0};
-    double span = (double)(t1 - t0), H = s.top + s.lane * j->size + 70;
+    uint64_t t1 = 0;
+    for (int r = 0; r < j->size; r++)
+        for (size_t i = 0; i < j->rd[r].n; i++)
+            if (j->rd[r].ev[i].end_ns > t1) t1 = j->rd[r].ev[i].end_ns;
+    return t1;
+}
+
+/* One lane per rank: the start-up, then compute, waiting for the last rank inside a collective,
+ * transfer, and step ends; t0 is the first rank's start, t_end the last one's exit. */
+static void svg_timeline(FILE *f, const job_t *j, uint64_t t0, uint64_t t_end)
+{
+    svg_frame_t s = {.W = 1100, .left = svg_left(j, 1100), .lane = 34, .top = 56, .t0 = t0};
+    s.t1 = last_event(j) > t0 ? last_event(j) : t_end;
+    s.ts = job_first_step(j);
+    if (s.ts < t0 || s.ts >= s.t1) s.ts = t0; /* no start-up known: all of it to scale */
+    double plot = s.W - s.left - 20, all = (double)(s.t1 - t0), H = s.top + s.lane * j->size + 70;
+    s.folded = all > 0 && (double)(s.ts - t0) / all * plot > SVG_FOLD_W;
+    s.x_train = s.folded ? s.left + SVG_FOLD_W + SVG_BREAK_W
+                         : s.left + (all > 0 ? (double)(s.ts - t0) / all * plot : 0);
+    s.x_of =
+        s.folded ? (plot - SVG_FOLD_W - SVG_BREAK_W) / (double)(s.t1 - s.ts) : plot / (all > 0 ? all : 1);
     char name[400];
-    s.x_of = (s.W - s.left - 20) / (span > 0 ? span : 1);
     fprintf(f,
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
             "font-family=\"sans-serif\" font-size=\"12\">\n",
             s.W, H);
+    fprintf(f, "<defs><pattern id=\"startup\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+               "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#e0e0e0\"/>"
+               "<rect width=\"2\" height=\"6\" fill=\"#bdbdbd\"/></pattern></defs>\n");
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">dpshim timeline of ", s.left);
     svg_text(f, j->dir);
-    fprintf(f, ": %d ranks on %d host%s, first to last collective, %.3f s%s</text>\n", j->size, j->nhosts,
-            j->nhosts == 1 ? "" : "s", span * 1e-9, clock_summary(j).corrected ? ", on rank 0's clock" : "");
+    fprintf(f, ": %d ranks on %d host%s, %.3f s", j->size, j->nhosts, j->nhosts == 1 ? "" : "s", all * 1e-9);
+    if (s.ts > t0)
+        fprintf(f, "; first step at %.3f s%s, %llu steps", (double)(s.ts - t0) * 1e-9,
+                s.folded ? " (start-up folded)" : "", (unsigned long long)j->rd[0].st.steps);
+    fprintf(f, "%s</text>\n", clock_summary(j).corrected ? ", on rank 0's clock" : "");
     for (int r = 0; r < j->size; r++) {
         double y = s.top + s.lane * r;
         lane_name(j, r, name, sizeof name);
         fprintf(f, "<text x=\"8\" y=\"%.1f\">", y + s.lane * 0.6);
         svg_text(f, name);
         fprintf(f, "</text>\n");
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#9ecae1\"/>\n", s.left,
-                y + 4, span * s.x_of, s.lane - 8);
+        if (!s.folded && s.ts > t0) svg_box(f, &s, r, t0, s.ts, "url(#startup)");
+        svg_box(f, &s, r, s.ts, s.t1, SVG_COMPUTE);
     }
+    if (s.folded) svg_fold(f, &s, j->size);
     svg_collectives(f, &s, j->rd, j->size);
-    svg_legend(f, &s, j->size, span);
+    svg_steps(f, &s, j);
+    svg_legend(f, &s, j->size);
     fprintf(f, "</svg>\n");
 }
 
@@ -577,19 +770,6 @@ static void job_span(const job_t *j, uint64_t *t0, uint64_t *t1)
         }
 }
 
-/* From the first collective to the last, which the picture shows; the job's span without any. */
-static void collective_span(const job_t *j, uint64_t t0, uint64_t t1, uint64_t *c0, uint64_t *c1)
-{
-    *c0 = UINT64_MAX, *c1 = 0;
-    for (int r = 0; r < j->size; r++)
-        for (size_t i = 0; i < j->rd[r].n; i++)
-            if (j->rd[r].ev[i].kind == DPS_DIAG_COLLECTIVE) {
-                if (j->rd[r].ev[i].begin_ns < *c0) *c0 = j->rd[r].ev[i].begin_ns;
-                if (j->rd[r].ev[i].end_ns > *c1) *c1 = j->rd[r].ev[i].end_ns;
-            }
-    if (*c1 <= *c0) *c0 = t0, *c1 = t1;
-}
-
 /* Where each rank's time went, a line per rank; then the progress thread's share. */
 static void print_ranks(const job_t *j)
 {
@@ -604,8 +784,8 @@ static void print_ranks(const job_t *j)
         double wall = (double)(d->st.end_ns - d->st.start_ns) * 1e-9, comm = (double)d->st.comm_ns * 1e-9;
         printf("%4d  %5llu  %11llu  %10.1f  %7.3f  %9.3f  %7.3f  %9.3f  %5.1f%%  %5.1f%%        %s\n", r,
                (unsigned long long)d->st.steps, (unsigned long long)d->st.collectives,
-               (double)(d->st.bytes + d->st.bg_bytes) / 1e6, wall, wall - comm, comm, d->wait_s,
-               wall > 0 ? 100 * comm / wall : 0,
+               (double)(d->st.bytes + d->st.bg_bytes) / 1e6, wall, wall - startup_s(d) - comm, comm,
+               d->wait_s, wall > 0 ? 100 * comm / wall : 0,
                d->st.collectives ? 100.0 * (double)d->last / (double)d->st.collectives : 0, host_of(j, r));
     }
     for (int r = 0; r < j->size; r++)
@@ -615,6 +795,24 @@ static void print_ranks(const job_t *j)
                    "wait in dp_grads counts as comm above\n",
                    r, (unsigned long long)j->rd[r].st.bg_collectives, (double)j->rd[r].st.bg_bytes / 1e6,
                    (double)j->rd[r].st.bg_comm_ns * 1e-9);
+}
+
+/* The start-up the compute column leaves out: rank 0's, and the range over the ranks. */
+static void print_startup(const job_t *j)
+{
+    double lo = -1, hi = 0;
+    int known = 0;
+    for (int r = 0; r < j->size; r++)
+        if (j->rd[r].present && j->rd[r].first_step) {
+            double s = startup_s(&j->rd[r]);
+            lo = lo < 0 || s < lo ? s : lo, hi = s > hi ? s : hi, known++;
+        }
+    if (!known) return;
+    printf("start-up, before the first step and outside collectives (not in compute s): ");
+    if (j->rd[0].present && j->rd[0].first_step)
+        printf("%.3f s on rank 0%s", startup_s(&j->rd[0]), known > 1 ? ", " : "");
+    if (known > 1) printf("%.3f to %.3f s on the ranks", lo, hi);
+    printf("\n");
 }
 
 /* Whose clock the waiting and arrived-last columns read, where more than one clock is involved. */
@@ -707,14 +905,12 @@ static int write_pictures(const job_t *j, const char *trace_out, const char *svg
             json_events(f, j, t0), rc |= fclose(f) != 0,
                 printf("trace: %s (chrome://tracing, ui.perfetto.dev)\n", trace_out);
     }
-    uint64_t c0, c1;
-    collective_span(j, t0, t1, &c0, &c1);
     if (svg_out) {
         FILE *f = fopen(svg_out, "w");
         if (!f)
             fprintf(stderr, "dpshim-diag: cannot write %s: %s\n", svg_out, strerror(errno)), rc = 1;
         else
-            svg_timeline(f, j, c0, c1), rc |= fclose(f) != 0, printf("timeline: %s\n", svg_out);
+            svg_timeline(f, j, t0, t1), rc |= fclose(f) != 0, printf("timeline: %s\n", svg_out);
     }
     return rc;
 }
@@ -797,6 +993,7 @@ static int load_for_report(const char *dir, job_t *j)
         fprintf(stderr, "dpshim-diag: out of memory\n");
         return 1;
     }
+    find_startup(j);
     return 0;
 }
 
@@ -814,6 +1011,7 @@ int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
     print_clocks(&clocks);
     printf("\n");
     print_ranks(&j);
+    print_startup(&j);
     print_clock_note(&j, &clocks);
     print_straggler(&j);
     print_files(&j);

@@ -40,6 +40,54 @@ figures() {
     "$BUILD/bin/dpshim-diag" report "$1" | grep -E '^ +[0-9]+  |^straggler'
 }
 
+# step_marks FILE.svg: the picture as rsvg-convert (librsvg2-bin) draws it, measured in the row
+# with the most step ends: "RUNS SHARE", how many separate step-end lines cross it and the share of
+# the picture's width from the first to the last (the PNG decoded by Python's zlib, no imaging
+# library: 8-bit RGB or RGBA, not interlaced, as rsvg-convert writes).
+step_marks() {
+    rsvg-convert "$1" -o "$1.png" || return 1
+    /usr/bin/python3 - "$1.png" <<'PYEOF'
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"\x89PNG\r\n\x1a\n"
+at, idat = 8, b""
+while at < len(data):
+    n, kind = struct.unpack(">I4s", data[at:at + 8])
+    body = data[at + 8:at + 8 + n]
+    if kind == b"IHDR":
+        w, h, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+        assert depth == 8 and color in (2, 6) and not interlace, (depth, color, interlace)
+    elif kind == b"IDAT":
+        idat += body
+    at += 12 + n
+bpp, raw, rows, prev = 3 if color == 2 else 4, zlib.decompress(idat), [], None
+stride = w * bpp
+for y in range(h):
+    kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+    up = prev or bytearray(stride)
+    for i in range(stride):
+        a = line[i - bpp] if i >= bpp else 0
+        b, c = up[i], up[i - bpp] if i >= bpp else 0
+        if kind == 1: line[i] = (line[i] + a) & 255
+        elif kind == 2: line[i] = (line[i] + b) & 255
+        elif kind == 3: line[i] = (line[i] + (a + b) // 2) & 255
+        elif kind == 4:
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    rows.append(line)
+    prev = line
+mark = (0x08, 0x30, 0x6b)  # the step end's colour
+best = (0, 0.0)
+for line in rows:
+    xs = [x for x in range(w) if sum(abs(line[x * bpp + k] - mark[k]) for k in range(3)) < 60]
+    runs = sum(1 for i, x in enumerate(xs) if i == 0 or xs[i - 1] != x - 1)
+    if xs and runs > best[0]:
+        best = (runs, (xs[-1] - xs[0] + 1) / w)
+print("%d %.3f" % best)
+PYEOF
+}
+
 # lanes FILE.json|FILE.svg: the names of the lanes, one a line.
 lanes() {
     case $1 in
@@ -90,13 +138,65 @@ lanes() {
     done
 }
 
-# docs/diagnostics.md tells the format version the files carry.
-@test "docs/diagnostics.md: the files' format version" {
+# A PyTorch job whose interpreter takes seconds to start (here a pause before `import torch`, as a
+# slow file system gives) and then trains 80 short steps: the timeline folds the start-up into a
+# marked break and spreads the steps over the picture, and the compute column leaves it out.
+@test "the timeline of a PyTorch job with a long start-up shows its 80 steps across the picture" {
+    /usr/bin/python3 -c "import torch" 2>/dev/null || skip "no torch for /usr/bin/python3"
+    command -v rsvg-convert >/dev/null || skip "no rsvg-convert (Debian's librsvg2-bin)"
+    cd "$BATS_TEST_TMPDIR"
+    mkdir -p tv/FashionMNIST/raw
+    for f in /usr/share/datasets/fashion-mnist/*.gz; do gunzip -c "$f" >"tv/FashionMNIST/raw/$(basename "$f" .gz)"; done
+    run mpi 2 env OMP_NUM_THREADS=1 DPSHIM_DIAG_DIR=diag LD_PRELOAD="$SHIM" /usr/bin/python3 -c '
+import runpy, sys, time
+time.sleep(3)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")' "$SRC/examples/pytorch/train_fmnist.py" --data tv --no-eval \
+        --train-limit 1280 --batch-size 16
+    assert_success
+    run "$BUILD/bin/dpshim-diag" report diag --svg t.svg
+    echo "$output"
+    assert_success
+    assert_line --regexp "^start-up, before the first step and outside collectives \(not in compute s\): [0-9.]+ s on rank 0, "
+    local wall compute startup
+    read -r _ _ _ _ wall compute _ <<<"$(grep -E '^ +0 +80 ' <<<"$output")"
+    startup=$(sed -nE 's/^start-up, .*: ([0-9.]+) s on rank 0.*/\1/p' <<<"$output")
+    echo "rank 0: wall $wall s, start-up $startup s, compute $compute s" >&3
+    assert_le 3 "$startup"
+    assert_le "$compute" "$(awk -v w="$wall" 'BEGIN { print w - 3 }')"
+    grep -q "first step at [0-9.]* s (start-up folded), 80 steps</text>" t.svg || fail "$(grep -m1 timeline t.svg)"
+    local host
+    host=$(hostname)
+    run lanes t.svg
+    assert_output "$(printf 'rank %d ('"$host"')\n' 0 1)"
+    # the picture as drawn: each of the 80 step ends a line of its own, spread over most of the width
+    run step_marks t.svg
+    echo "step-end lines and the share of the width from the first to the last: $output" >&3
+    assert_success
+    local runs share
+    read -r runs share <<<"$output"
+    assert_le 75 "$runs"
+    assert_le 0.75 "$share"
+}
+
+# docs/diagnostics.md tells the truth: the format version the files carry, and an example picture
+# drawn by this dpshim-diag (lanes named "rank N (host)", a line at each step end).
+@test "docs/diagnostics.md: the files' format version, and an example timeline of today's look" {
     local v
     v=$(sed -nE 's/^#define DPS_DIAG_FORMAT_VERSION ([0-9]+)$/\1/p' "$SRC/shim/diag/diag_format.h")
     [ -n "$v" ] || fail "no DPS_DIAG_FORMAT_VERSION in diag_format.h"
     grep -qF "(\`dpshim-stats $v\`, \`dpshim-trace $v\`)" "$SRC/docs/diagnostics.md" ||
         fail "docs/diagnostics.md: $(grep -o 'dpshim-stats [0-9]*' "$SRC/docs/diagnostics.md"), the files carry $v"
+    run lanes "$SRC/docs/diag-timeline.svg"
+    assert_success
+    assert_output --regexp '^rank 0 \([^)]+\)'$'\n''rank 1 \([^)]+\)'
+    command -v rsvg-convert >/dev/null || skip "no rsvg-convert (Debian's librsvg2-bin)"
+    cp "$SRC/docs/diag-timeline.svg" "$BATS_TEST_TMPDIR/example.svg"
+    run step_marks "$BATS_TEST_TMPDIR/example.svg"
+    local runs share
+    read -r runs share <<<"$output"
+    assert_le 20 "$runs"
+    assert_le 0.7 "$share"
 }
 
 # The report aligns the ranks' events on rank 0's clock: each rank's recorded clock_offset_ns is
