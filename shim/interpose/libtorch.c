@@ -28,6 +28,7 @@ static const char *const entry_names[] = {
 
 static void *_Atomic reals[DPS_TORCH_COUNT];
 static dps_torch_handler_t handlers[DPS_TORCH_COUNT]; /* set once, under `once` */
+static dps_torch_batch_norm_handler_t batch_norm_handler; /* the same */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char state[512]; /* what became of the adapter, for the end-of-job summary */
 static int running;
@@ -80,6 +81,7 @@ static void run_without_adapter(const char *why)
              why);
     if (dps_g.rank == 0) DPS_WARN("%s", state);
     memset(handlers, 0, sizeof handlers);
+    batch_norm_handler = NULL;
 }
 
 static void start_adapter(void)
@@ -116,7 +118,7 @@ static void start_adapter(void)
     dps_torch_config_t c = {.abi = DPS_TORCH_ABI, .rank = dps_g.eff_rank, .size = dps_g.eff_size,
                             .split_mode = dps_g.split_mode, .uneven = dps_g.uneven,
                             .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole,
-                            .shard = shard_setting()};
+                            .shard = shard_setting(), .bn_sync = dps_g.bn_sync};
     int started = init ? init(&c, handlers, err, sizeof err) : -1;
     if (started == 1) { /* the same soname, another version */
         run_without_adapter(err);
@@ -126,6 +128,7 @@ static void start_adapter(void)
         dps_fatal("the libtorch adapter (%s, built for libtorch %s) could not start: %s; without it every rank would "
                   "train alone",
                   path, version, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : open_err);
+    *(void **)&batch_norm_handler = dlsym(plugin, DPS_TORCH_BATCH_NORM_SYMBOL);
     snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", version);
     DPS_INFO("%s, from %s", state, path);
     running = 1;
@@ -164,6 +167,74 @@ static uintptr_t enter(dps_torch_entry_t id, const uintptr_t a[6])
     }
 DPS_TORCH_ENTRIES(DPS_TORCH_STUB)
 #undef DPS_TORCH_STUB
+
+/* --- batch_norm: a signature of its own (libtorch.h) --- */
+
+static const char *const batch_norm_names[] = {
+#define DPS_TORCH_BN_NAME(id, name) name,
+    DPS_TORCH_BATCH_NORMS(DPS_TORCH_BN_NAME)
+#undef DPS_TORCH_BN_NAME
+};
+static void *_Atomic batch_norm_reals[sizeof batch_norm_names / sizeof *batch_norm_names];
+/* The executable segment of the library that defines batch_norm (libtorch_cpu): a call from
+ * there is libtorch's own (InstanceNorm normalizes each sample through batch_norm), not a
+ * BatchNorm of the program's. Found once; racing threads find the same. */
+static _Atomic uintptr_t torch_code_lo, torch_code_hi;
+
+static int find_code(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    uintptr_t at = (uintptr_t)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X) || at < lo || at >= lo + ph->p_memsz) continue;
+        atomic_store_explicit(&torch_code_lo, lo, memory_order_relaxed);
+        atomic_store_explicit(&torch_code_hi, lo + ph->p_memsz, memory_order_release);
+        return 1;
+    }
+    return 0;
+}
+
+static void *batch_norm(int which, const void *caller, void *out, const void *input, const void *weight,
+                        const void *bias, const void *running_mean, const void *running_var, bool training,
+                        double momentum, double eps, bool cudnn_enabled)
+{
+    void *real = atomic_load_explicit(&batch_norm_reals[which], memory_order_relaxed);
+    if (!real) {
+        atomic_store_explicit(&batch_norm_reals[which], real = dps_real_find(batch_norm_names[which]),
+                              memory_order_relaxed);
+        if (!atomic_load_explicit(&torch_code_hi, memory_order_acquire)) dl_iterate_phdr(find_code, real);
+    }
+    pthread_once(&once, load_adapter);
+    uintptr_t from = (uintptr_t)caller, hi = atomic_load_explicit(&torch_code_hi, memory_order_acquire);
+    int libtorch_own = from < hi && from >= atomic_load_explicit(&torch_code_lo, memory_order_relaxed);
+    dps_torch_batch_norm_t fn = (dps_torch_batch_norm_t)real;
+    if (batch_norm_handler && training && !libtorch_own && !dps_in_shim &&
+        !atomic_load_explicit(&dps_g.forked, memory_order_relaxed))
+        return batch_norm_handler(fn, out, input, weight, bias, running_mean, running_var, training, momentum, eps,
+                                  cudnn_enabled);
+    return fn(out, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
+}
+
+enum {
+#define DPS_TORCH_BN_ENUM(id, name) DPS_TORCH_BN_##id,
+    DPS_TORCH_BATCH_NORMS(DPS_TORCH_BN_ENUM)
+#undef DPS_TORCH_BN_ENUM
+};
+
+#define DPS_TORCH_BN_STUB(id, name)                                                                                 \
+    DPS_EXPORT void *dps_torch_##id(void *, const void *, const void *, const void *, const void *, const void *,   \
+                                    bool, double, double, bool) __asm__(name);                                     \
+    DPS_EXPORT void *dps_torch_##id(void *out, const void *input, const void *weight, const void *bias,             \
+                                    const void *running_mean, const void *running_var, bool training,              \
+                                    double momentum, double eps, bool cudnn_enabled)                               \
+    {                                                                                                               \
+        return batch_norm(DPS_TORCH_BN_##id, __builtin_return_address(0), out, input, weight, bias, running_mean,   \
+                          running_var, training, momentum, eps, cudnn_enabled);                                     \
+    }
+DPS_TORCH_BATCH_NORMS(DPS_TORCH_BN_STUB)
+#undef DPS_TORCH_BN_STUB
 
 #else
 const char *dps_torch_adapter_state(void) { return "the libtorch adapter runs on x86-64 only"; }

@@ -10,10 +10,11 @@
 #ifndef DPS_LIBTORCH_H
 #define DPS_LIBTORCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPS_TORCH_ABI 3
+#define DPS_TORCH_ABI 4
 
 /* ID, mangled name (x86-64), the adapter's handler. The names are those of libtorch 1.13 to 2.x:
  * no entry's signature names std::string, so both string ABIs share them. Where a signature has an
@@ -51,6 +52,29 @@
     X(ADAGRAD_LOAD, "_ZN5torch5optim7Adagrad4loadERNS_9serialize12InputArchiveE", load_optimizer)      \
     X(RMSPROP_LOAD, "_ZN5torch5optim7RMSprop4loadERNS_9serialize12InputArchiveE", load_optimizer)
 
+/* at::_ops::batch_norm::call, which torch::nn::BatchNorm*d's forward reaches through the inline
+ * torch::nn::functional::batch_norm and at::batch_norm: a Tensor returned through a hidden
+ * pointer, five tensors by reference (input, then optional weight, bias, running mean and
+ * variance), bool training, double momentum, double eps, bool cudnn_enabled. Its bools go past
+ * the six integer registers and its doubles in SSE registers, so it has a C signature and stubs of
+ * its own. Mangled as the optimizers' entries, c10::optional before 2.2, std::optional after. */
+#define DPS_TORCH_BATCH_NORMS(X)                                                                    \
+    X(BATCH_NORM, "_ZN2at4_ops10batch_norm4callERKNS_6TensorERKN3c108optionalIS2_EES9_S9_S9_bddb") \
+    X(BATCH_NORM_STD, "_ZN2at4_ops10batch_norm4callERKNS_6TensorERKSt8optionalIS2_ES8_S8_S8_bddb")
+
+typedef void *(*dps_torch_batch_norm_t)(void *out, const void *input, const void *weight, const void *bias,
+                                        const void *running_mean, const void *running_var, bool training,
+                                        double momentum, double eps, bool cudnn_enabled);
+
+/* The adapter's handler of a training-mode batch_norm the program called (libtorch's own calls,
+ * such as InstanceNorm's, go straight to libtorch): the real function first, then its arguments;
+ * returns out. */
+typedef void *(*dps_torch_batch_norm_handler_t)(dps_torch_batch_norm_t real, void *out, const void *input,
+                                                const void *weight, const void *bias, const void *running_mean,
+                                                const void *running_var, bool training, double momentum, double eps,
+                                                bool cudnn_enabled);
+#define DPS_TORCH_BATCH_NORM_SYMBOL "dpshim_torch_batch_norm"
+
 typedef enum {
 #define DPS_TORCH_ENUM(id, name, fn) DPS_TORCH_##id,
     DPS_TORCH_ENTRIES(DPS_TORCH_ENUM)
@@ -68,9 +92,11 @@ typedef struct dps_torch_config {
     int uneven;     /* [data] uneven: 0 pad, 1 drop, 2 join */
     int eval_whole; /* [data] eval = whole */
     int shard;      /* [optim] shard: 0 off, 1 on, 2 auto */
+    int bn_sync;    /* [bn] sync = on */
 } dps_torch_config_t;
 
-/* The plugin's one export: fills handler[DPS_TORCH_COUNT] (NULL: the real call, unchanged).
+/* The plugin's exports: DPS_TORCH_BATCH_NORM_SYMBOL (a dps_torch_batch_norm_handler_t), and this,
+ * which fills handler[DPS_TORCH_COUNT] (NULL: the real call, unchanged).
  * 0; 1 with err set where the process runs a libtorch version other than the plugin's (its
  * calls then run unchanged); -1 with err set where the plugin cannot start. */
 typedef int (*dps_torch_init_t)(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err,

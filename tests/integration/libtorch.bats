@@ -126,6 +126,27 @@ at_2_and_3() {
     while read -r line; do assert_equal "$(count "$line")" 3; done <alone32.txt
 }
 
+@test "a CNN with BatchNorm2d and BatchNorm1d: statistics of the global batch, as alone at np=2, 3" {
+    # each epoch's test pass in eval mode and the running statistics as alone (1e-9), unequal
+    # shares of 16 at np=3; BatchNorm1d's momentum none. The last batch of 4 is shared out at
+    # np=2; at np=3 (fewer than 2N samples: a share of one would stop BatchNorm1d) each rank
+    # takes it whole
+    T=$BUILD/bin/bn_cnn
+    against_alone 2
+    grep -q "^bn1 running_var " out.0
+    assert_equal "$samples" 100
+    against_alone 3
+    assert_equal "$samples" $((96 + 3 * 4))
+}
+
+@test "[bn] sync = off: each rank's BatchNorm keeps its own share's statistics" {
+    T=$BUILD/bin/bn_cnn
+    run mpi 2 sh -c 'exec env LD_PRELOAD="$0" DPSHIM_BN_SYNC=off "$@" >out.$OMPI_COMM_WORLD_RANK' "$SHIM" "$T" --epochs 1
+    assert_success
+    run cmp <(grep running_mean out.0) <(grep running_mean out.1)
+    assert_failure
+}
+
 @test "every rank makes the collectives; torch::save under rank0_only writes one model and one optimizer" {
     mkdir alone job
     (cd alone && "$T" --save run >/dev/null 2>&1)

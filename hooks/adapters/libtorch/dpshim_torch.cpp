@@ -17,11 +17,15 @@
 //   ::save and ::load            elements, keeping state for those only; then every parameter
 //                                from its owner (dp_from_owners). save writes the whole state
 //                                (gathered from the owners); load keeps this rank's share
+//   at::_ops::batch_norm::call   BatchNorm in training mode, called by the program (its
+//                                torch::nn::BatchNorm*d): statistics of the global batch
+//                                (dp_bn_stats) in forward and backward, running ones as alone
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
 
+#include <atomic>
 #include <cstdio>
 #include <dlfcn.h>
 #include <deque>
@@ -46,6 +50,7 @@ using NextFn = Batch (*)(void *self, size_t batch_size);
 using RawFn = uintptr_t (*)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t);
 
 dps_torch_config_t conf;
+std::atomic<bool> batch_norms{false}; // the program's BatchNorm has run in training mode
 
 struct State {
     std::vector<at::Tensor> params;                      // every optimizer's, in the order given
@@ -644,7 +649,11 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
     Batch got = next(self, batch_size);
     bool evaluating = conf.eval_whole && !c10::GradMode::is_enabled();
     if (got && !evaluating) st.training = self;
-    if (got && !evaluating && conf.split_mode && got->size() < static_cast<size_t>(conf.size)) {
+    // a share of one sample would stop a BatchNorm in training (libtorch's inline check refuses a
+    // single value per channel, though the statistics are the global batch's): once the program's
+    // BatchNorm has run, a batch of fewer than 2N samples is taken whole too
+    size_t whole_below = static_cast<size_t>(conf.size) * (batch_norms.load(std::memory_order_relaxed) ? 2 : 1);
+    if (got && !evaluating && conf.split_mode && got->size() < whole_below) {
         st.handed[self].push_back({got->size(), static_cast<uint64_t>(conf.size)}); // none may be empty
     } else if (got && !evaluating && conf.split_mode) {
         std::vector<uint64_t> idx(got->begin(), got->end());
@@ -711,6 +720,149 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
     return r;
 }
 
+// --- BatchNorm: statistics of the global batch ([bn] sync) ----------------------------------------
+//
+// As the PyTorch adapter does, on libtorch's own kernels: per-channel sums of x and x*x in x's
+// dtype, widened to float64 and summed over ranks with the sample count (dp_bn_stats); the native
+// kernel normalizes with the global mean and (biased) variance; backward is the native kernel's
+// direct term plus the statistics' terms from two per-channel sums over ranks. The running
+// statistics get the global batch's mean and unbiased variance, with the momentum the module
+// computed (1/num_batches_tracked where its momentum is none). Batches every rank computes whole
+// (made by hand, too few samples to share, or under NoGradGuard with [data] eval = whole) run
+// the native kernel: each rank is then alone, bitwise. Every rank decides alike: the decisions
+// depend on what the ranks agree on (the batch's global size, the policy, the module's mode).
+
+uint64_t bn_sums(at::Tensor &a, at::Tensor &b, uint64_t n)
+{
+    dp_tensor t[2] = {view_of(a, "bn_sum"), view_of(b, "bn_sumsq")};
+    if (dp_bn_stats(&t[0], &t[1], &n) != 0) throw std::runtime_error("dp_bn_stats failed (see the message above)");
+    return n;
+}
+
+// x's shape for a per-channel tensor: [1, C, 1, ...]
+std::vector<int64_t> channel_shape(const at::Tensor &x)
+{
+    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+    shape[1] = x.size(1);
+    return shape;
+}
+
+struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
+    // y, and the global batch's mean and biased variance in float64; *total_p: its samples
+    static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x,
+                                                  const at::Tensor &weight, const at::Tensor &bias, double eps,
+                                                  uint64_t *total_p)
+    {
+        std::vector<int64_t> dims{0};
+        for (int64_t d = 2; d < x.dim(); d++) dims.push_back(d);
+        uint64_t n = static_cast<uint64_t>(x.numel() / x.size(1));
+        // summed in x's dtype (libtorch's cascade sums), as the PyTorch adapter does
+        at::Tensor s = x.sum(dims).to(at::kDouble).contiguous(), ss = (x * x).sum(dims).to(at::kDouble).contiguous();
+        uint64_t total = 0;
+        try {
+            total = bn_sums(s, ss, n);
+        } catch (const std::exception &e) {
+            fail("summing BatchNorm's statistics", e);
+        }
+        at::Tensor mean = total ? s / static_cast<double>(total) : s;
+        at::Tensor var = total ? (ss / static_cast<double>(total) - mean * mean).clamp_min(0) : ss;
+        at::Tensor m = mean.to(x.scalar_type()), v = var.to(x.scalar_type());
+        // training false: normalized with m and v (this call goes straight to libtorch)
+        at::Tensor y = at::batch_norm(x, weight, bias, m, v, false, 0.0, eps, false);
+        ctx->save_for_backward({x, weight, m, v});
+        ctx->saved_data["eps"] = eps;
+        ctx->saved_data["n"] = static_cast<int64_t>(n);
+        ctx->saved_data["total"] = static_cast<int64_t>(total);
+        ctx->mark_non_differentiable({mean, var});
+        *total_p = total;
+        return {y, mean, var};
+    }
+
+    // The local gradients are of this rank's loss over its n samples: scaled by n they are per
+    // sample and add up across ranks with unequal n; dividing by n again returns to this rank's
+    // convention.
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grads)
+    {
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &weight = saved[1], &m = saved[2], &v = saved[3];
+        double eps = ctx->saved_data["eps"].toDouble();
+        int64_t n = ctx->saved_data["n"].toInt(), total = ctx->saved_data["total"].toInt();
+        at::Tensor dy = grads[0].contiguous();
+        auto g = at::native_batch_norm_backward(dy, x, weight, m, v, at::Tensor(), at::Tensor(), false, eps,
+                                                {true, true, true});
+        at::Tensor gx = std::get<0>(g), gw = std::get<1>(g), gb = std::get<2>(g);
+        // gb = sum(dy), gw = sum(dy * xhat) = invstd * sum(dy * (x - mean)), per channel
+        at::Tensor invstd = at::rsqrt(v.to(at::kDouble) + eps);
+        at::Tensor a = (gb.to(at::kDouble) * static_cast<double>(n)).contiguous();
+        at::Tensor b = (gw.to(at::kDouble) / invstd * static_cast<double>(n)).contiguous();
+        try {
+            bn_sums(a, b, static_cast<uint64_t>(n));
+        } catch (const std::exception &e) {
+            fail("summing BatchNorm's gradient terms", e);
+        }
+        if (n && total) {
+            at::Tensor k = weight.to(at::kDouble) * invstd / (static_cast<double>(n) * static_cast<double>(total));
+            // gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
+            at::Tensor slope = -k * invstd * invstd * b;
+            at::Tensor offset = -k * a - slope * m.to(at::kDouble);
+            auto shape = channel_shape(x);
+            gx.addcmul_(x, slope.to(x.scalar_type()).view(shape)).add_(offset.to(x.scalar_type()).view(shape));
+        }
+        return {gx, gw, gb, at::Tensor(), at::Tensor()};
+    }
+};
+
+// How many ranks compute the batch being trained on: 1 where it was shared out, N where every
+// rank took it whole; the one a step has used is behind it (weigh_current_batch).
+uint64_t batch_replicas()
+{
+    auto *q = training_batches();
+    size_t at = st.batch_used ? 1 : 0;
+    if (!q || q->size() <= at) return static_cast<uint64_t>(conf.size); // batches made by hand
+    return (*q)[at].replicas;
+}
+
+using OptTensor = c10::optional<at::Tensor>;
+
+at::Tensor synced_batch_norm(const at::Tensor &x, const OptTensor &weight_o, const OptTensor &bias_o,
+                             const OptTensor &running_mean_o, const OptTensor &running_var_o, double momentum,
+                             double eps)
+{
+    // a BatchNorm without affine parameters gets ones and zeros that need no gradient (libtorch
+    // 1.13's custom functions take no undefined tensor)
+    at::Tensor weight = weight_o && weight_o->defined() ? *weight_o : at::ones({x.size(1)}, x.options());
+    at::Tensor bias = bias_o && bias_o->defined() ? *bias_o : at::zeros({x.size(1)}, x.options());
+    uint64_t total = 0;
+    auto out = SyncedBatchNorm::apply(x, weight, bias, eps, &total);
+    at::Tensor rm = running_mean_o ? *running_mean_o : at::Tensor(), rv = running_var_o ? *running_var_o : at::Tensor();
+    if (rm.defined() || rv.defined()) {
+        at::NoGradGuard no_grad;
+        double t = static_cast<double>(total);
+        if (rm.defined()) rm.mul_(1 - momentum).add_(out[1].to(rm.scalar_type()), momentum);
+        if (rv.defined()) {
+            at::Tensor unbiased = t > 1 ? out[2] * (t / (t - 1)) : out[2];
+            rv.mul_(1 - momentum).add_(unbiased.to(rv.scalar_type()), momentum);
+        }
+    }
+    return out[0];
+}
+
+void *batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, const void *weight, const void *bias,
+                 const void *running_mean, const void *running_var, bool training, double momentum, double eps,
+                 bool cudnn_enabled)
+{
+    const auto &x = *static_cast<const at::Tensor *>(input);
+    if (training) batch_norms.store(true, std::memory_order_relaxed);
+    bool whole = (conf.eval_whole && !c10::GradMode::is_enabled()) || batch_replicas() != 1;
+    if (!conf.bn_sync || !training || whole || x.dim() < 2 || x.size(1) == 0 || dtype_of(x) < 0)
+        return real(out, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
+    at::Tensor y = synced_batch_norm(x, *static_cast<const OptTensor *>(weight), *static_cast<const OptTensor *>(bias),
+                                     *static_cast<const OptTensor *>(running_mean),
+                                     *static_cast<const OptTensor *>(running_var), momentum, eps);
+    return new (out) at::Tensor(std::move(y));
+}
+
 // "2.6" of "2.6.0+cpu"
 std::string major_minor(const std::string &version)
 {
@@ -761,4 +913,15 @@ extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dp
     };
     for (int i = 0; i < DPS_TORCH_COUNT; i++) handler[i] = all[i];
     return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) void *
+dpshim_torch_batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, const void *weight,
+                        const void *bias, const void *running_mean, const void *running_var, bool training,
+                        double momentum, double eps, bool cudnn_enabled)
+{
+    static_assert(std::is_same_v<decltype(&dpshim_torch_batch_norm), dps_torch_batch_norm_handler_t>,
+                  "the handler libtorch.h declares");
+    return batch_norm(real, out, input, weight, bias, running_mean, running_var, training, momentum, eps,
+                      cudnn_enabled);
 }
