@@ -20,4 +20,11 @@ void *dps_real_find(const char *name);
          : (__atomic_store_n((void **)&dps_real_##name, dps_real_find(#name), __ATOMIC_RELAXED), \
             dps_real_##name))
 
+/* Resolves name now. For the functions a program may hand a string that dlerror() returned
+ * (fprintf(stderr, "%s", dlerror()), write(2, msg, len)): glibc frees that string at the next dl
+ * call, so a first call that looked the real function up with dlsym would print freed memory.
+ * Their files resolve them in a constructor, before the program runs; one not found stays for
+ * DPS_REAL, which ends the process naming it if the program ever calls it. */
+#define DPS_REAL_RESOLVE(name) __atomic_store_n((void **)&dps_real_##name, dlsym(RTLD_NEXT, #name), __ATOMIC_RELAXED)
+
 #endif

@@ -193,6 +193,15 @@ DPS_REAL_DECLARE(int, _IO_putc, (int, FILE *));
 DPS_REAL_DECLARE(int, fputc_unlocked, (int, FILE *));
 DPS_REAL_DECLARE(int, putc_unlocked, (int, FILE *));
 
+/* Before main: a first fprintf or fputs may print a dlerror() string (real.h, DPS_REAL_RESOLVE). */
+__attribute__((constructor)) DPS_STARTUP static void resolve_stream_writes(void)
+{
+    DPS_REAL_RESOLVE(fwrite), DPS_REAL_RESOLVE(fwrite_unlocked), DPS_REAL_RESOLVE(fputs);
+    DPS_REAL_RESOLVE(fputs_unlocked), DPS_REAL_RESOLVE(vfprintf), DPS_REAL_RESOLVE(__vfprintf_chk);
+    DPS_REAL_RESOLVE(fputc), DPS_REAL_RESOLVE(putc), DPS_REAL_RESOLVE(_IO_putc);
+    DPS_REAL_RESOLVE(fputc_unlocked), DPS_REAL_RESOLVE(putc_unlocked);
+}
+
 static int paired_vfprintf(FILE *f, const char *fmt, va_list ap)
 {
     STREAM_WRITE_BODY(f, int, DPS_REAL(vfprintf)(f, fmt, ap), r_ >= 0);

@@ -77,3 +77,12 @@ SH
         assert_equal "$(grep -cE "^	($labels)[^	]*: [^	]*\$" <<<"$output")" 69 || { echo "run $i: $output"; false; }
     done
 }
+
+@test "a dlerror() message printed by the first fprintf, fputs, fwrite, write or putc comes out whole" {
+    # glibc frees the message at the next dl call: the shim's interposers must not make one then
+    for how in fprintf fputs fwrite write putc; do
+        run env LD_PRELOAD="$SHIM" DPSHIM_FILES_RANK0_ONLY='*.ckpt' "$BUILD/bin/dlerror_print" $how
+        assert_success
+        assert_output "libdpshim_test_nowhere.so: cannot open shared object file: No such file or directory"
+    done
+}
