@@ -80,7 +80,7 @@ void dps_summary_at_exit(void)
                 ? "[guard] exit_barrier = off"
             : !all ? "no exit barrier: the ranks never talked" : "the others left without a word or are still running");
     if (dps_e.aside) ADD("; dpshim stepped aside: the script distributes itself (%s)", dps_e.aside_why);
-    if (!dps_e.shared_work && !dps_e.aside) ADD("; nothing was distributed");
+    if (!dps_e.shared_work && !dps_e.aside) ADD("; no work was shared out (see the warning above)");
     const char *dir = dps_diag_dir();
     if (dir) ADD("; more: dpshim-diag report %s", dir);
     else ADD("; more: [diag] dir = DIR keeps per-rank figures and traces for dpshim-diag report DIR");

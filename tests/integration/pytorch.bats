@@ -64,7 +64,7 @@ print(sum(int(b.sum()) for b in torch.utils.data.DataLoader(Numbers(), batch_siz
     # no training, nothing shared out: rank 0 says so at exit
     assert_equal "$(grep -c '^\[dpshim r0/2\] WARN' <<<"$output")" 1
     assert_output --partial "nothing was distributed in this job of 2 ranks"
-    assert_output --partial "; nothing was distributed; more:" # the summary says it too
+    assert_output --partial "; no work was shared out (see the warning above); more:" # the summary says it too
 }
 
 @test "float32, np=2: one checkpoint, one copy of the prints, the loss falls" {

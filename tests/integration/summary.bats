@@ -66,7 +66,7 @@ field() { summary | sed -nE "s/.*$1.*/\\1/p"; }
 @test "the summary of a job that distributed nothing, and of one without an exit barrier" {
     run mpi 2 env LD_PRELOAD="$SHIM" /bin/true
     assert_success
-    assert_output --regexp "SUMMARY 2 ranks on 1 host, [0-9.]+ s: 0 steps, 0 collectives, 0\.0 MB reduced per rank; nothing was distributed;"
+    assert_output --regexp "SUMMARY 2 ranks on 1 host, [0-9.]+ s: 0 steps, 0 collectives, 0\.0 MB reduced per rank; no work was shared out \(see the warning above\);"
     # without the exit barrier, rank 0 has its own figures only, and says so
     run mpi 3 env DPSHIM_GUARD_EXIT_BARRIER=off LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5
     assert_success
