@@ -196,13 +196,27 @@ static int find_code(struct dl_phdr_info *info, size_t size, void *data)
     return 0;
 }
 
+/* The real batch_norm: in the global scope where the program links libtorch, which dlsym's
+ * RTLD_NEXT searches; else in the calling library's own scope, for a libtorch loaded with
+ * RTLD_LOCAL (Python imports torch's libraries so, and its BatchNorm calls land here too). */
+static void *find_batch_norm(const char *name, const void *caller)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    Dl_info info;
+    if (!f && dladdr(caller, &info) && info.dli_fname && info.dli_fname[0]) {
+        void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) f = dlsym(h, name), dlclose(h);
+    }
+    return f ? f : dps_real_find(name); /* nowhere: ends the process naming it */
+}
+
 static void *batch_norm(int which, const void *caller, void *out, const void *input, const void *weight,
                         const void *bias, const void *running_mean, const void *running_var, bool training,
                         double momentum, double eps, bool cudnn_enabled)
 {
     void *real = atomic_load_explicit(&batch_norm_reals[which], memory_order_relaxed);
     if (!real) {
-        atomic_store_explicit(&batch_norm_reals[which], real = dps_real_find(batch_norm_names[which]),
+        atomic_store_explicit(&batch_norm_reals[which], real = find_batch_norm(batch_norm_names[which], caller),
                               memory_order_relaxed);
         if (!atomic_load_explicit(&torch_code_hi, memory_order_acquire)) dl_iterate_phdr(find_code, real);
     }
