@@ -35,24 +35,24 @@ void dps_summary_at_exit(void)
     if (dps_g.rank != 0 || dps_g.size < 2 || dps_g.role != DPS_ROLE_RANK ||
         DPS_POLICY_ENUM(&dps_g.policy, diag, summary) == DPS_V_diag_summary_off)
         return;
-    const dps_diag_tally_t *all = dps_guard_exit_tallies();
+    /* every rank's figures after an exit barrier, else rank 0's own alone */
+    const dps_diag_tally_t *barrier = dps_guard_exit_tallies(), *all = barrier;
     dps_diag_tally_t own;
-    dps_diag_tally(&own);
-    const dps_diag_tally_t *me = all ? &all[0] : &own;
+    int ranks = dps_g.size;
+    if (!all) dps_diag_tally(&own), all = &own, ranks = 1;
+    const dps_diag_tally_t *me = &all[0];
     int heard = 0, slowest = -1;
     uint64_t least_comm = UINT64_MAX;
-    for (int r = 0; r < dps_g.size; r++) {
-        const dps_diag_tally_t *t = all ? &all[r] : r == 0 ? &own : NULL;
-        if (!t || !t->wall_ns) continue;
+    for (int r = 0; r < ranks; r++) {
+        if (!all[r].wall_ns) continue; /* not heard from */
         heard++;
-        if (t->comm_ns < least_comm) least_comm = t->comm_ns, slowest = r;
+        if (all[r].comm_ns < least_comm) least_comm = all[r].comm_ns, slowest = r;
     }
     double in_coll = 0, waiting = 0;
-    for (int r = 0; r < dps_g.size; r++) {
-        const dps_diag_tally_t *t = all ? &all[r] : r == 0 ? &own : NULL;
-        if (!t || !t->wall_ns) continue;
-        in_coll += (double)t->comm_ns / (double)t->wall_ns / heard;
-        waiting += (double)(t->comm_ns - least_comm) / (double)t->wall_ns / heard;
+    for (int r = 0; r < ranks; r++) {
+        if (!all[r].wall_ns) continue;
+        in_coll += (double)all[r].comm_ns / (double)all[r].wall_ns / heard;
+        waiting += (double)(all[r].comm_ns - least_comm) / (double)all[r].wall_ns / heard;
     }
 
     char line[1800];
@@ -76,9 +76,9 @@ void dps_summary_at_exit(void)
         ADD("; no rank kept the others waiting");
     if (heard < dps_g.size)
         ADD("; figures of %d of %d ranks (%s)", heard, dps_g.size,
-            !all && DPS_POLICY_ENUM(&dps_g.policy, guard, exit_barrier) == DPS_V_guard_exit_barrier_off
+            !barrier && DPS_POLICY_ENUM(&dps_g.policy, guard, exit_barrier) == DPS_V_guard_exit_barrier_off
                 ? "[guard] exit_barrier = off"
-            : !all ? "no exit barrier: the ranks never talked" : "the others left without a word or are still running");
+            : !barrier ? "no exit barrier: the ranks never talked" : "the others left without a word or are still running");
     if (dps_e.aside) ADD("; dpshim stepped aside: the script distributes itself (%s)", dps_e.aside_why);
     if (!dps_e.shared_work && !dps_e.aside) ADD("; no work was shared out (see the warning above)");
     const char *dir = dps_diag_dir();
