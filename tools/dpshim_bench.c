@@ -15,7 +15,9 @@
  * as their synchronous reduction), once with dp_grad_ready per tensor (the reduction overlaps;
  * needs [comm] overlap = on) and once with dp_grads at the end only.
  * gpu[:MiB]: a buffer in GPU memory (bench_gpu.c): pinned vs pageable copies, and dp_grads on it
- * against the host path, staging by hand and NCCL called directly.
+ * against the host path, staging by hand and NCCL called directly; gpu-sweep[:MiB,...]: dp_grads
+ * on device buffers of 1 to 256 MiB against NCCL called directly; gpu-overlap: the overlap set
+ * with its tensors in GPU memory.
  * Prints time, algbw and busbw (nccl-tests definitions: algbw = bytes / time, busbw = algbw *
  * 2(n-1)/n) and, for reference, this machine's single-core memcpy bandwidth. */
 #define _GNU_SOURCE
@@ -41,7 +43,7 @@ static void fill(float *b, size_t n, int rank)
 
 /* ResNet-50's parameter tensors (torchvision layout): conv1 and its BatchNorm, four stages of
  * bottleneck blocks (3, 4, 6, 3) with a downsampling branch in each first block, and fc. */
-static size_t resnet50(size_t *sz)
+size_t bench_resnet50(size_t *sz)
 {
     size_t n = 0, in = 64;
     sz[n++] = 64 * 3 * 7 * 7, sz[n++] = 64, sz[n++] = 64;
@@ -167,7 +169,7 @@ static void sleep_until(const struct timespec *start, double ns)
 }
 
 /* One simulated step: backward announces tensors last to first, dp_grads ends it. */
-static double backward_step(dp_tensor *t, size_t nt, size_t total, double compute_ns, int announce)
+double bench_backward_step(dp_tensor *t, size_t nt, size_t total, double compute_ns, int announce)
 {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime(), done = 0;
@@ -186,7 +188,7 @@ static double backward_step(dp_tensor *t, size_t nt, size_t total, double comput
 
 static int run_overlap(void)
 {
-    size_t sz[200], nt = resnet50(sz), n = 0;
+    size_t sz[200], nt = bench_resnet50(sz), n = 0;
     for (size_t i = 0; i < nt; i++) n += sz[i];
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *src = malloc(n * sizeof *src);
     fill(src, n, rank);
@@ -197,18 +199,18 @@ static int run_overlap(void)
     }
     prctl(PR_SET_TIMERSLACK, 1UL); /* sleeps end on time */
     memcpy(a, src, n * sizeof *a);
-    double comm = backward_step(ta, nt, n, 0, 0); /* warm-up, then the reduction alone */
+    double comm = bench_backward_step(ta, nt, n, 0, 0); /* warm-up, then the reduction alone */
     for (int rep = 0; rep < 3; rep++) {
         memcpy(a, src, n * sizeof *a);
-        double c = backward_step(ta, nt, n, 0, 0);
+        double c = bench_backward_step(ta, nt, n, 0, 0);
         if (c < comm) comm = c;
     }
     double compute = comm * 1e9, off = 1e30, on = 1e30;
     for (int rep = 0; rep < 5; rep++) {
         memcpy(a, src, n * sizeof *a);
-        double x = backward_step(ta, nt, n, compute, 0);
+        double x = bench_backward_step(ta, nt, n, compute, 0);
         memcpy(b, src, n * sizeof *b);
-        double y = backward_step(tb, nt, n, compute, 1);
+        double y = bench_backward_step(tb, nt, n, compute, 1);
         if (x < off) off = x;
         if (y < on) on = y;
     }
@@ -283,6 +285,10 @@ __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **ar
         ok = run_overlap();
     } else if (!strncmp(set, "gpu", 3) && (!set[3] || set[3] == ':')) {
         ok = bench_gpu(set[3] ? set + 4 : NULL, rank, size);
+    } else if (!strncmp(set, "gpu-sweep", 9) && (!set[9] || set[9] == ':')) {
+        ok = bench_gpu_sweep(set[9] ? set + 10 : NULL, rank, size);
+    } else if (!strcmp(set, "gpu-overlap")) {
+        ok = bench_gpu_overlap(rank, size);
     } else if (!strcmp(set, "sweep")) {
         if (!rank)
             printf("all-reduce of one f32 buffer, np=%d, MPI initialized by the %s, median of %d alternating rounds "
@@ -304,15 +310,15 @@ __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **ar
             printf("model inputs (ring fit of the dpshim column): --alpha-us %.3f --bw-gbs %.3f\n", alpha * 1e6, bw / 1e9);
         }
     } else {
-        if (!strcmp(set, "resnet50")) nt = resnet50(sz);
+        if (!strcmp(set, "resnet50")) nt = bench_resnet50(sz);
         else if (!strcmp(set, "small")) for (nt = 0; nt < 161; nt++) sz[nt] = 256;
         else {
             char *end;
             unsigned long mib = strtoul(set, &end, 10);
             if (*end || !mib || mib > 4096) {
                 if (!rank)
-                    fprintf(stderr, "dpshim-bench: %s: say sweep, resnet50, small, overlap, gpu[:MiB] or a size in MiB "
-                                    "(1..4096)\n", set);
+                    fprintf(stderr, "dpshim-bench: %s: say sweep, resnet50, small, overlap, gpu[:MiB], "
+                                    "gpu-sweep[:MiB,...], gpu-overlap or a size in MiB (1..4096)\n", set);
                 if (ours) MPI_Finalize();
                 return 2;
             }

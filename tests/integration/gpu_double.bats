@@ -286,15 +286,56 @@ same_checksums() {
         assert_output --regexp "pinned memory .* GB/s each way  [0-9.]+x pageable"
         assert_output --regexp "dp_grads, device buffer .*x the host path"
         assert_output --partial "bitwise equal to the host path: dp_grads yes, by hand yes, NCCL yes"
-        # the plugin's non-blocking communicator against a blocking one, as figures
-        assert_output --regexp "the same, non-blocking communicator, polled .*x the blocking one"
+        # NCCL called directly as the plugin calls it and waits, the reference for dp_grads; and
+        # the other kind of communicator and the other wait, as figures
+        assert_output --regexp "ncclAllReduce directly: non-blocking comm, polled wait +[0-9.]+ ms"
+        assert_output --regexp "the same, waited by cudaStreamSynchronize .*x the polled wait"
+        assert_output --regexp "blocking communicator, polled wait .*x the non-blocking one"
+        assert_output --regexp "blocking communicator, cudaStreamSynchronize .*x the non-blocking one polled"
         assert_output --regexp "4 KiB ncclAllReduce: blocking communicator [0-9.]+ us per call, non-blocking and polled [0-9.]+ us"
+        assert_output --regexp "vs NCCL called directly \(non-blocking, polled: as the plugin\) [0-9.]+x"
         refute_output --partial "share"
     done
     # without a GPU: said, and nothing else measured
     run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_NO_DRIVER=1 LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu
     assert_success
     assert_output --partial "no GPU"
+}
+
+@test "dpshim-diag bench gpu-sweep: dp_grads vs NCCL called directly per size, results checked" {
+    run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1 DPSHIM_DIAG_LOG=info \
+        LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu-sweep:1,3
+    echo "$output"
+    assert_success
+    assert_output --partial "GPU tensors go through NCCL"
+    assert_output --regexp "MiB +dpshim ms +busbw +direct ms +busbw +ratio +same"
+    for mib in 1 3; do
+        assert_output --regexp "(^|"$'\n'") +$mib +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +yes"
+    done
+    assert_output --partial "ratio = direct time / dpshim time"
+    refute_output --partial "FAILED"
+    # staged (two ranks on one GPU, one host): no NCCL of the benchmark's own either, dp_grads alone
+    run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=1 CUDA_VISIBLE_DEVICES=0 \
+        LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu-sweep:2
+    echo "$output"
+    assert_success
+    assert_output --partial "NCCL did not start on every rank: dp_grads alone"
+    assert_output --regexp "(^|"$'\n'") +2 +[0-9.]+ +[0-9.]+ +- +- +- +yes"
+    # a bad list is refused
+    run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu-sweep:1,x
+    assert_failure
+    assert_output --partial "say sizes in MiB"
+}
+
+@test "dpshim-diag bench gpu-overlap: dp_grad_ready on device tensors during a simulated backward" {
+    run mpi 2 env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=4 CUDA_VISIBLE_DEVICES=0,1 DPSHIM_DIAG_LOG=info \
+        LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench gpu-overlap
+    echo "$output"
+    assert_success
+    assert_output --partial "GPU tensors go through NCCL"
+    assert_output --regexp "reduction alone +[0-9.]+ ms"
+    assert_output --regexp "backward with dp_grad_ready per tensor +[0-9.]+ ms"
+    assert_output --regexp "hidden behind backward: [0-9]+% of the reduction .* results bitwise equal: yes"
 }
 
 @test "libdpshim.so itself links no CUDA, NCCL or MPI" {
