@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DPSHIM_HOOKS_WEAK
 #include <dpshim/hooks.h>
@@ -173,6 +174,7 @@ static void usage(FILE *f)
                "  --print-every K  print the batch loss every K steps, 0 for never (default 10)\n"
                "  --stream         run on a non-blocking stream of its own, named by dp_set_stream\n"
                "  --grad-ready     hand the last layer's gradients to dp_grad_ready during backward\n"
+               "  --time           print the time per step of the steps after the first tenth\n"
                "  --save PATH      write the final parameters (format in the source's head comment)\n");
 }
 
@@ -202,7 +204,7 @@ int main(int argc, char **argv)
     unsigned long long steps = 50, B = 256, seed = 1, N = 4096, D = 64, H = 128, C = 10, every = 10;
     double lr = 0.1;
     const char *save = NULL;
-    int use_stream = 0, grad_ready = 0;
+    int use_stream = 0, grad_ready = 0, timed = 0;
     const unsigned long long dim_max = 1ull << 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -224,6 +226,7 @@ int main(int argc, char **argv)
             takes = 0;
             if (!strcmp(a, "--stream")) use_stream = 1;
             else if (!strcmp(a, "--grad-ready")) grad_ready = 1;
+            else if (!strcmp(a, "--time")) timed = 1;
             else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 0;
             else bad = 2;
         }
@@ -299,7 +302,15 @@ int main(int argc, char **argv)
     printf("cuda_train: %llu samples, model %llu-%llu-%llu, batch %llu, lr %g, %s stream%s\n", N, D, H, C, B,
            lr, use_stream ? "own" : "default", grad_ready ? ", dp_grad_ready" : "");
 
+    /* --time: the clock runs from the end of the first tenth of the steps (warm-up: the first
+     * launches load the kernels) to the end of the last, both read after the GPU finished. */
+    unsigned long long warm = steps / 10 ? steps / 10 : steps > 1;
+    struct timespec t0 = {0, 0}, t1;
     for (unsigned long long step = 1; step <= steps; step++) {
+        if (timed && step == warm + 1) {
+            CK(cudaStreamSynchronize(st));
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
         /* The global batch is drawn identically on every rank, before dp_batch keeps our share. */
         for (size_t i = 0; i < B; i++) idx[i] = rng_next(&batch_rng) % N;
         size_t n = dp_batch ? dp_batch(idx, B) : B;
@@ -331,6 +342,14 @@ int main(int argc, char **argv)
             printf("step %llu loss %.6f\n", step, v[1] > 0 ? v[0] / v[1] : 0.0);
             fflush(stdout);
         }
+    }
+
+    if (timed && steps > warm) {
+        CK(cudaStreamSynchronize(st));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s_ = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        printf("cuda_train: %llu steps timed (after %llu), %.4f ms per step\n", steps - warm, warm,
+               1e3 * s_ / (double)(steps - warm));
     }
 
     /* Final loss over all N samples with the final parameters, identical on every rank. */
