@@ -10,10 +10,21 @@
 # build-gpu/ holds what `./dev.sh gpu-pack` built elsewhere; libraries in build-gpu/carry-lib are
 # used only where the machine lacks them. NCCL and the CUDA runtime are taken where PyTorch keeps
 # them when the library path has none. A check meant for NCCL that ran staged FAILS. Each check is
-# bounded (120 s); the exit status is the number of FAILs. Open MPI's runtime comes from
-# build-gpu/ompi where gpu-pack put it there. --double runs the parts that need no real GPU
-# (staged, nccl, bench) against the CUDA/NCCL test double carried in build-gpu, as a check of
-# the bundle itself on a machine without a GPU.
+# bounded (120 s unless its LIMIT says otherwise); the exit status is the number of FAILs. Open
+# MPI's runtime comes from build-gpu/ompi where gpu-pack put it there. --double runs the parts
+# that need no real GPU (staged, nccl, and bench's runs that need no program on the GPU) against
+# the CUDA/NCCL test double carried in build-gpu, as a check of the bundle itself on a machine
+# without a GPU.
+#
+# bench: the GPU comparison, side by side in one run on the one GPU, each figure a ratio (never a
+# pass/fail on a timing), bounded to under 5 minutes in all, the figures gathered at the end under
+# the card's name: the NCCL plugin's all-reduce (dp_grads) against ncclAllReduce called directly,
+# 1-256 MiB, both waited for the same way, and one 64 MiB buffer four ways (the waits, the kinds
+# of communicator, Open MPI's default binding and --bind-to none); the share of the reduction
+# that dp_grad_ready hides behind a simulated backward; one rank under the shim against the
+# program alone (cuda_train, and the PyTorch ResNet-18-like script); two ranks, the unmodified
+# script under dpshim against the same converted to DDP (NCCL), and [comm] overlap on vs off
+# (tests/gpu/bench_compare.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -46,6 +57,7 @@ check() {
     local t0=$SECONDS out rc
     out=$(timeout --kill-after=10 "${LIMIT:-120}" bash -c '"$@"' check "$@" 2>&1) # bash: `mpi` is a function
     rc=$?
+    LAST_OUT=$out
     echo "$out" | tail -n 40 | tee -a "$RECORD"
     note '```'
     if [ $rc -eq 0 ] && { [ -z "$expect" ] || grep -Eq -- "$expect" <<<"$out"; }; then
@@ -207,13 +219,61 @@ if want libtorch; then
     done
 fi
 
-# Benchmarks (figures, never pass/fail on a timing): copies through pinned vs pageable memory,
-# and dp_grads on a device buffer against the host path, staging by hand and NCCL directly.
+# Benchmarks (figures, never pass/fail on a timing; a check fails only where a run failed or
+# took another path than the one meant). Every multi-rank run but one is launched with
+# --bind-to none, the line docs/launching.md gives: Open MPI's default binding puts a rank and
+# its NCCL threads on one core at np <= 2. The LIMITs add up to under 5 minutes.
 if want bench; then
-    check "benchmark: staged (backend = mpi), 64 MiB on np=2" "" \
-        mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_COMM_BACKEND=mpi LD_PRELOAD="$SHIM" "$H" "$BUILD/bin/dpshim-diag" bench gpu
-    check "benchmark: NCCL (one NCCL_HOSTID per rank), 64 MiB on np=2" "" \
-        mpi 2 env CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$SHIM" "$H" "$BUILD/bin/dpshim-diag" bench gpu
+    t_bench=$SECONDS
+    figs=$(mktemp)
+    # figure LABEL REGEX: the last check's lines that match, for the summary at the end
+    figure() { grep -E -- "$2" <<<"$LAST_OUT" | grep -v '^\[dpshim' | sed "s/^/$1/" >>"$figs"; }
+    D=$BUILD/bin/dpshim-diag
+    # the double's "GPU" is this machine's memory and its cores, which a CI machine shares: smaller
+    # buffers, and twice the time (its figures prove the harness, not the speed)
+    sizes= big=64 x=1
+    [ $double = 1 ] && sizes=:1,4,16 big=16 x=2
+    swept=${sizes#:}
+    LIMIT=$((45 * x)) check "bench: dp_grads through the NCCL plugin vs ncclAllReduce called directly, ${swept:-1,4,16,64,256} MiB, np=2" "$NCCL_PATH" \
+        mpi 2 --bind-to none env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$D" bench gpu-sweep$sizes
+    figure "" '^gpu-sweep|^ +(MiB|[0-9]+ )|^  ratio ='
+    echo "  (target: ratio >= 0.95 at every size)" >>"$figs"
+    for bind in "default binding" "--bind-to none"; do
+        how=(--bind-to none); [ "$bind" = "default binding" ] && how=()
+        LIMIT=$((20 * x)) check "bench: one $big MiB buffer, np=2, ${bind#--}: dp_grads vs NCCL called directly four ways" "$NCCL_PATH" \
+            mpi 2 "${how[@]}" env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$D" bench gpu:$big
+        figure "$(printf '%d MiB, %-16s' $big "$bind:")" 'ncclAllReduce directly|^    (the same|blocking)|dp_grads, device buffer|vs NCCL called directly'
+    done
+    LIMIT=$((20 * x)) check "bench: overlap on device buffers, ResNet-50's tensors, simulated backward, np=2" "$NCCL_PATH" \
+        mpi 2 --bind-to none env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$D" bench gpu-overlap
+    figure "" '^gpu-overlap|hidden behind backward'
+    if [ $double = 0 ]; then
+        export SHIM DIAG=$D BIN=$BUILD/bin RUN_LIMIT=40
+        LIMIT=25 check "bench: cuda_train alone vs one rank under the shim" "overhead per step" \
+            bash "$ROOT/tests/gpu/bench_compare.sh" cuda-train cuda
+        figure "" '^cuda_train|overhead'
+        LIMIT=45 check "bench: PyTorch ResNet-18-like alone vs one rank under the shim" "overhead per step" \
+            bash "$ROOT/tests/gpu/bench_compare.sh" torch-one-rank cuda
+        figure "" '^PyTorch|overhead'
+        LIMIT=100 check "bench: np=2 on one GPU, the PyTorch script under dpshim vs DDP (NCCL); [comm] overlap on vs off" "$NCCL_PATH" \
+            bash "$ROOT/tests/gpu/bench_compare.sh" torch-np2 cuda
+        figure "" '^PyTorch|^  (dpshim|\[comm\]|reduction)'
+    else
+        note ""
+        note "(bench: cuda_train and the PyTorch runs need a real GPU: not with --double)"
+    fi
+    LIMIT=$((20 * x)) check "bench: staged (backend = mpi), $big MiB on np=2" "" \
+        mpi 2 --bind-to none env CUDA_VISIBLE_DEVICES=0 DPSHIM_COMM_BACKEND=mpi LD_PRELOAD="$SHIM" "$H" "$D" bench gpu:$big
+    figure "staged: " 'pinned memory|dp_grads, device buffer'
+    if [ $double = 1 ]; then card="the test double (--double: the harness, not the speed)"
+    else card=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1); fi
+    note ""
+    note "## Bench figures: ${card:-unknown GPU}, $(nproc) cores, $((SECONDS - t_bench)) s"
+    note ""
+    note '```'
+    tee -a "$RECORD" <"$figs"
+    note '```'
+    rm -f "$figs"
 fi
 
 note ""
