@@ -432,7 +432,7 @@ bench_ddp() {
     local rounds=5 row
     echo "PyTorch: the plain script under dpshim vs DistributedDataParallel (gloo), np=2, one thread per rank,"
     echo "global samples/s, median of $rounds alternating rounds, and the median and range of the rounds' ratios:"
-    for row in "cnn|64|40|small CNN with BatchNorm, 0.3M parameters, SGD with momentum|scale nosync split" \
+    for row in "cnn|64|40|small CNN with BatchNorm, 0.3M parameters, SGD with momentum|split" \
                "embed|128|20|dense EmbeddingBag 100 000 x 80, 8.0M parameters, Adam|scale split" \
                "embed_sgd|128|20|the same with SGD and momentum|scale split"; do
         local model batch steps label kinds kind v
@@ -463,6 +463,70 @@ bench_ddp() {
                      : (k == "nosync") ? sprintf("scale, [bn] sync = off (BatchNorm per rank, as DDP)") \
                                        : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
                 printf "    %-51s dpshim %7.0f  DDP %7.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", what, s, d, m, lo, hi }'
+        done
+    done
+}
+
+# The BatchNorm models in scale mode against DDP at the same batch per rank, np=2 and 4:
+# dpshim's exact statistics of the global batch, and [bn] sync = off (per rank, as DDP's, whose
+# SyncBatchNorm needs CUDA in PyTorch 1.13).
+bench_bn() {
+    local rounds=3 np row
+    echo "PyTorch BatchNorm models: the plain script under dpshim (scale mode) vs DDP (gloo) at the same batch per rank,"
+    echo "one thread per rank, global samples/s, median of $rounds alternating rounds, and the median and range of the rounds' ratios:"
+    for row in "cnn|128|30|small CNN, 2 BatchNorm layers, 0.3M parameters" \
+               "resnet|64|20|ResNet-18 layout at a quarter width, 20 BatchNorm layers, 0.7M parameters"; do
+        local model batch steps label kind v
+        IFS='|' read -r model batch steps label <<<"$row"
+        echo "  $model ($label), SGD with momentum, $batch per rank, $steps steps timed:"
+        for np in 2 4; do
+            local -A got=()
+            for _ in $(seq "$rounds"); do
+                for kind in ddp scale nosync; do
+                    v=$(ddp_run "$model" "$kind" "$batch" "$steps" "$np")
+                    v=${v%% *}
+                    [ -n "$v" ] || { echo "bench_bn: $model np=$np $kind printed no steps_per_s" >&2; return 1; }
+                    got[$kind]+="$v "
+                done
+            done
+            for kind in scale nosync; do
+                local shim ddp ratios
+                shim=$(xargs -n1 <<<"${got[$kind]}" | median)
+                ddp=$(xargs -n1 <<<"${got[ddp]}" | median)
+                ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[ddp]}") |
+                    awk '{ print $1 / $2 }' | sort -g)
+                awk -v np="$np" -v k="$kind" -v s="$shim" -v d="$ddp" -v m="$(median <<<"$ratios")" \
+                    -v lo="$(head -1 <<<"$ratios")" -v hi="$(tail -1 <<<"$ratios")" 'BEGIN {
+                    printf "    np=%d %-27s dpshim %6.0f  DDP %6.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", np,
+                        (k == "scale") ? "global-batch statistics" : "[bn] sync = off (as DDP)", s, d, m, lo, hi }'
+            done
+        done
+    done
+}
+
+# Where a step's time goes, per rank, at np=2: each part of the loop on the clock and in CPU
+# time (--phases) for DDP and for the plain script under dpshim with [bn] sync on and off, and
+# dpshim's collectives per hook from its traces (tests/bench/trace_phases.py).
+bench_bn_phases() {
+    local model batch steps kind dir port
+    for model in cnn resnet; do
+        batch=$([ $model = cnn ] && echo 128 || echo 64) steps=20
+        echo "where a step goes, $model, $batch per rank, np=2, $steps steps (ms per step; wall, then CPU time of the main thread):"
+        for kind in ddp on off; do
+            if [ $kind = ddp ]; then
+                port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+                timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" /usr/bin/python3 \
+                    tests/bench/torch_ddp.py --model $model --batch-size $batch --steps $steps --warmup 3 --phases 2>/dev/null |
+                    sed -n 's/^rank \([0-9]\) phases, ms per step /    DDP            r\1 /p' | sort
+            else
+                dir=$(mktemp -d)
+                timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_DATA_MODE=scale DPSHIM_BN_SYNC=$kind DPSHIM_DIAG_DIR="$dir" \
+                    DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/torch_plain.py \
+                    --model $model --batch-size $batch --steps $steps --warmup 3 --phases 2>/dev/null |
+                    sed -n "s/^\[r\([0-9]\)\] this process phases, ms per step /    dpshim sync $kind r\1 /p" | sort
+                /usr/bin/python3 tests/bench/trace_phases.py "$dir" --warmup 3 | sed 's/^/      /'
+                rm -rf "$dir"
+            fi
         done
     done
 }
@@ -619,7 +683,7 @@ test) setup && build && run_tests ;;
 test-libtorch2) test_libtorch2 ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_shard ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_bn && bench_bn_phases && bench_shard ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

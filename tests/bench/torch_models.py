@@ -28,6 +28,45 @@ class ConvNet(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, and a 1x1 convolution with
+    BatchNorm on the shortcut where the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18's layout (a stem, four stages of two basic blocks, 20 BatchNorm layers) at a
+    quarter of its width (16 to 128 channels, 0.7M parameters) on 28x28 one-channel inputs: the
+    many-BatchNorm case at a size one CPU core trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        blocks, cin = [], 16
+        for cout, stride in ((16, 1), (32, 2), (64, 2), (128, 2)):
+            blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return F.log_softmax(self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)), dim=1)
+
+
 VOCAB, DIM, TOKENS = 100_000, 80, 32
 
 
@@ -46,7 +85,8 @@ class EmbedNet(nn.Module):
 
 
 def build(name, samples=8192, seed=1):
-    """(model, optimizer factory, loss function, dataset) for `cnn`, `embed` (Adam) or `embed_sgd`
+    """(model, optimizer factory, loss function, dataset) for `cnn`, `resnet` (both SGD with
+    momentum), `embed` (Adam) or `embed_sgd`
     (the same model with SGD and momentum, whose update is cheap, so the step is mostly
     gradients and their all-reduce); the data comes
     from a generator of its own, so every process builds the same dataset whatever it seeded."""
@@ -55,6 +95,10 @@ def build(name, samples=8192, seed=1):
     if name == "cnn":
         data = torch.randn(samples, 1, 28, 28, generator=g)
         return (ConvNet(), lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), F.nll_loss,
+                torch.utils.data.TensorDataset(data, labels))
+    if name == "resnet":
+        data = torch.randn(samples, 1, 28, 28, generator=g)
+        return (ResNet18(), lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), F.nll_loss,
                 torch.utils.data.TensorDataset(data, labels))
     if name in ("embed", "embed_sgd"):
         tokens = torch.randint(0, VOCAB, (samples, TOKENS), generator=g)
@@ -67,36 +111,56 @@ def build(name, samples=8192, seed=1):
 def timed_steps(model, optimizer, loss_fn, loader, warmup, steps, new_epoch=lambda epoch: None, phases=None):
     """The usual training loop over as many epochs as it takes: `warmup` steps, then `steps`
     timed ones. Returns the last loss and the seconds the timed steps took; a dict given as
-    `phases` gets the seconds each part of the timed steps took (the clock read between parts)."""
+    `phases` gets, for each part of the timed steps (the loader's next batch, zero_grad, forward
+    with the loss, backward, the optimizer's step), the seconds it took on the clock and in this
+    thread's CPU time: (wall, cpu). Their difference is time off the CPU: waiting in a blocking
+    call, or for a core."""
     step, epoch, start, total = 0, 0, None, warmup + steps
+
+    def mark(marks):
+        marks.append((time.perf_counter(), time.thread_time()))
+
     while step < total:
         new_epoch(epoch)
         epoch += 1
-        for data, target in loader:
+        batches = iter(loader)
+        while True:
             if step == warmup:
                 start = time.perf_counter()
-            marks = [time.perf_counter()]
+            marks = []
+            mark(marks)
+            batch = next(batches, None)
+            if batch is None:
+                break
+            data, target = batch
+            mark(marks)
             optimizer.zero_grad()
-            marks.append(time.perf_counter())
+            mark(marks)
             loss = loss_fn(model(data), target)
-            marks.append(time.perf_counter())
+            mark(marks)
             loss.backward()
-            marks.append(time.perf_counter())
+            mark(marks)
             optimizer.step()
-            marks.append(time.perf_counter())
+            mark(marks)
             if phases is not None and step >= warmup:
-                for name, t0, t1 in zip(("zero_grad", "forward", "backward", "step"), marks, marks[1:]):
-                    phases[name] = phases.get(name, 0.0) + t1 - t0
+                for name, t0, t1 in zip(PHASES, marks, marks[1:]):
+                    wall, cpu = phases.get(name, (0.0, 0.0))
+                    phases[name] = (wall + t1[0] - t0[0], cpu + t1[1] - t0[1])
             step += 1
             if step == total:
                 break
     return loss, time.perf_counter() - start
 
 
+PHASES = ("data", "zero_grad", "forward", "backward", "step")
+
+
 def print_phases(phases, steps, who):
-    """One line of milliseconds per step for each part of the timed steps (--phases)."""
-    print("%s phases, ms per step: %s" % (who, "  ".join("%s %.1f" % (k, 1000 * v / steps) for k, v in phases.items())),
-          flush=True)
+    """Milliseconds per step of each part of the timed steps (--phases): one line on the clock,
+    one in this thread's CPU time."""
+    for i, clock in enumerate(("wall", "cpu")):
+        print("%s phases, ms per step (%s): %s" % (who, clock, "  ".join(
+            "%s %.1f" % (k, 1000 * phases[k][i] / steps) for k in PHASES if k in phases)), flush=True)
 
 
 def print_memory(optimizer):
@@ -110,7 +174,7 @@ def print_memory(optimizer):
 
 
 def add_arguments(p):
-    p.add_argument("--model", choices=("cnn", "embed", "embed_sgd"), default="cnn")
+    p.add_argument("--model", choices=("cnn", "resnet", "embed", "embed_sgd"), default="cnn")
     p.add_argument("--steps", type=int, default=100, help="steps timed")
     p.add_argument("--warmup", type=int, default=5, help="steps run before the timing starts")
     p.add_argument("--batch-size", type=int, default=128)
