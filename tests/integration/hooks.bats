@@ -32,6 +32,18 @@ hook_check() {
         assert_output --partial "INFO [comm] overlap = auto: " # decided for the job by the ranks' answers
     fi
 }
+@test "a rank waiting for a late peer in the small sums sleeps instead of keeping its core busy" {
+    # rank 1 arrives 100 ms late at each of 10 sums; the shared-memory path's waiter sleeps
+    run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/late_peer"
+    echo "$output"
+    assert_success
+    assert_equal "$(count 'sums ok')" 2
+    local waited core
+    read -r waited core < <(sed -n 's/^waited \([0-9.]*\) s, on a core \([0-9.]*\) s$/\1 \2/p' <<<"$output")
+    [ -n "$core" ]
+    # spinning or yielding, it spent about half of the wait or more on a core (measured 0.5 s of 1 s)
+    awk -v w="$waited" -v c="$core" 'BEGIN { exit !(w >= 0.9 && c < 0.1 * w) }'
+}
 @test "hooks at np=2 with large all-reductions in 64 KiB pieces" { hook_check 2 DPSHIM_COMM_PIECE_KB=64; }
 @test "the piece size is the policy's, the same for both channels, and reported" {
     run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_COMM_OVERLAP=on DPSHIM_COMM_PIECE_KB=512 LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench overlap

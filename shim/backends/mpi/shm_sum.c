@@ -5,14 +5,20 @@
  * (the head and the first bytes of data share a cache line: a peer waiting for the number has a
  * small buffer in the same transfer), waits for every rank's slot to show the number, and adds
  * the slots in rank order, so every rank computes the same bits whatever the timing. A slot is
- * written again two calls later, once every rank's `done` says it was read. Open MPI 4.1's
+ * written again two calls later, once every rank's `done` says it was read. A rank that waits
+ * longer than a peer on another core would take spins, then sleeps on the counter (a futex on its
+ * low 32 bits) until the peer's store wakes it: on a busy machine a sleeper is scheduled back at
+ * once when woken, where a rank yielding in a loop burns its share of the core and comes back
+ * late, and every BatchNorm layer's sums wait like this twice a step. Open MPI 4.1's
  * MPI_Allreduce on one machine (vader, recursive doubling; its coll/sm component was slower
  * still) cost more than the shim's whole call for small buffers: see docs/performance.md's
  * section. */
 #define _GNU_SOURCE
 #include "shm_sum.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -20,14 +26,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/dtype.h"
 
 #define LINE 64
+/* A counter that only grows, and how many ranks sleep waiting for it to grow. */
 typedef struct counter {
     _Atomic uint64_t v;
-    char pad[LINE - sizeof(uint64_t)];
+    _Atomic uint32_t sleepers;
+    char pad[LINE - sizeof(uint64_t) - sizeof(uint32_t)];
 } counter_t;
 
 /* What a rank's slot holds: the call (written last), and what is reduced, compared across ranks
@@ -36,6 +46,7 @@ typedef struct slot_head {
     _Atomic uint64_t call;
     uint64_t count;
     int32_t dtype, op;
+    _Atomic uint32_t sleepers; /* ranks asleep waiting for `call` */
 } slot_head_t;
 #define DATA_AT 32 /* the data's offset in a slot: its first 32 bytes share the head's cache line */
 _Static_assert(sizeof(slot_head_t) <= DATA_AT, "a slot's head must end where its data begins");
@@ -43,7 +54,7 @@ _Static_assert(sizeof(slot_head_t) <= DATA_AT, "a slot's head must end where its
 struct dps_shm_sum {
     int rank, size;
     size_t max_bytes, stride; /* a slot: its head, then max_bytes, rounded up to cache lines */
-    unsigned spins;           /* before yielding the core */
+    unsigned spins;           /* before yielding the core; none where ranks outnumber cores */
     uint64_t calls;
     uint64_t *seen_done; /* each rank's `done` as last read: it only grows, so most calls need no read */
     void *base;
@@ -57,20 +68,61 @@ static unsigned char *slot(const dps_shm_sum_t *s, int r, uint64_t call)
     return s->slots + ((size_t)r * 2 + (size_t)(call & 1)) * s->stride;
 }
 
-/* Spins briefly (a peer on another core answers within a microsecond), then yields the core;
- * where the ranks outnumber their cores, at once (the rank waited for may need this core). The
- * guard's watchdog thread covers a rank that never comes. */
-static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, uint64_t at_least)
+/* How long a waiting rank keeps its core (spinning, then yielding) before it sleeps: a peer that
+ * computed as long arrives within it; one that is later pays a wake-up that is small beside its
+ * lateness. */
+#define AWAKE_NS 100000
+
+static uint64_t now_ns(void)
 {
-    uint64_t v;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The counter's low 32 bits, where a futex can wait (x86 and every little-endian machine). */
+static uint32_t *low_word(_Atomic uint64_t *c)
+{
+    _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the futex word is the counter's low half");
+    return (uint32_t *)(void *)c;
+}
+
+/* Sleeps while *c is still `seen`, for 100 ms at most: the wait is re-checked then (the guard's
+ * watchdog thread covers a rank that never comes). A shared mapping: not a private futex. */
+static void sleep_on(_Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t seen)
+{
+    atomic_fetch_add(sleepers, 1); /* seq_cst, as the store and load in wake(): one of us sees the other */
+    if (atomic_load(c) == seen) {
+        struct timespec limit = {0, 100000000};
+        if (syscall(SYS_futex, low_word(c), FUTEX_WAIT, (uint32_t)seen, &limit, NULL, 0) != 0 && errno != EAGAIN &&
+            errno != EINTR && errno != ETIMEDOUT)
+            sched_yield(); /* no futex here: waiting goes on as before */
+    }
+    atomic_fetch_sub(sleepers, 1);
+}
+
+static void wake(_Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t v)
+{
+    atomic_store(c, v);
+    if (atomic_load(sleepers)) syscall(SYS_futex, low_word(c), FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Spins briefly (a peer on another core answers within a microsecond), then yields the core, then
+ * sleeps; where the ranks outnumber their cores, sleeps at once (the rank waited for may need this
+ * core). */
+static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t at_least)
+{
+    uint64_t v, since = 0;
     for (unsigned spins = 0; (v = atomic_load_explicit(c, memory_order_acquire)) < at_least; spins++) {
         if (spins < s->spins) {
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
 #endif
-        } else {
-            sched_yield();
+            continue;
         }
+        if (s->spins && !since) since = now_ns();
+        if (s->spins && now_ns() - since < AWAKE_NS) sched_yield();
+        else sleep_on(c, sleepers, v);
     }
     return v;
 }
@@ -184,15 +236,17 @@ int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype 
     uint64_t call = ++s->calls;
     for (int r = 0; call > 2 && r < s->size; r++) /* every rank has read what this slot held two calls ago */
         if (r != s->rank && s->seen_done[r] < call - 2)
-            s->seen_done[r] = wait_for(s, &s->done[r].v, call - 2);
+            s->seen_done[r] = wait_for(s, &s->done[r].v, &s->done[r].sleepers, call - 2);
     unsigned char *mine = slot(s, s->rank, call);
     slot_head_t *head = (slot_head_t *)mine;
     head->count = (uint64_t)count, head->dtype = dtype, head->op = op;
     memcpy(mine + DATA_AT, buf, bytes);
     dps_scale_in_place(mine + DATA_AT, (size_t)count, dtype, pre);
-    atomic_store_explicit(&head->call, call, memory_order_release);
-    for (int r = 0; r < s->size; r++)
-        if (r != s->rank) wait_for(s, &((slot_head_t *)slot(s, r, call))->call, call);
+    wake(&head->call, &head->sleepers, call);
+    for (int r = 0; r < s->size; r++) {
+        slot_head_t *theirs = (slot_head_t *)slot(s, r, call);
+        if (r != s->rank) wait_for(s, &theirs->call, &theirs->sleepers, call);
+    }
     int rc = mismatch(s, call, err, errlen);
     for (int r = 0; r < s->size && rc == 0; r++) {
         const unsigned char *theirs = slot(s, r, call) + DATA_AT;
@@ -203,7 +257,7 @@ int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype 
             rc = -1;
         }
     }
-    atomic_store_explicit(&s->done[s->rank].v, call, memory_order_release);
+    wake(&s->done[s->rank].v, &s->done[s->rank].sleepers, call);
     if (rc == 0) dps_scale_in_place(buf, (size_t)count, dtype, post);
     return rc;
 }
