@@ -531,6 +531,16 @@ bench_bn_phases() {
     done
 }
 
+# One BatchNorm layer in training mode, alone (PyTorch's kernel) and at np=2 under dpshim (exact
+# statistics of the global batch), CPU time per forward and backward (tests/bench/bn_layer.py).
+bench_bn_layer() {
+    echo "one BatchNorm layer, forward and backward, ms of CPU time (the best of 15): alone vs dpshim's exact statistics at np=2:"
+    paste -d' ' <(OMP_NUM_THREADS=1 /usr/bin/python3 tests/bench/bn_layer.py) \
+        <(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_DIAG_SUMMARY=off \
+            LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/bn_layer.py 2>/dev/null) |
+        awk '{ printf "  %-15s forward %6.2f vs %6.2f (%.2fx)  backward %6.2f vs %6.2f (%.2fx)\n", $1, $2, $5, $5 / $2, $3, $6, $6 / $3 }'
+}
+
 # [optim] shard: the Adam embedding model in scale mode at np=2 and 4, sharded (auto, the
 # default) against unsharded and against DDP, with rank 0's peak memory and optimizer state.
 bench_shard() {
@@ -683,7 +693,7 @@ test) setup && build && run_tests ;;
 test-libtorch2) test_libtorch2 ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_bn && bench_bn_phases && bench_shard ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_bn && bench_bn_phases && bench_bn_layer && bench_shard ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
