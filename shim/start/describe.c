@@ -116,7 +116,7 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
     if (dps_plugin_dir(plugins, sizeof plugins) == 0) {
         /* each part the directory should hold, or why it is not there */
         static const char *const parts[][2] = {{"mpi plugin", "libdpshim-mpi.so"}, {"GPU plugin", "libdpshim-nccl.so"},
-                                               {"Python adapter", "python/dpshim_torch.py"}};
+                                               {"Python adapter", "python/dpshim_torch"}};
         add(buf, len, &o, "plugins    %s%s\n", realpath(plugins, where) ? where : plugins,
             getenv("DPSHIM_PLUGIN_DIR") ? " (DPSHIM_PLUGIN_DIR)" : "");
         for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {

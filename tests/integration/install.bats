@@ -15,7 +15,7 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
 @test "the install tree: library, plugins and adapter under libdir, tools, helpers, header, package files, docs" {
     local lib=$STAGE/$(libdir) f
     for f in "$lib/libdpshim.so" "$lib/dpshim/libdpshim-mpi.so" "$lib/dpshim/libdpshim-nccl.so" \
-        "$lib/dpshim/python/dpshim_torch.py" "$lib/dpshim/python/sitecustomize.py" "$STAGE/bin/dpshim-diag" \
+        "$lib/dpshim/python/dpshim_torch/__init__.py" "$lib/dpshim/python/sitecustomize.py" "$STAGE/bin/dpshim-diag" \
         "$STAGE/bin/dpshim-run" \
         "$STAGE/libexec/dpshim/dpshim-bench" "$STAGE/libexec/dpshim/libdpshim-bench.so" \
         "$STAGE/libexec/dpshim/bench_torch.py" "$STAGE/include/dpshim/hooks.h" "$lib/pkgconfig/dpshim.pc" \
@@ -156,7 +156,7 @@ CM
         assert_output --partial " ./usr/lib/dpshim/libdpshim-torch.needs"
     fi
     run dpkg-deb -c "${deb[0]}"
-    for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch.py \
+    for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch/__init__.py \
         ./usr/bin/dpshim-diag ./usr/bin/dpshim-run ./usr/libexec/dpshim/dpshim-bench; do
         assert_output --partial " $f"
     done

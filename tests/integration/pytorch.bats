@@ -117,7 +117,7 @@ print(sum(int(b.sum()) for b in torch.utils.data.DataLoader(Numbers(), batch_siz
     echo 'print("user sitecustomize ran")' >"$BATS_TEST_TMPDIR/site/sitecustomize.py"
     run mpi 2 env PYTHONPATH="$BATS_TEST_TMPDIR/site" LD_PRELOAD="$SHIM" "$PY" -c '
 import os, sys
-on_path = any(os.path.exists(os.path.join(p, "dpshim_torch.py")) for p in sys.path)
+on_path = any(os.path.exists(os.path.join(p, "dpshim_torch", "__init__.py")) for p in sys.path)
 print("PYTHONPATH=%s torch=%s adapter-on-path=%s." % (os.environ.get("PYTHONPATH"), "torch" in sys.modules, on_path))'
     echo "$output"
     assert_success

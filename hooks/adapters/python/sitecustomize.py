@@ -39,7 +39,7 @@ def _chain_sitecustomize():
 def _main():
     here = os.path.dirname(os.path.abspath(__file__))
     _restore_environment(here)
-    sys.path.append(here)  # last: the adapter module only, never shadowing the user's modules
+    sys.path.append(here)  # last: the adapter package only, never shadowing the user's modules
     try:
         import dpshim_torch
         dpshim_torch.install_import_hook()

@@ -1,0 +1,88 @@
+"""BatchNorm: batch statistics of the global batch, in forward and backward ([bn] sync)."""
+
+import ctypes
+
+from .common import _acting, _check, _shim, _state, _tensors
+
+
+def _bn_sums(a, b, n):
+    """a and b (contiguous float64) summed over ranks in place, and n with them: the total."""
+    count = ctypes.c_uint64(n)
+    t = _tensors([a, b])
+    _check(_shim.dp_bn_stats(ctypes.byref(t[0]), ctypes.byref(t[1]), ctypes.byref(count)), "dp_bn_stats")
+    return count.value
+
+
+def _patch_batchnorm(torch):
+    shape_of = lambda x: [1, x.shape[1]] + [1] * (x.dim() - 2)  # noqa: E731 (a channel's broadcast)
+
+    class SyncedBatchNorm(torch.autograd.Function):
+        """BatchNorm over the global batch on PyTorch's own kernels: per-channel sums of x and x*x,
+        summed over ranks in float64 (dp_bn_stats, with the sample count),
+        normalization by the native kernel with the global statistics; backward by the native
+        kernel for the direct term and the affine gradients, plus the statistics' terms from
+        per-channel sums over ranks, in one pass. Local gradients are of this rank's loss over
+        its n samples: scaled by n they are per-sample and add up across ranks with unequal n,
+        and dividing by n again returns to this rank's convention (as examples/nn/dpnn.c does)."""
+
+        @staticmethod
+        def forward(ctx, x, weight, bias, eps):
+            dims = [0] + list(range(2, x.dim()))
+            n = x.numel() // x.shape[1] if x.shape[1] else 0
+            # summed in x's dtype (PyTorch's cascade sums; float64 accumulation costs 6x here)
+            s = x.sum(dims).double().contiguous()
+            ss = (x * x).sum(dims).double().contiguous()
+            total = _bn_sums(s, ss, n)
+            mean = s / total if total else s
+            var = (ss / total - mean * mean).clamp(min=0) if total else ss
+            m, v = mean.to(x.dtype), var.to(x.dtype)
+            y = torch.batch_norm(x, weight, bias, m, v, False, 0.0, eps, False)
+            ctx.save_for_backward(x, weight, m, v)
+            ctx.eps, ctx.n, ctx.total = eps, n, total
+            ctx.mark_non_differentiable(mean, var)
+            return y, mean, var, torch.tensor(float(total), dtype=torch.float64)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, dy, _mean, _var, _total):
+            x, weight, m, v = ctx.saved_tensors
+            dy = dy.contiguous()
+            gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+                dy, x, weight, m, v, None, None, False, ctx.eps, [True, True, True])
+            # gb = sum(dy), gw = sum(dy * xhat) = invstd * sum(dy * (x - mean)), per channel
+            invstd = torch.rsqrt(v.double() + ctx.eps)
+            n, total, shape = ctx.n, ctx.total, shape_of(x)
+            a = (gb.double() * n).contiguous()
+            b = (gw.double() / invstd * n).contiguous()
+            _bn_sums(a, b, n)
+            if n and total:
+                gamma = weight.double() if weight is not None else torch.ones_like(invstd)
+                k = gamma * invstd / (n * total)  # a and b back to this rank's convention, over the total
+                # gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
+                slope = -k * invstd * invstd * b
+                offset = -k * a - slope * m.double()
+                gx.addcmul_(x, slope.to(x.dtype).view(shape)).add_(offset.to(x.dtype).view(shape))
+            affine = weight is not None
+            return gx, gw if affine else None, gb if affine else None, None
+
+    norm = torch.nn.modules.batchnorm._BatchNorm
+    forward = norm.forward
+
+    def synced_forward(self, x):
+        # batch statistics are used in training, and always by a BatchNorm without running ones
+        if (not self.training and not (self.running_mean is None and self.running_var is None)) or not _acting():
+            return forward(self, x)
+        self._check_input_dim(x)
+        y, mean, var, total = SyncedBatchNorm.apply(x, self.weight if self.affine else None,
+                                                    self.bias if self.affine else None, self.eps)
+        if self.training and self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                t = float(total) / getattr(_state, "replicas", 1)  # a batch every rank took whole
+                unbiased = var * (t / (t - 1)) if t > 1 else var
+                self.running_mean.mul_(1 - m).add_(mean.to(self.running_mean.dtype), alpha=m)
+                self.running_var.mul_(1 - m).add_(unbiased.to(self.running_var.dtype), alpha=m)
+        return y
+
+    norm.forward = synced_forward

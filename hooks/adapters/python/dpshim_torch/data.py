@@ -1,0 +1,148 @@
+"""Data: every rank draws the same order, and keeps its share of each batch or epoch; evaluation takes it whole."""
+
+import collections
+import ctypes
+
+from . import gradients
+from .common import _acting, _check, _shim, _state, _step_aside
+from .parameters import _forwarded
+
+
+def _index_array(idx):
+    return (ctypes.c_uint64 * max(len(idx), 1))(*idx)
+
+
+def _patch_samplers(torch):
+    sampler = torch.utils.data.sampler
+    random_iter = sampler.RandomSampler.__iter__
+
+    def agreed_random_iter(self):
+        if self.generator is not None or not _acting():
+            yield from random_iter(self)
+            return
+        # RandomSampler's own draw from the global generator, then rank 0's value everywhere
+        seed = ctypes.c_uint64(int(torch.empty((), dtype=torch.int64).random_().item()))
+        _check(_shim.dp_seed(ctypes.byref(seed)), "dp_seed")
+        g = torch.Generator()
+        g.manual_seed(seed.value)
+        self.generator = g
+        try:
+            yield from random_iter(self)
+        finally:
+            self.generator = None
+
+    sampler.RandomSampler.__iter__ = agreed_random_iter
+
+    def shard(self, whole):
+        idx = list(iter(self.sampler))
+        if whole:
+            return idx
+        arr = _index_array(idx)
+        keep = _shim.dp_epoch(arr, len(idx))  # scale mode: 1/N of the epoch; split mode: all
+        return [arr[i] for i in range(keep)] if keep != len(idx) else idx
+
+    batch_iter = sampler.BatchSampler.__iter__
+    batch_len = sampler.BatchSampler.__len__
+
+    def sized(s):
+        try:
+            len(s)
+            return True
+        except TypeError:  # e.g. the endless sampler of an IterableDataset
+            return False
+
+    def batches(self):
+        if isinstance(self.sampler, torch.utils.data.distributed.DistributedSampler):
+            _step_aside("a DistributedSampler")
+        if not sized(self.sampler) or not _acting():  # a child's loader, or the script's own sharding: as alone
+            yield from batch_iter(self)
+            return
+        whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
+        idx = shard(self, whole)
+        pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
+        self.__dict__["_dpshim_backwards"] = gradients._backwards
+        for start in range(0, len(idx), self.batch_size):
+            batch = idx[start:start + self.batch_size]
+            if len(batch) < self.batch_size and self.drop_last:
+                break
+            if whole:  # evaluation: every rank the whole batch, weighted 1/N
+                pending.append((len(batch), _shim.size, True))
+                yield batch
+                continue
+            arr = _index_array(batch)
+            keep = _shim.dp_batch(arr, len(batch))  # split mode: this rank's share
+            if len(batch) < _shim.size and _shim.split:
+                # fewer samples than ranks: every rank takes them all, weighted 1/N (no rank
+                # may get an empty batch, which collate cannot build)
+                pending.append((len(batch), _shim.size, False))
+                yield batch
+                continue
+            pending.append((len(batch), 1, False))
+            yield [arr[i] for i in range(keep)]
+
+    def length(self):
+        if isinstance(self.sampler, torch.utils.data.distributed.DistributedSampler):
+            _step_aside("a DistributedSampler")
+        if not sized(self.sampler) or not _acting():
+            return batch_len(self)
+        n = len(self.sampler)
+        whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
+        if n and not (_evaluation_now(self) if whole is None else whole):
+            n = _shim.dp_epoch(_index_array(range(n)), n)
+        return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
+
+    sampler.BatchSampler.__iter__ = batches
+    sampler.BatchSampler.__len__ = length
+
+    # The loader may fetch batches ahead of the training loop; the share that weighs a step's
+    # gradients must be that of the batch the loop just got, so it is recorded on delivery.
+    base_iter = torch.utils.data.dataloader._BaseDataLoaderIter
+    next_batch = base_iter.__next__
+
+    def delivered(self):
+        try:
+            data = next_batch(self)
+        except StopIteration:  # the loop's pass is over
+            batches = self._index_sampler
+            if gradients._backwards != getattr(batches, "_dpshim_backwards", gradients._backwards):
+                batches.__dict__["_dpshim_trained_on"] = True
+            _state.replicas, _state.shared = 1, False  # batches made by hand after it are the script's own
+            raise
+        pending = getattr(self._index_sampler, "_dpshim_pending", None)
+        if pending and _acting():  # a forked child's copy is not this pass's
+            n, replicas, evaluation = pending.popleft()
+            if evaluation:  # shares nothing out: a job that only evaluates is told so at exit
+                _shim.dpshim_batch_whole(n)
+            else:
+                _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
+            _state.replicas, _state.shared = replicas, replicas == 1
+        return data
+
+    base_iter.__next__ = delivered
+
+
+def _evaluating(trained_on=False):
+    """No backward can follow: gradients are off, or every model that ran is in eval mode and
+    the loader was not trained on in an earlier pass (fine-tuning with frozen BatchNorm and
+    Dropout keeps the model in eval mode)."""
+    import torch
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        return True
+    models = [m for m in (r() for r in _forwarded) if m is not None]
+    return bool(models) and not any(m.training for m in models) and not trained_on
+
+
+def _evaluation_now(batch_sampler):
+    """This rank's reading: a pass over the loader starting now is an evaluation that takes the
+    whole data set ([data] eval = whole)."""
+    return _shim.eval_whole and _evaluating(batch_sampler.__dict__.get("_dpshim_trained_on", False))
+
+
+def _whole_data(batch_sampler):
+    """Whether a pass over a loader that starts now takes the whole data set on every rank, as
+    rank 0 reads it (the number of batches each rank takes shapes the collectives that follow)."""
+    if not _shim.eval_whole:
+        return False
+    flag = ctypes.c_uint64(_evaluation_now(batch_sampler))
+    _check(_shim.dp_seed(ctypes.byref(flag)), "dp_seed")
+    return bool(flag.value)
