@@ -60,6 +60,10 @@ run_tests() {
     cmake -S . -B "$BUILD_DIR-sanitize" -DDPSHIM_SANITIZE=ON -DDPSHIM_WERROR=ON >/dev/null
     cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target unit_tests >/dev/null
     ctest --test-dir "$BUILD_DIR-sanitize" -L unit --output-on-failure
+    # the unit tests and the threaded integration cases (ctest -L threads) under ThreadSanitizer
+    cmake -S . -B "$BUILD_DIR-tsan" -DDPSHIM_SANITIZE=thread -DDPSHIM_WERROR=ON >/dev/null
+    cmake --build "$BUILD_DIR-tsan" -j"$(nproc)" --target unit_tests threads_tests >/dev/null
+    ctest --test-dir "$BUILD_DIR-tsan" -L 'unit|threads' --output-on-failure
     ctest --test-dir "$BUILD_DIR" --output-on-failure
 }
 

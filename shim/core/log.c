@@ -50,8 +50,9 @@ void (*volatile dps_before_fatal_exit)(void);
 
 void dps_run_before_fatal_exit(void)
 {
-    void (*fn)(void) = dps_before_fatal_exit;
-    dps_before_fatal_exit = NULL; /* once, even when it fails on the way */
+    /* once, even when it fails on the way, or when the watchdog and the program's thread end the
+     * job at the same time (a race ThreadSanitizer found) */
+    void (*fn)(void) = __atomic_exchange_n(&dps_before_fatal_exit, NULL, __ATOMIC_ACQ_REL);
     if (fn) fn();
 }
 

@@ -207,7 +207,7 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
     rank_info_t *all = gather(be, &mine);
     first_unusable(all, hook);
     dv.dev = dev;
-    dps_before_fatal_exit = abort_at_fatal_exit;
+    __atomic_store_n(&dps_before_fatal_exit, abort_at_fatal_exit, __ATOMIC_RELEASE);
     dps_guard_set_probe(probe);
     dps_guard_set_reader(read_to_host);
     /* the decision, from the same table on every rank */

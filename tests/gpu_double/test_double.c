@@ -347,8 +347,12 @@ static void case_ordering(int rank, int nranks)
 {
     (void)rank, (void)nranks;
     int out[256];
+#ifndef __SANITIZE_THREAD__
+    /* Two streams without a wait race by design, as on a GPU: ThreadSanitizer rightly reports it,
+     * so its build (-DDPSHIM_SANITIZE=thread) checks only the ordered half. */
     stale_or_fresh(0, out);
     CHECK(out[0] == 0 && out[255] == 0, "no wait: stale data expected, got %d", out[0]);
+#endif
     stale_or_fresh(1, out);
     CHECK(out[0] == 1 && out[255] == 256, "cudaStreamWaitEvent: fresh data expected, got %d", out[0]);
 

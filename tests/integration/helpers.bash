@@ -4,7 +4,9 @@ load '/usr/lib/bats/bats-assert/load'
 
 BUILD=${DPS_BUILD:?run through ctest, or set DPS_BUILD to the build directory}
 SRC=${DPS_SRC:-$(cd "$BATS_TEST_DIRNAME/../.." && pwd)}
-SHIM=$BUILD/lib/libdpshim.so
+# What LD_PRELOAD names: the shim, after ThreadSanitizer's runtime in its build (threads.sh sets
+# DPS_PRELOAD_FIRST), whose interceptors must come before the shim's.
+SHIM=${DPS_PRELOAD_FIRST:+$DPS_PRELOAD_FIRST:}$BUILD/lib/libdpshim.so
 TRAINER=$BUILD/bin/fmnist_train
 CKPT=$BUILD/bin/dpnn-ckpt
 MPI_TIMEOUT=${DPS_TEST_TIMEOUT:-300}

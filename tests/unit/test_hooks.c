@@ -14,9 +14,12 @@
 #include "dpshim/hooks.h"
 #include "engine/engine.h"
 
-/* A huge list makes the hooks' own arrays fail to grow: under ASan that must be NULL, not a report. */
+/* A huge list makes the hooks' own arrays fail to grow: under ASan or TSan that must be NULL, not
+ * a report. */
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
 
 static int stub_calls;
 static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)

@@ -442,10 +442,14 @@ static int comm_failed(int try_only)
     if (atomic_load(&st.aborted)) return try_only ? -2 : fail("the NCCL communicator was aborted");
     if (try_only ? pthread_mutex_trylock(&comm_mu) : pthread_mutex_lock(&comm_mu)) return -2;
     dps_ncclResult_t async = DPS_ncclSuccess, r = st.comm ? nc.CommGetAsyncError(st.comm, &async) : DPS_ncclSuccess;
+    /* NCCL's message about the error under the lock too: the abort helper may free the
+     * communicator as soon as it is released (a race ThreadSanitizer found) */
+    int rc = r != DPS_ncclSuccess ? fail("ncclCommGetAsyncError failed")
+             : async == DPS_ncclSuccess || async == DPS_ncclInProgress
+                 ? 0
+                 : nccl_failed(st.comm, async, "NCCL reported an asynchronous error");
     pthread_mutex_unlock(&comm_mu);
-    if (r != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
-    if (async == DPS_ncclSuccess || async == DPS_ncclInProgress) return 0;
-    return nccl_ok(async, "NCCL reported an asynchronous error");
+    return rc;
 }
 
 /* A collective that failed still lets the stream go on, so a finished marker alone does not
