@@ -19,7 +19,7 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev
           zlib1g-dev bats bats-assert bats-support dataset-fashion-mnist python3 clang iproute2
           libclang-rt-14-dev python3-torch python3-torchvision libtorch-dev munge slurmctld slurmd slurm-client
-          time librsvg2-bin)
+          time librsvg2-bin clang-format)
 BUILD_DIR=$(realpath -m "${BUILD_DIR:-build}")
 
 setup() {
