@@ -347,23 +347,25 @@ bench_single() {
         "$b" "$a" "$(awk -v x="$a" -v y="$b" 'BEGIN { print x / y }')" "$c" "$(awk -v x="$c" -v y="$b" 'BEGIN { print x / y }')"
 }
 
-# exec_row LABEL [VAR=VALUE...]: /bin/true plain vs preloaded, started from an environment with VARs.
+# exec_row LABEL [VAR=VALUE...]: /bin/true plain, with the shim preloaded and with an empty library
+# preloaded, started from an environment with VARs (tests/bench/bench_exec.c).
 exec_row() {
-    local label=$1 n=20 rounds=5 plain=() shim=() r p s
+    local label=$1 out
     shift
-    for _ in $(seq "$rounds"); do
-        r=$(env "$@" "$BUILD_DIR/bin/bench_exec" "$BUILD_DIR/lib/libdpshim.so" $n /bin/true)
-        plain+=("${r% *}") shim+=("${r#* }")
-    done
-    p=$(printf '%s\n' "${plain[@]}" | median)
-    s=$(printf '%s\n' "${shim[@]}" | median)
-    printf '  %-58s plain %6.1f us  shim %6.1f us  +%5.1f us\n' "$label" "$p" "$s" "$(awk -v a="$s" -v b="$p" 'BEGIN { print a - b }')"
+    out=$(env "$@" "$BUILD_DIR/bin/bench_exec" 100 "$BUILD_DIR/lib/libdpshim.so" \
+        "$BUILD_DIR/bench/libbench_empty_preload.so" -- /bin/true) || return 1
+    awk -v label="$label" '$1 == "plain" { p = $2 } NR == 2 { s = $2; sr = $3; slo = $4; shi = $5 }
+        NR == 3 { e = $2; er = $3; elo = $4; ehi = $5 }
+        END { printf "  %s:\n    plain %6.1f us   shim %6.1f us  %.3fx (%.3f-%.3f)   empty library %6.1f us  %.3fx (%.3f-%.3f)\n",
+                  label, p, s, sr, slo, shi, e, er, elo, ehi }' <<<"$out"
 }
 
 bench_exec() {
-    echo "/bin/true started plainly vs with the shim preloaded (20 alternating blocks of 50 starts each; median of 5 runs' medians):"
+    echo "/bin/true started plainly, with the shim preloaded, and with an empty library preloaded (the floor: the"
+    echo "loader mapping one more library); 100 rounds of a block of 50 starts each: the medians of the blocks'"
+    echo "time per start, and the median of the rounds' ratios to plain (10th-90th percentile):"
     # what a rank's children see: the marker of a rank process that is not their own pid
-    exec_row "a child of a rank (a shell command, a compiler, an exec)" DPSHIM_RANK_PID=1:0:1:0:1
+    exec_row "a child of a rank (a shell command, a compiler, an exec)" DPSHIM_RANK_PID=1:0:1:0:1:0
     exec_row "a process started alone (a rank of its own)"
 }
 

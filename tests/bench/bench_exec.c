@@ -1,9 +1,14 @@
 /* What the preload costs a process that is not the trainer (a shell, a compiler, a DataLoader
- * worker's exec): PROGRAM started in blocks of 50, plainly and with LD_PRELOAD=LIB in turn (as a
- * training job's scripts start one command after another), each block timed from the first
- * posix_spawn to the last waitpid.
- *   bench_exec LIB N PROGRAM [ARGS...]   N blocks each; prints "plain_us shim_us", the medians
- *                                        of the blocks' time per start */
+ * worker's exec): PROGRAM started in blocks of 50, plainly and with LD_PRELOAD=LIB for each LIB in
+ * turn, round after round (as a training job's scripts start one command after another), each
+ * block timed from the first posix_spawn to the last waitpid. A round's ratio is a LIB's block
+ * over the plain block of the same round, so that the machine's drift between rounds (other
+ * users, frequency) cancels out.
+ *   bench_exec N LIB... -- PROGRAM [ARGS...]   N rounds; prints a line "plain US", then a line per
+ *                                              LIB: "LIB US RATIO LOW HIGH", US the median of the
+ *                                              blocks' time per start, RATIO the median of the
+ *                                              rounds' ratios, LOW and HIGH their 10th and 90th
+ *                                              percentiles */
 #define _GNU_SOURCE
 #include <spawn.h>
 #include <stdio.h>
@@ -43,7 +48,8 @@ enum { BLOCK = 50 };
 static double block(char **argv, char **envp)
 {
     double t0 = now_us();
-    for (int i = 0; i < BLOCK; i++) start_once(argv, envp);
+    for (int i = 0; i < BLOCK; i++)
+        start_once(argv, envp);
     return (now_us() - t0) / BLOCK;
 }
 
@@ -53,30 +59,53 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The q-quantile of v[0..n) (sorted in place), nearest rank. */
+static double quantile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i];
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 4) {
-        fprintf(stderr, "usage: bench_exec LIB N PROGRAM [ARGS...]\n");
+    int sep = 2;
+    while (sep < argc && strcmp(argv[sep], "--"))
+        sep++;
+    int n = argc > 1 ? atoi(argv[1]) : 0, nlibs = sep - 2;
+    if (n < 1 || nlibs < 1 || sep + 1 >= argc) {
+        fprintf(stderr, "usage: bench_exec N LIB... -- PROGRAM [ARGS...]\n");
         return 2;
     }
-    int n = atoi(argv[2]);
+    char **prog = argv + sep + 1;
     size_t ne = 0;
-    while (environ[ne]) ne++;
-    char **plain = calloc(ne + 1, sizeof *plain), **shim = calloc(ne + 2, sizeof *shim);
-    size_t np = 0, ns = 0;
-    for (size_t i = 0; i < ne; i++)
-        if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0) plain[np++] = shim[ns++] = environ[i];
-    char pre[4200];
-    snprintf(pre, sizeof pre, "LD_PRELOAD=%s", argv[1]);
-    shim[ns++] = pre;
-    double *a = calloc((size_t)n, sizeof *a), *b = calloc((size_t)n, sizeof *b);
-    block(argv + 3, plain), block(argv + 3, shim); /* warm the page cache */
-    for (int i = 0; i < n; i++) {
-        a[i] = block(argv + 3, plain);
-        b[i] = block(argv + 3, shim);
+    while (environ[ne])
+        ne++;
+    /* envs[0]: plain, without any LD_PRELOAD; envs[1 + k]: LD_PRELOAD=argv[2 + k] */
+    char ***envs = calloc((size_t)nlibs + 1, sizeof *envs);
+    for (int k = 0; k <= nlibs; k++) {
+        envs[k] = calloc(ne + 2, sizeof **envs);
+        size_t m = 0;
+        for (size_t i = 0; i < ne; i++)
+            if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0) envs[k][m++] = environ[i];
+        if (k) {
+            size_t len = strlen(argv[1 + k]) + sizeof "LD_PRELOAD=";
+            envs[k][m] = malloc(len);
+            snprintf(envs[k][m], len, "LD_PRELOAD=%s", argv[1 + k]);
+        }
     }
-    qsort(a, (size_t)n, sizeof *a, cmp);
-    qsort(b, (size_t)n, sizeof *b, cmp);
-    printf("%.1f %.1f\n", a[n / 2], b[n / 2]);
+    double *t = calloc((size_t)(nlibs + 1) * (size_t)n, sizeof *t), *r = calloc((size_t)n, sizeof *r);
+    for (int k = 0; k <= nlibs; k++)
+        block(prog, envs[k]); /* warm the page cache */
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k <= nlibs; k++)
+            t[k * n + i] = block(prog, envs[k]);
+    printf("plain %.1f\n", quantile(memcpy(r, t, (size_t)n * sizeof *r), n, 0.5));
+    for (int k = 1; k <= nlibs; k++) {
+        for (int i = 0; i < n; i++)
+            r[i] = t[k * n + i] / t[i];
+        double lo = quantile(r, n, 0.1), mid = quantile(r, n, 0.5), hi = quantile(r, n, 0.9);
+        printf("%s %.1f %.3f %.3f %.3f\n", argv[1 + k], quantile(t + k * n, n, 0.5), mid, lo, hi);
+    }
     return 0;
 }
