@@ -18,8 +18,14 @@
 
 const dps_key_info_t dps_keys[DPS_NKEYS] = {
 #define DPS_KEY(sec, key, type, scope, def, allowed, doc)                                                    \
-    {#sec, #key, DPS_KEY_##type, DPS_DEFAULT_TEXT_##type(def), DPS_DEFAULT_NUM_##type(sec, key, def), \
-     DPS_ALLOWED_##type(allowed), doc, DPS_SCOPE_##scope},
+    {#sec,                                                                                                   \
+     #key,                                                                                                   \
+     DPS_KEY_##type,                                                                                         \
+     DPS_DEFAULT_TEXT_##type(def),                                                                           \
+     DPS_DEFAULT_NUM_##type(sec, key, def),                                                                  \
+     DPS_ALLOWED_##type(allowed),                                                                            \
+     doc,                                                                                                    \
+     DPS_SCOPE_##scope},
 #include "policy_keys.def"
 #undef DPS_KEY
 };
@@ -51,8 +57,10 @@ static const char *show(shown_t *out, const char *s, size_t n)
             memcpy(out->s + o, "...", 3), o += 3;
             break;
         }
-        if (c >= 0x20 && c < 0x7f) out->s[o++] = (char)c;
-        else o += (size_t)snprintf(out->s + o, sizeof out->s - o, "\\x%02x", c);
+        if (c >= 0x20 && c < 0x7f)
+            out->s[o++] = (char)c;
+        else
+            o += (size_t)snprintf(out->s + o, sizeof out->s - o, "\\x%02x", c);
     }
     out->s[o] = '\0';
     return out->s;
@@ -63,7 +71,8 @@ static size_t edit_distance(const char *a, size_t la, const char *b)
 {
     size_t lb = strlen(b), row[64];
     if (la >= 63 || lb >= 63) return (size_t)-1;
-    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
     for (size_t i = 1; i <= la; i++) {
         size_t diag = row[0];
         row[0] = i;
@@ -120,14 +129,15 @@ static void free_text(dps_policy_t *p, int id)
 
 void dps_policy_free(dps_policy_t *p)
 {
-    for (int i = 0; i < DPS_NKEYS; i++) free_text(p, i);
+    for (int i = 0; i < DPS_NKEYS; i++)
+        free_text(p, i);
     free(p->hooks);
     p->hooks = NULL, p->nhooks = 0;
 }
 
 /* Validates v for key id; on success stores it. Error text has no location: callers prefix it. */
-int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t vlen,
-                         dps_source_t src, int line, dps_error_t *e)
+int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t vlen, dps_source_t src,
+                         int line, dps_error_t *e)
 {
     const dps_key_info_t *k = &dps_keys[id];
     uint64_t num = 0;
@@ -183,9 +193,11 @@ int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t
     }
     case DPS_KEY_GLOBS:
         for (size_t i = 0; i < vlen;) {
-            while (i < vlen && isspace((unsigned char)v[i])) i++;
+            while (i < vlen && isspace((unsigned char)v[i]))
+                i++;
             size_t j = i;
-            while (j < vlen && !isspace((unsigned char)v[j])) j++;
+            while (j < vlen && !isspace((unsigned char)v[j]))
+                j++;
             const char *why = j > i ? dps_glob_check(v + i, j - i) : NULL;
             if (j - i == 2 && (v[i] == '"' || v[i] == '\'') && v[i + 1] == v[i])
                 why = "empty glob; leave the value empty for none";
@@ -218,8 +230,7 @@ int dps_policy_find_key(const char *sec, size_t slen, const char *key, size_t kl
 static int section_known(const char *sec, size_t slen)
 {
     for (int i = 0; i < DPS_NKEYS; i++)
-        if (strlen(dps_keys[i].section) == slen && memcmp(dps_keys[i].section, sec, slen) == 0)
-            return 1;
+        if (strlen(dps_keys[i].section) == slen && memcmp(dps_keys[i].section, sec, slen) == 0) return 1;
     return 0;
 }
 
@@ -244,13 +255,15 @@ static const char *suggest_key(const char *sec, size_t slen, const char *key, si
 
 static void trim(const char **s, const char **end)
 {
-    while (*s < *end && isspace((unsigned char)**s)) (*s)++;
-    while (*end > *s && isspace((unsigned char)(*end)[-1])) (*end)--;
+    while (*s < *end && isspace((unsigned char)**s))
+        (*s)++;
+    while (*end > *s && isspace((unsigned char)(*end)[-1]))
+        (*end)--;
 }
 
 struct hook_section;
-static int policy_parse(dps_policy_t *p, struct hook_section *hs, const char *text, size_t len, const char *fname,
-                        dps_error_t *e);
+static int policy_parse(dps_policy_t *p, struct hook_section *hs, const char *text, size_t len,
+                        const char *fname, dps_error_t *e);
 
 /* --- [hook NAME] sections: keys collected as text, checked when the section ends --- */
 
@@ -266,7 +279,8 @@ typedef struct hook_section {
 
 static void hook_section_clear(hook_section_t *hs)
 {
-    for (int i = 0; i < HOOK_NKEYS; i++) free(hs->val[i]);
+    for (int i = 0; i < HOOK_NKEYS; i++)
+        free(hs->val[i]);
     memset(hs, 0, sizeof *hs);
 }
 
@@ -282,7 +296,8 @@ static int hook_section_end(dps_policy_t *p, hook_section_t *hs, const char *fna
                            sizeof why) != 0) {
         int line = hs->line; /* the message starts with the key at fault: point at its line */
         for (int i = 0; i < HOOK_NKEYS; i++)
-            if (!strncmp(why, hook_keys[i], strlen(hook_keys[i])) && why[strlen(hook_keys[i])] == ':' && hs->key_line[i])
+            if (!strncmp(why, hook_keys[i], strlen(hook_keys[i])) && why[strlen(hook_keys[i])] == ':' &&
+                hs->key_line[i])
                 line = hs->key_line[i];
         int rc = fail(e, "%s:%d: [hook %s] %s", fname, line, hs->name, why);
         hook_section_clear(hs);
@@ -290,8 +305,10 @@ static int hook_section_end(dps_policy_t *p, hook_section_t *hs, const char *fna
     }
     for (int i = 0; i < p->nhooks; i++)
         if (!strcmp(p->hooks[i].symbol, h.symbol)) {
-            int rc = fail(e, "%s:%d: [hook %s] duplicates [hook %s] (line %d): both declare %s; one section per "
-                             "function", fname, hs->line, hs->name, p->hooks[i].name, p->hooks[i].line, h.symbol);
+            int rc = fail(e,
+                          "%s:%d: [hook %s] duplicates [hook %s] (line %d): both declare %s; one section per "
+                          "function",
+                          fname, hs->line, hs->name, p->hooks[i].name, p->hooks[i].line, h.symbol);
             hook_section_clear(hs);
             return rc;
         }
@@ -306,29 +323,32 @@ static int hook_section_end(dps_policy_t *p, hook_section_t *hs, const char *fna
     return 0;
 }
 
-static int hook_section_begin(dps_policy_t *p, hook_section_t *hs, const char *name, size_t n, const char *fname,
-                              int lineno, dps_error_t *e)
+static int hook_section_begin(dps_policy_t *p, hook_section_t *hs, const char *name, size_t n,
+                              const char *fname, int lineno, dps_error_t *e)
 {
     shown_t sv;
-    while (n && isspace((unsigned char)*name)) name++, n--;
+    while (n && isspace((unsigned char)*name))
+        name++, n--;
     if (!n) return fail(e, "%s:%d: [hook] needs a name: [hook NAME]", fname, lineno);
-    if (n >= sizeof hs->name) return fail(e, "%s:%d: [hook %s]: name longer than %zu characters", fname, lineno,
-                                          show(&sv, name, n), sizeof hs->name - 1);
+    if (n >= sizeof hs->name)
+        return fail(e, "%s:%d: [hook %s]: name longer than %zu characters", fname, lineno, show(&sv, name, n),
+                    sizeof hs->name - 1);
     for (size_t i = 0; i < n; i++)
         if (!isalnum((unsigned char)name[i]) && name[i] != '_' && name[i] != '-' && name[i] != '.')
-            return fail(e, "%s:%d: [hook %s]: a name is letters, digits, '_', '-' and '.'", fname, lineno, show(&sv, name, n));
+            return fail(e, "%s:%d: [hook %s]: a name is letters, digits, '_', '-' and '.'", fname, lineno,
+                        show(&sv, name, n));
     for (int i = 0; i < p->nhooks; i++)
         if (strlen(p->hooks[i].name) == n && !memcmp(p->hooks[i].name, name, n))
-            return fail(e, "%s:%d: duplicate section [hook %s] (first on line %d)", fname, lineno, p->hooks[i].name,
-                        p->hooks[i].line);
+            return fail(e, "%s:%d: duplicate section [hook %s] (first on line %d)", fname, lineno,
+                        p->hooks[i].name, p->hooks[i].line);
     hs->open = 1, hs->line = lineno;
     memcpy(hs->name, name, n);
     hs->name[n] = '\0';
     return 0;
 }
 
-static int hook_section_key(hook_section_t *hs, const char *k, size_t kn, const char *v, size_t vn, const char *fname,
-                            int lineno, dps_error_t *e)
+static int hook_section_key(hook_section_t *hs, const char *k, size_t kn, const char *v, size_t vn,
+                            const char *fname, int lineno, dps_error_t *e)
 {
     shown_t sv;
     char h[96];
@@ -341,12 +361,14 @@ static int hook_section_key(hook_section_t *hs, const char *k, size_t kn, const 
             hs->key_line[i] = lineno;
             return 0;
         }
-    return fail(e, "%s:%d: unknown key '%s' in [hook %s]%s (keys: symbol, library, signature, before, after, missing)",
-                fname, lineno, show(&sv, k, kn), hs->name, hint(h, sizeof h, dps_suggest(k, kn, hook_keys, HOOK_NKEYS)));
+    return fail(
+        e,
+        "%s:%d: unknown key '%s' in [hook %s]%s (keys: symbol, library, signature, before, after, missing)",
+        fname, lineno, show(&sv, k, kn), hs->name,
+        hint(h, sizeof h, dps_suggest(k, kn, hook_keys, HOOK_NKEYS)));
 }
 
-int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *fname,
-                     dps_error_t *e)
+int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *fname, dps_error_t *e)
 {
     hook_section_t hs;
     memset(&hs, 0, sizeof hs);
@@ -380,47 +402,52 @@ static int policy_parse(dps_policy_t *p, hook_section_t *hs, const char *text, s
         trim(&s, &end);
         if (s == end) continue;
         if (*s == '[') {
-            if (end[-1] != ']')
-                return fail(e, "%s:%d: section header without a closing ']'", fname, lineno);
+            if (end[-1] != ']') return fail(e, "%s:%d: section header without a closing ']'", fname, lineno);
             const char *ns = s + 1, *ne = end - 1;
             trim(&ns, &ne);
             if (hook_section_end(p, hs, fname, e)) return -1;
-            if ((size_t)(ne - ns) >= 4 && !memcmp(ns, "hook", 4) && ((size_t)(ne - ns) == 4 || isspace((unsigned char)ns[4]))) {
+            if ((size_t)(ne - ns) >= 4 && !memcmp(ns, "hook", 4) &&
+                ((size_t)(ne - ns) == 4 || isspace((unsigned char)ns[4]))) {
                 if (hook_section_begin(p, hs, ns + 4, (size_t)(ne - ns) - 4, fname, lineno, e)) return -1;
                 sec = NULL, slen = 0;
                 continue;
             }
             if (!section_known(ns, (size_t)(ne - ns)))
-                return fail(e, "%s:%d: unknown section [%s]%s", fname, lineno, show(&sv, ns, (size_t)(ne - ns)),
+                return fail(e, "%s:%d: unknown section [%s]%s", fname, lineno,
+                            show(&sv, ns, (size_t)(ne - ns)),
                             hint(h, sizeof h, suggest_section(ns, (size_t)(ne - ns))));
             sec = ns, slen = (size_t)(ne - ns);
             continue;
         }
         const char *eq = memchr(s, '=', (size_t)(end - s));
         if (!eq)
-            return fail(e, "%s:%d: expected 'key = value', got '%s'", fname, lineno, show(&sv, s, (size_t)(end - s)));
+            return fail(e, "%s:%d: expected 'key = value', got '%s'", fname, lineno,
+                        show(&sv, s, (size_t)(end - s)));
         const char *ks = s, *ke = eq, *vs = eq + 1, *ve = end;
         trim(&ks, &ke);
         trim(&vs, &ve);
         if (hs->open) {
-            if (hook_section_key(hs, ks, (size_t)(ke - ks), vs, (size_t)(ve - vs), fname, lineno, e)) return -1;
+            if (hook_section_key(hs, ks, (size_t)(ke - ks), vs, (size_t)(ve - vs), fname, lineno, e))
+                return -1;
             continue;
         }
         if (!sec)
-            return fail(e, "%s:%d: key '%s' before any [section]", fname, lineno, show(&sv, ks, (size_t)(ke - ks)));
+            return fail(e, "%s:%d: key '%s' before any [section]", fname, lineno,
+                        show(&sv, ks, (size_t)(ke - ks)));
         int id = dps_policy_find_key(sec, slen, ks, (size_t)(ke - ks));
         if (id < 0)
-            return fail(e, "%s:%d: unknown key '%s' in [%.*s]%s", fname, lineno, show(&sv, ks, (size_t)(ke - ks)),
-                        (int)slen, sec, hint(h, sizeof h, suggest_key(sec, slen, ks, (size_t)(ke - ks))));
+            return fail(e, "%s:%d: unknown key '%s' in [%.*s]%s", fname, lineno,
+                        show(&sv, ks, (size_t)(ke - ks)), (int)slen, sec,
+                        hint(h, sizeof h, suggest_key(sec, slen, ks, (size_t)(ke - ks))));
         if (seen_line[id])
-            return fail(e, "%s:%d: duplicate key '%s' in [%s] (first set on line %d)", fname,
-                        lineno, dps_keys[id].key, dps_keys[id].section, seen_line[id]);
+            return fail(e, "%s:%d: duplicate key '%s' in [%s] (first set on line %d)", fname, lineno,
+                        dps_keys[id].key, dps_keys[id].section, seen_line[id]);
         seen_line[id] = lineno;
         dps_error_t ve_err;
-        if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(ve - vs), DPS_SRC_FILE, lineno,
-                                 &ve_err) != 0)
-            return fail(e, "%s:%d: [%s] %s: %s", fname, lineno, dps_keys[id].section,
-                        dps_keys[id].key, ve_err.msg);
+        if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(ve - vs), DPS_SRC_FILE, lineno, &ve_err) !=
+            0)
+            return fail(e, "%s:%d: [%s] %s: %s", fname, lineno, dps_keys[id].section, dps_keys[id].key,
+                        ve_err.msg);
     }
     return 0;
 }
@@ -485,7 +512,8 @@ int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e)
 const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len)
 {
     snprintf(buf, len, "DPSHIM_%s_%s", dps_keys[id].section, dps_keys[id].key);
-    for (char *c = buf; *c; c++) *c = (char)toupper((unsigned char)*c);
+    for (char *c = buf; *c; c++)
+        *c = (char)toupper((unsigned char)*c);
     return buf;
 }
 
@@ -513,10 +541,13 @@ static int unknown_env(const char *name, size_t n, dps_error_t *e)
     char names[DPS_NKEYS][64], h[96];
     const char *cands[DPS_NKEYS + sizeof dps_other_env / sizeof *dps_other_env];
     size_t nc = 0;
-    for (int i = 0; i < DPS_NKEYS; i++) cands[nc++] = dps_policy_env_name((dps_key_id_t)i, names[i], 64);
-    for (size_t i = 0; i < dps_n_other_env; i++) cands[nc++] = dps_other_env[i].name;
+    for (int i = 0; i < DPS_NKEYS; i++)
+        cands[nc++] = dps_policy_env_name((dps_key_id_t)i, names[i], 64);
+    for (size_t i = 0; i < dps_n_other_env; i++)
+        cands[nc++] = dps_other_env[i].name;
     shown_t sv;
-    return fail(e, "unknown environment variable %s%s", show(&sv, name, n), hint(h, sizeof h, dps_suggest(name, n, cands, nc)));
+    return fail(e, "unknown environment variable %s%s", show(&sv, name, n),
+                hint(h, sizeof h, dps_suggest(name, n, cands, nc)));
 }
 
 DPS_STARTUP int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e)
@@ -539,8 +570,9 @@ DPS_STARTUP int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_err
         trim(&vs, &vend);
         if (dps_policy_set_value(p, (dps_key_id_t)id, vs, (size_t)(vend - vs), DPS_SRC_ENV, 0, &ve) != 0) {
             char env[64];
-            return fail(e, "environment %s ([%s] %s): %s", dps_policy_env_name((dps_key_id_t)id, env, sizeof env),
-                        dps_keys[id].section, dps_keys[id].key, ve.msg);
+            return fail(e, "environment %s ([%s] %s): %s",
+                        dps_policy_env_name((dps_key_id_t)id, env, sizeof env), dps_keys[id].section,
+                        dps_keys[id].key, ve.msg);
         }
     }
     return 0;
@@ -564,9 +596,15 @@ const char *dps_policy_source(const dps_policy_t *p, dps_key_id_t id, char *buf,
     const dps_setting_t *s = &p->set[id];
     char env[64];
     switch (s->src) {
-    case DPS_SRC_FILE: snprintf(buf, len, "%s:%d", p->file[0] ? p->file : "(file)", s->line); break;
-    case DPS_SRC_ENV: snprintf(buf, len, "env %s", dps_policy_env_name(id, env, sizeof env)); break;
-    default: snprintf(buf, len, "default"); break;
+    case DPS_SRC_FILE:
+        snprintf(buf, len, "%s:%d", p->file[0] ? p->file : "(file)", s->line);
+        break;
+    case DPS_SRC_ENV:
+        snprintf(buf, len, "env %s", dps_policy_env_name(id, env, sizeof env));
+        break;
+    default:
+        snprintf(buf, len, "default");
+        break;
     }
     return buf;
 }

@@ -64,8 +64,10 @@ typedef enum {
 #define DPS_DEFAULT_NUM_STR(sec, key, text) 0
 #define DPS_DEFAULT_NUM_GLOBS(sec, key, text) 0
 /* typed values per key type: only ENUM keys have them */
-#define DPS_TYPED_ENUM(sec, key, list) \
-    typedef enum { DPS_CONSTS_(DPS_V_##sec##_##key##_, DPS_UNPAREN list) DPS_V_##sec##_##key##__N } dps_##sec##_##key##_t;
+#define DPS_TYPED_ENUM(sec, key, list)                                                                       \
+    typedef enum {                                                                                           \
+        DPS_CONSTS_(DPS_V_##sec##_##key##_, DPS_UNPAREN list) DPS_V_##sec##_##key##__N                       \
+    } dps_##sec##_##key##_t;
 #define DPS_TYPED_UINT(sec, key, range)
 #define DPS_TYPED_STR(sec, key, none)
 #define DPS_TYPED_GLOBS(sec, key, none)
@@ -78,7 +80,7 @@ typedef struct dps_key_info {
     const char *key;
     dps_key_type_t type;
     const char *def;
-    uint64_t def_num; /* ENUM: the default's index */
+    uint64_t def_num;    /* ENUM: the default's index */
     const char *allowed; /* ENUM: "a|b|c"; UINT: "min..max"; else "" */
     const char *doc;
     int job; /* scope JOB: must be the same on every rank of a job */
@@ -99,7 +101,7 @@ typedef struct dps_setting {
 
 typedef struct dps_policy {
     dps_setting_t set[DPS_NKEYS];
-    char file[1024]; /* policy file in effect, "" when none */
+    char file[1024];       /* policy file in effect, "" when none */
     dps_hookdecl_t *hooks; /* [hook NAME] sections, in file order (owned) */
     int nhooks;
 } dps_policy_t;
@@ -112,21 +114,28 @@ typedef struct dps_error {
  * does. Accepted where the policy refuses every other DPSHIM_ name; `dpshim-diag keys` lists
  * them after the keys, and docs/policy.md's table is that list. */
 #define DPS_ENV_POLICY "DPSHIM_POLICY"
-#define DPS_OTHER_ENV(X)                                                                                      \
-    X(DPS_ENV_POLICY, "you", "the policy file (else ./dpshim.conf in the directory the program starts in, "   \
-                             "else the built-in defaults)")                                                   \
-    X("DPSHIM_CUDART_LIB", "you", "the CUDA runtime the GPU plugin opens (else the program's own, else the "   \
-                                  "library path's)")                                                          \
-    X("DPSHIM_NCCL_LIB", "you", "the NCCL the GPU plugin opens (else the program's own, else the library "     \
-                                "path's)")                                                                    \
-    X("DPSHIM_LIB", "you", "the libdpshim.so that dpshim-diag env asks (else the one its install or build "   \
-                           "tree has)")                                                                       \
-    X("DPSHIM_PLUGIN_DIR", "you", "where the plugins (libdpshim-mpi.so, libdpshim-nccl.so) and the Python "   \
-                                  "adapter are (else dpshim/ beside libdpshim.so)")                            \
-    X("DPSHIM_RANK_PID", "dpshim", "the rank process and the descriptor of its claim on the rank's place (its children inherit it)") \
-    X("DPSHIM_PYTHONPATH", "dpshim", "the user's PYTHONPATH, which the Python adapter puts back")             \
-    X("DPSHIM_HASHSEED", "dpshim", "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "   \
-                                   "out of the script's environment)")
+#define DPS_OTHER_ENV(X)                                                                                     \
+    X(DPS_ENV_POLICY, "you",                                                                                 \
+      "the policy file (else ./dpshim.conf in the directory the program starts in, "                         \
+      "else the built-in defaults)")                                                                         \
+    X("DPSHIM_CUDART_LIB", "you",                                                                            \
+      "the CUDA runtime the GPU plugin opens (else the program's own, else the "                             \
+      "library path's)")                                                                                     \
+    X("DPSHIM_NCCL_LIB", "you",                                                                              \
+      "the NCCL the GPU plugin opens (else the program's own, else the library "                             \
+      "path's)")                                                                                             \
+    X("DPSHIM_LIB", "you",                                                                                   \
+      "the libdpshim.so that dpshim-diag env asks (else the one its install or build "                       \
+      "tree has)")                                                                                           \
+    X("DPSHIM_PLUGIN_DIR", "you",                                                                            \
+      "where the plugins (libdpshim-mpi.so, libdpshim-nccl.so) and the Python "                              \
+      "adapter are (else dpshim/ beside libdpshim.so)")                                                      \
+    X("DPSHIM_RANK_PID", "dpshim",                                                                           \
+      "the rank process and the descriptor of its claim on the rank's place (its children inherit it)")      \
+    X("DPSHIM_PYTHONPATH", "dpshim", "the user's PYTHONPATH, which the Python adapter puts back")            \
+    X("DPSHIM_HASHSEED", "dpshim",                                                                           \
+      "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "                              \
+      "out of the script's environment)")
 
 typedef struct dps_env_var {
     const char *name, *set_by, *doc;
@@ -137,12 +146,11 @@ extern const size_t dps_n_other_env;
 /* All return 0 on success, -1 with e->msg filled on error. */
 void dps_policy_init(dps_policy_t *p); /* built-in defaults */
 void dps_policy_free(dps_policy_t *p);
-int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *fname,
-                     dps_error_t *e);
+int dps_policy_parse(dps_policy_t *p, const char *text, size_t len, const char *fname, dps_error_t *e);
 int dps_policy_load_file(dps_policy_t *p, const char *path, dps_error_t *e);
 /* Validate and store one value; e->msg has no location, callers prefix it. */
-int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t vlen,
-                         dps_source_t src, int line, dps_error_t *e);
+int dps_policy_set_value(dps_policy_t *p, dps_key_id_t id, const char *v, size_t vlen, dps_source_t src,
+                         int line, dps_error_t *e);
 int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_error_t *e);
 /* Locate (DPSHIM_POLICY, else ./dpshim.conf, else none), parse, apply env overrides. */
 int dps_policy_load(dps_policy_t *p, char *const *envp, dps_error_t *e);

@@ -66,11 +66,20 @@ static long pmix_get_uint(const pmix_proc_t *p, const char *key)
     long r = -1;
     if (pmix.get(p, key, NULL, 0, &v) != PMIX_SUCCESS || !v) return -1;
     switch (v->type) {
-    case PMIX_UINT32: r = (long)v->data.uint32; break;
-    case PMIX_UINT16: r = (long)v->data.uint16; break;
-    case PMIX_INT: r = v->data.integer; break;
-    case PMIX_UINT: r = (long)v->data.uint; break;
-    default: break;
+    case PMIX_UINT32:
+        r = (long)v->data.uint32;
+        break;
+    case PMIX_UINT16:
+        r = (long)v->data.uint16;
+        break;
+    case PMIX_INT:
+        r = v->data.integer;
+        break;
+    case PMIX_UINT:
+        r = (long)v->data.uint;
+        break;
+    default:
+        break;
     }
     free(v); /* scalar values own no other memory */
     return r;
@@ -82,7 +91,9 @@ static int bootstrap_pmix(dps_state_t *s)
     if (!getenv("PMIX_NAMESPACE") || !getenv("PMIX_RANK")) return 0;
     pmix.lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_GLOBAL);
     if (!pmix.lib) {
-        DPS_INFO("PMIx environment present but libpmix.so.2 not loadable (%s); using the launcher environment", dlerror());
+        DPS_INFO(
+            "PMIx environment present but libpmix.so.2 not loadable (%s); using the launcher environment",
+            dlerror());
         return 0;
     }
     *(void **)&pmix.init = dlsym(pmix.lib, "PMIx_Init");
@@ -107,7 +118,8 @@ static int bootstrap_pmix(dps_state_t *s)
     s->local_size = local_size > 0 ? (int)local_size : 1;
     s->local_source = local_size > 0 ? "PMIx (PMIX_LOCAL_SIZE)" : "PMIx, without a local size (1 taken)";
     s->local_size_guessed = local_size <= 0;
-    s->local_rank_source = local_rank >= 0 ? "PMIx (PMIX_LOCAL_RANK)" : "PMIx, without a local rank (0 taken)";
+    s->local_rank_source =
+        local_rank >= 0 ? "PMIx (PMIX_LOCAL_RANK)" : "PMIx, without a local rank (0 taken)";
     s->launcher = "pmix";
     return 1;
 }
@@ -131,7 +143,8 @@ DPS_STARTUP static int pmix_server_in_env(void)
  * by an earlier job (or exported by hand), and no peer will ever come. */
 DPS_STARTUP static int openmpi_launcher_alive(void)
 {
-    return getenv("OMPI_MCA_orte_hnp_uri") || getenv("OMPI_MCA_orte_local_daemon_uri") || pmix_server_in_env();
+    return getenv("OMPI_MCA_orte_hnp_uri") || getenv("OMPI_MCA_orte_local_daemon_uri") ||
+           pmix_server_in_env();
 }
 
 #ifndef DPS_MPI_LIBDIR
@@ -176,8 +189,10 @@ DPS_STARTUP static long slurm_tasks_on_node(const char *spec, long node)
         }
         if (node < seen + reps) return n;
         seen += reps;
-        if (*end == ',') end++;
-        else if (*end) return -1;
+        if (*end == ',')
+            end++;
+        else if (*end)
+            return -1;
         p = end;
     }
     return -1;
@@ -202,11 +217,12 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
         long rank = env_int(l->rank), size = env_int(l->size);
         if (rank == -1 && size == -1) continue;
         if (!strcmp(l->name, "openmpi") && !openmpi_launcher_alive()) {
-            DPS_WARN("%s=%s and %s=%s are set, but no Open MPI launcher started this process (no PMIx server or "
-                     "mpirun daemon to reach): left over from an earlier job? They are ignored: this process runs "
-                     "alone; unset them, or start the program with mpirun",
-                     l->rank, getenv(l->rank) ? getenv(l->rank) : "(unset)", l->size,
-                     getenv(l->size) ? getenv(l->size) : "(unset)");
+            DPS_WARN(
+                "%s=%s and %s=%s are set, but no Open MPI launcher started this process (no PMIx server or "
+                "mpirun daemon to reach): left over from an earlier job? They are ignored: this process runs "
+                "alone; unset them, or start the program with mpirun",
+                l->rank, getenv(l->rank) ? getenv(l->rank) : "(unset)", l->size,
+                getenv(l->size) ? getenv(l->size) : "(unset)");
             continue;
         }
         if (rank < 0 || size <= 0 || rank >= size) {
@@ -220,12 +236,15 @@ DPS_STARTUP static int bootstrap_env(dps_state_t *s, char *err, size_t errlen)
         long lr = env_int(l->local_rank), ls = env_int(l->local_size);
         /* Slurm has no local-size variable: its tasks-per-node list gives it; a PMI-2 launch under
          * Slurm (srun --mpi=pmi2) gives no local values of its own, and Slurm's are right */
-        int under_slurm = !strcmp(l->name, "slurm") || (!strcmp(l->name, "pmi") && lr < 0 && getenv("SLURM_LOCALID"));
+        int under_slurm =
+            !strcmp(l->name, "slurm") || (!strcmp(l->name, "pmi") && lr < 0 && getenv("SLURM_LOCALID"));
         s->local_rank_source = lr >= 0 ? l->local_rank : "no variable of the launcher's (0 taken)";
-        if (under_slurm && lr < 0 && (lr = env_int("SLURM_LOCALID")) >= 0) s->local_rank_source = "SLURM_LOCALID";
+        if (under_slurm && lr < 0 && (lr = env_int("SLURM_LOCALID")) >= 0)
+            s->local_rank_source = "SLURM_LOCALID";
         s->local_source = ls > 0 ? l->local_size : "no variable of the launcher's (1 taken)";
         if (under_slurm && ls <= 0 && (ls = slurm_local_size()) > 0)
-            s->local_source = getenv("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+            s->local_source =
+                getenv("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
         s->local_size_guessed = ls <= 0;
         s->rank = (int)rank, s->size = (int)size;
         s->local_rank = lr >= 0 ? (int)lr : 0;
@@ -270,28 +289,35 @@ DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, 
     /* srun --mpi=pmi2 (or none), MPICH's mpiexec: the MPI would fail in MPI_Init with words of its
      * own ("OMPI was not built with SLURM's PMI support"); said here, with the line that works */
     int slurm = !strcmp(s->launcher, "slurm") || (!strcmp(s->launcher, "pmi") && getenv("SLURM_STEP_ID"));
-    if ((slurm || !strcmp(s->launcher, "pmi")) && s->size > 1 && !pmix_server_in_env() && !mpi_joins_without_pmix()) {
-        snprintf(err, errlen,
-                 "%s started this process without a PMIx server (rank %d of %d), and the MPI dpshim runs on (Open "
-                 "MPI, %s) joins a job only through PMIx: every rank would fail in MPI_Init. %s",
-                 slurm ? "srun" : "a PMI launcher", s->rank, s->size, DPS_MPI_LIBDIR,
-                 slurm ? "Start the step with srun --mpi=pmix (srun --mpi=list shows what this Slurm offers; "
-                         "MpiDefault=pmix in slurm.conf makes it the default)"
-                       : "Start the job with Open MPI's mpirun");
+    if ((slurm || !strcmp(s->launcher, "pmi")) && s->size > 1 && !pmix_server_in_env() &&
+        !mpi_joins_without_pmix()) {
+        snprintf(
+            err, errlen,
+            "%s started this process without a PMIx server (rank %d of %d), and the MPI dpshim runs on (Open "
+            "MPI, %s) joins a job only through PMIx: every rank would fail in MPI_Init. %s",
+            slurm ? "srun" : "a PMI launcher", s->rank, s->size, DPS_MPI_LIBDIR,
+            slurm ? "Start the step with srun --mpi=pmix (srun --mpi=list shows what this Slurm offers; "
+                    "MpiDefault=pmix in slurm.conf makes it the default)"
+                  : "Start the job with Open MPI's mpirun");
         return -1;
     }
     if (strcmp(s->launcher, "torchrun") || s->size < 2) return 0;
     char cmd[600], lib[512] = "libdpshim.so";
     Dl_info info;
-    if (dladdr((void *)&refuse_non_mpi_launcher, &info) && info.dli_fname) snprintf(lib, sizeof lib, "%s", info.dli_fname);
+    if (dladdr((void *)&refuse_non_mpi_launcher, &info) && info.dli_fname)
+        snprintf(lib, sizeof lib, "%s", info.dli_fname);
     own_command(cmd, sizeof cmd);
-    snprintf(err, errlen,
-             "this process was started by %s (RANK=%d, WORLD_SIZE=%d%s), which starts its workers without an MPI "
-             "job: dpshim's collectives run over MPI and could not reach the other ranks. Start the unmodified "
-             "program with mpirun instead of the launcher, one process per rank: mpirun -np %d env LD_PRELOAD=%s %s",
-             getenv("TORCHELASTIC_RUN_ID") ? "torchrun" : "a launcher that sets RANK and WORLD_SIZE (torchrun, "
-                                                          "torch.distributed.launch, deepspeed, accelerate)",
-             s->rank, s->size, getenv("TORCHELASTIC_RUN_ID") ? ", TORCHELASTIC_RUN_ID set" : "", s->size, lib, cmd);
+    snprintf(
+        err, errlen,
+        "this process was started by %s (RANK=%d, WORLD_SIZE=%d%s), which starts its workers without an MPI "
+        "job: dpshim's collectives run over MPI and could not reach the other ranks. Start the unmodified "
+        "program with mpirun instead of the launcher, one process per rank: mpirun -np %d env LD_PRELOAD=%s "
+        "%s",
+        getenv("TORCHELASTIC_RUN_ID") ? "torchrun"
+                                      : "a launcher that sets RANK and WORLD_SIZE (torchrun, "
+                                        "torch.distributed.launch, deepspeed, accelerate)",
+        s->rank, s->size, getenv("TORCHELASTIC_RUN_ID") ? ", TORCHELASTIC_RUN_ID set" : "", s->size, lib,
+        cmd);
     return -1;
 }
 
@@ -318,8 +344,11 @@ DPS_STARTUP static void format_marker(char *out, const long v[MARKER_FIELDS])
         char digits[24];
         int n = 0;
         unsigned long x = (unsigned long)v[i];
-        do digits[n++] = (char)('0' + x % 10); while (x /= 10);
-        while (n) *o++ = digits[--n];
+        do
+            digits[n++] = (char)('0' + x % 10);
+        while (x /= 10);
+        while (n)
+            *o++ = digits[--n];
         *o++ = i + 1 < MARKER_FIELDS ? ':' : '\0';
     }
 }
@@ -365,4 +394,7 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
 }
 
 /* This process is the rank process from now on: its children are its own. */
-void dps_bootstrap_export_marker(void) { export_marker(&dps_g); }
+void dps_bootstrap_export_marker(void)
+{
+    export_marker(&dps_g);
+}

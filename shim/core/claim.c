@@ -67,7 +67,8 @@ static _Atomic int32_t *word(void)
     dps_in_shim++;
     _Atomic int32_t *mapped = map_word(child_fd), *none = NULL;
     dps_in_shim--;
-    if (mapped && !atomic_compare_exchange_strong(&owner_word, &none, mapped)) munmap((void *)mapped, sizeof(int32_t));
+    if (mapped && !atomic_compare_exchange_strong(&owner_word, &none, mapped))
+        munmap((void *)mapped, sizeof(int32_t));
     return atomic_load(&owner_word);
 }
 
@@ -91,9 +92,11 @@ int dps_claim_rank(void)
     int32_t holder = 0, me = (int32_t)getpid();
     if (!atomic_compare_exchange_strong(w, &holder, me) && holder != me) return 0;
     if (dps_g.role == DPS_ROLE_CHILD) {
-        dps_g.role = DPS_ROLE_RANK; /* its children are its own: start-up exports its marker (dps_on_rank_claimed) */
+        dps_g.role =
+            DPS_ROLE_RANK; /* its children are its own: start-up exports its marker (dps_on_rank_claimed) */
         DPS_INFO("rank %d: this process (%d) takes the rank's place in the job: the process the launcher "
-                 "started never called a hook", dps_g.rank, (int)me);
+                 "started never called a hook",
+                 dps_g.rank, (int)me);
         if (dps_on_rank_claimed) dps_on_rank_claimed();
     }
     return 1;

@@ -39,9 +39,9 @@ typedef enum {
 typedef struct dps_state {
     /* identity, from bootstrap */
     int rank, size, local_rank, local_size;
-    const char *launcher; /* "pmix", "openmpi", "pmi", "slurm", "torchrun", "singleton" */
-    const char *local_source; /* where the local size came from: a variable's name, "PMIx", ... */
-    int local_size_guessed;   /* no launcher said it: 1 taken */
+    const char *launcher;          /* "pmix", "openmpi", "pmi", "slurm", "torchrun", "singleton" */
+    const char *local_source;      /* where the local size came from: a variable's name, "PMIx", ... */
+    int local_size_guessed;        /* no launcher said it: 1 taken */
     const char *local_rank_source; /* and the local rank */
     dps_role_t role;
     int exec_in_place; /* this rank process replaced an earlier image of itself with exec */
@@ -54,9 +54,9 @@ typedef struct dps_state {
     int split_mode, reduce_sum, bn_sync;
     int uneven; /* index into [data] uneven: pad, drop, join */
     size_t bucket_bytes;
-    int overlap; /* [comm] overlap = on */
+    int overlap;            /* [comm] overlap = on */
     int32_t compress_dtype; /* DP_F16 or DP_BF16 for [comm] compress, else -1 */
-    int python_adapter; /* a Python rank process, the PyTorch adapter put on its path */
+    int python_adapter;     /* a Python rank process, the PyTorch adapter put on its path */
 } dps_state_t;
 
 extern dps_state_t dps_g;
@@ -70,10 +70,10 @@ _Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 
 extern void (*volatile dps_before_fatal_exit)(void);
 void dps_run_before_fatal_exit(void);
 
-#define DPS_LOG(lvl, ...)                                                                     \
-    do {                                                                                      \
-        if (DPS_UNLIKELY((lvl) <= atomic_load_explicit(&dps_log_level, memory_order_relaxed))) \
-            dps_log((lvl), __VA_ARGS__);                                                      \
+#define DPS_LOG(lvl, ...)                                                                                    \
+    do {                                                                                                     \
+        if (DPS_UNLIKELY((lvl) <= atomic_load_explicit(&dps_log_level, memory_order_relaxed)))               \
+            dps_log((lvl), __VA_ARGS__);                                                                     \
     } while (0)
 #define DPS_ERROR(...) DPS_LOG(DPS_LOG_ERROR, __VA_ARGS__)
 #define DPS_WARN(...) DPS_LOG(DPS_LOG_WARN, __VA_ARGS__)
@@ -82,17 +82,16 @@ void dps_run_before_fatal_exit(void);
 /* What the user should know of the job although nothing is wrong (the exit summary, dpshim
  * stepping aside): shown from [diag] log = warn on, under its own label instead of a level's. */
 void dps_note(const char *label, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define DPS_NOTE(label, ...)                                                                          \
-    do {                                                                                              \
-        if (DPS_LOG_WARN <= atomic_load_explicit(&dps_log_level, memory_order_relaxed))               \
-            dps_note((label), __VA_ARGS__);                                                           \
+#define DPS_NOTE(label, ...)                                                                                 \
+    do {                                                                                                     \
+        if (DPS_LOG_WARN <= atomic_load_explicit(&dps_log_level, memory_order_relaxed))                      \
+            dps_note((label), __VA_ARGS__);                                                                  \
     } while (0)
 /* A warning printed at most once per call site: repeated warnings are noise, not news. */
-#define DPS_WARN_ONCE(...)                                                     \
-    do {                                                                       \
-        static atomic_int dps_once_;                                           \
-        if (!atomic_exchange_explicit(&dps_once_, 1, memory_order_relaxed))    \
-            DPS_WARN(__VA_ARGS__);                                             \
+#define DPS_WARN_ONCE(...)                                                                                   \
+    do {                                                                                                     \
+        static atomic_int dps_once_;                                                                         \
+        if (!atomic_exchange_explicit(&dps_once_, 1, memory_order_relaxed)) DPS_WARN(__VA_ARGS__);           \
     } while (0)
 
 /* Per thread: inside the shim's own work. The interposers pass such calls straight to the real
@@ -137,7 +136,8 @@ static inline int dps_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap) return 0;
     size_t c = *cap ? *cap * 2 : 64;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     void *q = realloc(*p, c * elem);
     if (!q) return -1;
     *p = q, *cap = c;

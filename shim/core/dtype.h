@@ -19,11 +19,19 @@
 static inline size_t dps_dtype_size(int32_t dtype)
 {
     switch (dtype) {
-    case DP_F32: case DP_I32: return 4;
-    case DP_F64: case DP_I64: return 8;
-    case DP_F16: case DP_BF16: return 2;
-    case DP_U8: return 1;
-    default: return 0;
+    case DP_F32:
+    case DP_I32:
+        return 4;
+    case DP_F64:
+    case DP_I64:
+        return 8;
+    case DP_F16:
+    case DP_BF16:
+        return 2;
+    case DP_U8:
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -52,7 +60,7 @@ static inline uint16_t dps_f32_to_bf16(float f)
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
 
@@ -78,20 +86,24 @@ static inline uint16_t dps_f32_to_f16(float f)
 /* A rank's gradient times its weight, as every path applies it: x * scale in double, rounded
  * to the element's type once (halves through f32, as they are reduced); scale 0 gives exact zeros,
  * so a rank without samples adds nothing whatever its buffer holds. */
-static inline double dps_scaled(double x, double scale) { return scale == 0.0 ? 0.0 : x * scale; }
+static inline double dps_scaled(double x, double scale)
+{
+    return scale == 0.0 ? 0.0 : x * scale;
+}
 
 /* Blocks of a fixed length, so that -O2 vectorizes the loops (its cost model leaves loops of an
  * unknown trip count scalar); the tail goes element by element. */
 #define DPS_SCALE_BLOCK 16
-#define DPS_SCALE_LOOP(n, j, body)                                                                 \
-    do {                                                                                           \
-        size_t at_ = 0;                                                                            \
-        for (; at_ + DPS_SCALE_BLOCK <= (n); at_ += DPS_SCALE_BLOCK)                               \
-            for (size_t k_ = 0; k_ < DPS_SCALE_BLOCK; k_++) {                                      \
-                size_t j = at_ + k_;                                                               \
-                body;                                                                              \
-            }                                                                                      \
-        for (size_t j = at_; j < (n); j++) body;                                                   \
+#define DPS_SCALE_LOOP(n, j, body)                                                                           \
+    do {                                                                                                     \
+        size_t at_ = 0;                                                                                      \
+        for (; at_ + DPS_SCALE_BLOCK <= (n); at_ += DPS_SCALE_BLOCK)                                         \
+            for (size_t k_ = 0; k_ < DPS_SCALE_BLOCK; k_++) {                                                \
+                size_t j = at_ + k_;                                                                         \
+                body;                                                                                        \
+            }                                                                                                \
+        for (size_t j = at_; j < (n); j++)                                                                   \
+            body;                                                                                            \
     } while (0)
 
 /* buf[0..n) of dtype multiplied by scale in place, as dps_scaled. Integers are summed as they
@@ -105,14 +117,18 @@ static inline void dps_scale_in_place(void *buf, size_t n, int32_t dtype, double
         if (scale == 0.0) memset(buf, 0, n * sizeof *f);
         /* a weight exact in f32 (1/2, 1/4, ...): the f32 product is the double one rounded once,
          * bit for bit, at four times the speed */
-        else if ((double)s == scale) DPS_SCALE_LOOP(n, j, f[j] *= s);
-        else DPS_SCALE_LOOP(n, j, f[j] = (float)((double)f[j] * scale));
+        else if ((double)s == scale)
+            DPS_SCALE_LOOP(n, j, f[j] *= s);
+        else
+            DPS_SCALE_LOOP(n, j, f[j] = (float)((double)f[j] * scale));
         break;
     }
     case DP_F64: {
         double *d = buf;
-        if (scale == 0.0) memset(buf, 0, n * sizeof *d);
-        else DPS_SCALE_LOOP(n, j, d[j] *= scale);
+        if (scale == 0.0)
+            memset(buf, 0, n * sizeof *d);
+        else
+            DPS_SCALE_LOOP(n, j, d[j] *= scale);
         break;
     }
     case DP_F16:
@@ -127,9 +143,9 @@ static inline void dps_scale_in_place(void *buf, size_t n, int32_t dtype, double
             h[j] = dps_f32_to_bf16((float)dps_scaled(dps_bf16_to_f32(h[j]), scale));
         }
         break;
-    default: break;
+    default:
+        break;
     }
 }
 
 #endif
-

@@ -15,4 +15,3 @@ void *dps_real_find(const char *name)
     }
     return f;
 }
-

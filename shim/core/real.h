@@ -14,10 +14,10 @@ void *dps_real_find(const char *name);
 
 #define DPS_REAL_DECLARE(ret, name, params) static ret(*dps_real_##name) params
 
-#define DPS_REAL(name)                                                                          \
-    (__atomic_load_n(&dps_real_##name, __ATOMIC_RELAXED)                                        \
-         ? dps_real_##name                                                                      \
-         : (__atomic_store_n((void **)&dps_real_##name, dps_real_find(#name), __ATOMIC_RELAXED), \
+#define DPS_REAL(name)                                                                                       \
+    (__atomic_load_n(&dps_real_##name, __ATOMIC_RELAXED)                                                     \
+         ? dps_real_##name                                                                                   \
+         : (__atomic_store_n((void **)&dps_real_##name, dps_real_find(#name), __ATOMIC_RELAXED),             \
             dps_real_##name))
 
 /* Resolves name now. For the functions a program may hand a string that dlerror() returned
@@ -25,6 +25,7 @@ void *dps_real_find(const char *name);
  * call, so a first call that looked the real function up with dlsym would print freed memory.
  * Their files resolve them in a constructor, before the program runs; one not found stays for
  * DPS_REAL, which ends the process naming it if the program ever calls it. */
-#define DPS_REAL_RESOLVE(name) __atomic_store_n((void **)&dps_real_##name, dlsym(RTLD_NEXT, #name), __ATOMIC_RELAXED)
+#define DPS_REAL_RESOLVE(name)                                                                               \
+    __atomic_store_n((void **)&dps_real_##name, dlsym(RTLD_NEXT, #name), __ATOMIC_RELAXED)
 
 #endif

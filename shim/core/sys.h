@@ -20,14 +20,21 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-_Static_assert(sizeof(long) == 8, "sys.h passes 64-bit offsets and the kernel's stat as glibc's: 64-bit Linux");
+_Static_assert(sizeof(long) == 8,
+               "sys.h passes 64-bit offsets and the kernel's stat as glibc's: 64-bit Linux");
 
-static inline ssize_t dps_sys_write(int fd, const void *buf, size_t n) { return syscall(SYS_write, fd, buf, n); }
+static inline ssize_t dps_sys_write(int fd, const void *buf, size_t n)
+{
+    return syscall(SYS_write, fd, buf, n);
+}
 static inline ssize_t dps_sys_pwrite(int fd, const void *buf, size_t n, off_t off)
 {
     return syscall(SYS_pwrite64, fd, buf, n, off);
 }
-static inline ssize_t dps_sys_writev(int fd, const struct iovec *iov, int n) { return syscall(SYS_writev, fd, iov, n); }
+static inline ssize_t dps_sys_writev(int fd, const struct iovec *iov, int n)
+{
+    return syscall(SYS_writev, fd, iov, n);
+}
 static inline ssize_t dps_sys_pwritev(int fd, const struct iovec *iov, int n, off_t off)
 {
     return syscall(SYS_pwritev, fd, iov, n, (unsigned long)off, (unsigned long)((uint64_t)off >> 32));
@@ -36,19 +43,34 @@ static inline int dps_sys_open(const char *path, int flags, mode_t mode)
 {
     return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
 }
-static inline int dps_sys_close(int fd) { return (int)syscall(SYS_close, fd); }
-static inline int dps_sys_access(const char *path, int mode) { return (int)syscall(SYS_faccessat, AT_FDCWD, path, mode); }
+static inline int dps_sys_close(int fd)
+{
+    return (int)syscall(SYS_close, fd);
+}
+static inline int dps_sys_access(const char *path, int mode)
+{
+    return (int)syscall(SYS_faccessat, AT_FDCWD, path, mode);
+}
 static inline int dps_sys_fstatat(int dirfd, const char *path, struct stat *st, int flags)
 {
     return (int)syscall(SYS_newfstatat, dirfd, path, st, flags);
 }
-static inline int dps_sys_stat(const char *path, struct stat *st) { return dps_sys_fstatat(AT_FDCWD, path, st, 0); }
+static inline int dps_sys_stat(const char *path, struct stat *st)
+{
+    return dps_sys_fstatat(AT_FDCWD, path, st, 0);
+}
 static inline int dps_sys_lstat(const char *path, struct stat *st)
 {
     return dps_sys_fstatat(AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
 }
-static inline int dps_sys_unlink(const char *path) { return (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0); }
-static inline int dps_sys_mkdir(const char *path, mode_t mode) { return (int)syscall(SYS_mkdirat, AT_FDCWD, path, mode); }
+static inline int dps_sys_unlink(const char *path)
+{
+    return (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0);
+}
+static inline int dps_sys_mkdir(const char *path, mode_t mode)
+{
+    return (int)syscall(SYS_mkdirat, AT_FDCWD, path, mode);
+}
 
 /* stdio, whose real functions the shim reaches through dlsym (core/sys.c): flushing every
  * stream of the program before an _exit (its output kept, the file policy's pairing not asked:

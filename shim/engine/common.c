@@ -14,7 +14,8 @@ int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device
             return -1;
         }
         if (!dps_dtype_size(t[i].dtype)) {
-            DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, dps_tensor_name(&t[i]), t[i].dtype);
+            DPS_ERROR("%s: tensor %zu (%s) has invalid dtype %d", hook, i, dps_tensor_name(&t[i]),
+                      t[i].dtype);
             return -1;
         }
         if (t[i].device != DP_HOST && !device_ok) { /* the hooks sort GPU tensors out before this */
@@ -41,7 +42,8 @@ int dps_ready_reserve(dps_ready_t *r)
 
 void dps_ready_handed_on(dps_ready_t *r)
 {
-    for (size_t i = 0; i < r->npending; i++) r->handed[r->nhanded++] = r->pending[i].data;
+    for (size_t i = 0; i < r->npending; i++)
+        r->handed[r->nhanded++] = r->pending[i].data;
     r->npending = r->pending_bytes = 0;
 }
 
@@ -63,7 +65,8 @@ int dps_ready_complete(dps_ready_t *r, const dp_tensor *t, size_t n, size_t *m_p
 {
     if (dps_ready_make_room(r, n)) return -1;
     size_t m = 0;
-    for (size_t i = 0; i < r->npending; i++) r->rest[m++] = r->pending[i];
+    for (size_t i = 0; i < r->npending; i++)
+        r->rest[m++] = r->pending[i];
     int any = dps_ready_outstanding(r); /* none announced: every tensor goes, nothing looked up */
     for (size_t i = 0; i < n; i++)
         if (!any || !dps_ready_announced(r, t[i].data)) r->rest[m++] = t[i];

@@ -37,7 +37,8 @@ static int my_rank, my_size, need_cwd;
 DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 {
     for (const char *s = text; *s;) {
-        while (isspace((unsigned char)*s)) s++;
+        while (isspace((unsigned char)*s))
+            s++;
         size_t len = strcspn(s, " \t\r\n\v\f");
         if (!len) break;
         char **pat = realloc(l->pat, (l->n + 1) * sizeof *pat);
@@ -70,7 +71,10 @@ DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, int size, c
 
 static char *_Atomic cwd_cache; /* replaced on chdir, never freed: readers may hold it */
 
-void dps_files_cwd_changed(void) { atomic_store(&cwd_cache, NULL); }
+void dps_files_cwd_changed(void)
+{
+    atomic_store(&cwd_cache, NULL);
+}
 
 static const char *cwd(void)
 {
@@ -85,14 +89,16 @@ static void normalize(const char *src, char *dst, size_t cap)
     size_t n = 0, root = *src == '/';
     if (root) dst[n++] = '/';
     for (const char *s = src; *s;) {
-        while (*s == '/') s++;
+        while (*s == '/')
+            s++;
         size_t len = strcspn(s, "/");
         const char *seg = s;
         s += len;
         if (!len || (len == 1 && seg[0] == '.')) continue;
         if (len == 2 && seg[0] == '.' && seg[1] == '.') {
             size_t last = n;
-            while (last > root && dst[last - 1] != '/') last--;
+            while (last > root && dst[last - 1] != '/')
+                last--;
             int last_is_up = n - last == 2 && dst[last] == '.' && dst[last + 1] == '.';
             if (n > root && !last_is_up) { /* drop the parent segment */
                 n = last > root ? last - 1 : root;
@@ -101,7 +107,8 @@ static void normalize(const char *src, char *dst, size_t cap)
             if (root) continue; /* "/.." is "/" */
         }
         if (n > root && n < cap - 1) dst[n++] = '/';
-        for (size_t i = 0; i < len && n < cap - 1; i++) dst[n++] = seg[i];
+        for (size_t i = 0; i < len && n < cap - 1; i++)
+            dst[n++] = seg[i];
     }
     if (n == 0) dst[n++] = '.';
     dst[n] = '\0';
@@ -145,8 +152,10 @@ static void make_views(views_t *v, int dirfd, const char *path)
     v->abs = v->absbuf;
     const char *c = cwd();
     size_t cl = c ? strlen(c) : 0;
-    if (c && strncmp(v->abs, c, cl) == 0 && v->abs[cl] == '/') v->rel = v->abs + cl + 1;
-    else if (c && cl == 1) v->rel = v->abs + 1; /* cwd is '/' */
+    if (c && strncmp(v->abs, c, cl) == 0 && v->abs[cl] == '/')
+        v->rel = v->abs + cl + 1;
+    else if (c && cl == 1)
+        v->rel = v->abs + 1; /* cwd is '/' */
 }
 
 static int matches(const glob_list_t *l, const views_t *v)
@@ -174,8 +183,14 @@ static void rank_path(const char *path, char *out, size_t cap)
 }
 
 /* Exposed for unit tests (files.h); the policy itself calls the static functions. */
-void dps_files_normalize(const char *src, char *dst, size_t cap) { normalize(src, dst, cap); }
-void dps_files_rank_path(const char *path, char *out, size_t cap) { rank_path(path, out, cap); }
+void dps_files_normalize(const char *src, char *dst, size_t cap)
+{
+    normalize(src, dst, cap);
+}
+void dps_files_rank_path(const char *path, char *out, size_t cap)
+{
+    rank_path(path, out, cap);
+}
 
 /* --- learned sources: a path renamed onto a gated one is gated from then on ------------------ */
 
@@ -213,14 +228,18 @@ static void learn(int dirfd, const char *src, const char *dst)
     if (my_rank == 0)
         DPS_WARN_ONCE("[files] %s is renamed onto %s, which rank0_only matches, but no glob matches %s: "
                       "every rank wrote it. It is rank 0's from now on; add it to [files] rank0_only so "
-                      "that the first save is rank 0's alone too", src, dst, src);
+                      "that the first save is rank 0's alone too",
+                      src, dst, src);
 }
 
 /* --- classification ----------------------------------------------------------------------- */
 
 static void settle_reads(const dps_redirect_t *r);
 
-static int is_read(dps_file_op_t op) { return op == DPS_FOP_OPEN_READ || op == DPS_FOP_LOOKUP; }
+static int is_read(dps_file_op_t op)
+{
+    return op == DPS_FOP_OPEN_READ || op == DPS_FOP_LOOKUP;
+}
 
 /* Rank 0 is about to change a gated path (below). */
 static void before_change(const dps_redirect_t *r)
@@ -288,7 +307,10 @@ void dps_files_pair(dps_redirect_t *ra, dps_redirect_t *rb, dps_file_op_t op, in
 
 static const dps_files_channel_t *_Atomic channel;
 
-void dps_files_set_channel(const dps_files_channel_t *c) { atomic_store(&channel, c); }
+void dps_files_set_channel(const dps_files_channel_t *c)
+{
+    atomic_store(&channel, c);
+}
 
 /* A message on the channel: the outcome of rank 0's call #seq, or (op MSG_WRITE) of a write of
  * rank 0's to a gated file, or (MSG_MARK) rank 0's place alone. Each says where rank 0 was. */
@@ -356,7 +378,10 @@ const char *dps_files_op_name(dps_file_op_t op)
     return names[op];
 }
 
-static uint32_t path_hash(const char *p) { return (uint32_t)dps_fnv1a(DPS_FNV_SEED, p, strlen(p)); }
+static uint32_t path_hash(const char *p)
+{
+    return (uint32_t)dps_fnv1a(DPS_FNV_SEED, p, strlen(p));
+}
 
 /* The key of a path rank 0 reads and changes: its absolute, normalized form where known, so that
  * "ckpt.pt" and "./ckpt.pt" are one file. */
@@ -377,7 +402,10 @@ static const dps_files_channel_t *usable_channel(void)
 /* The places where a rank blocks on the others (collectives, the guard's checks) it has reached:
  * every rank reaches the same ones in the same order (dps_files_at_place). */
 static atomic_uint_fast64_t places;
-static uint64_t places_reached(void) { return atomic_load_explicit(&places, memory_order_relaxed); }
+static uint64_t places_reached(void)
+{
+    return atomic_load_explicit(&places, memory_order_relaxed);
+}
 
 /* Rank 0: m goes out, with rank 0's place (coll 0: the collectives entered by now); 0 once
  * posted. A call's outcome takes the next number. */
@@ -396,7 +424,9 @@ void dps_files_post(dps_redirect_t *r, int ok)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
-    message_t m = {.op = (int32_t)r->op, .rc = ok ? 0 : -1, .err = ok ? 0 : errno,
+    message_t m = {.op = (int32_t)r->op,
+                   .rc = ok ? 0 : -1,
+                   .err = ok ? 0 : errno,
                    .path = r->first ? path_key(r->first_dirfd, r->first) : path_key(r->dirfd, r->orig)};
     dps_in_shim++;
     if (post(c, &m) == 0) {
@@ -423,15 +453,21 @@ static void post_about_handle(message_t *m)
 void dps_files_post_write(uint64_t id, off_t off, size_t asked, ssize_t rc, int err)
 {
     message_t m = {.op = MSG_WRITE, .id = id, .off = off};
-    if (rc < 0) m.rc = WRITE_FAILED, m.err = err;
-    else m.rc = (size_t)rc < asked ? WRITE_SHORT : WRITE_WHOLE, m.asked = rc;
+    if (rc < 0)
+        m.rc = WRITE_FAILED, m.err = err;
+    else
+        m.rc = (size_t)rc < asked ? WRITE_SHORT : WRITE_WHOLE, m.asked = rc;
     post_about_handle(&m);
 }
 
 void dps_files_post_stream_call(uint64_t id, uint64_t k, int64_t ret, int failed, int err)
 {
-    message_t m = {.op = MSG_STREAM_CALL, .rc = failed ? WRITE_FAILED : WRITE_WHOLE, .err = failed ? err : 0,
-                   .id = id, .off = (int64_t)k, .asked = ret};
+    message_t m = {.op = MSG_STREAM_CALL,
+                   .rc = failed ? WRITE_FAILED : WRITE_WHOLE,
+                   .err = failed ? err : 0,
+                   .id = id,
+                   .off = (int64_t)k,
+                   .asked = ret};
     post_about_handle(&m);
 }
 
@@ -456,7 +492,7 @@ typedef struct rank0_file {
 
 /* All under order_lock. */
 static rank0_file_t rank0_files[MAX_RANK0_FILES] = {[0 ... MAX_RANK0_FILES - 1] = {.id = UINT64_MAX}};
-static unsigned rank0_files_next; /* the slot taken when none is free: the oldest, about */
+static unsigned rank0_files_next;      /* the slot taken when none is free: the oldest, about */
 static uint64_t rank0_seq, rank0_coll; /* rank 0's place: the most its messages said */
 static message_t pending;              /* an outcome that came during a write's wait */
 static int have_pending;
@@ -467,7 +503,8 @@ static rank0_file_t *rank0_file(uint64_t id, int make)
         if (rank0_files[i].id == id) return &rank0_files[i];
     if (!make) return NULL;
     int i = 0;
-    while (i < MAX_RANK0_FILES && rank0_files[i].id != UINT64_MAX) i++;
+    while (i < MAX_RANK0_FILES && rank0_files[i].id != UINT64_MAX)
+        i++;
     if (i == MAX_RANK0_FILES) i = (int)(rank0_files_next++ % MAX_RANK0_FILES);
     rank0_files[i] = (rank0_file_t){.id = id, .fail_at = -1};
     return &rank0_files[i];
@@ -493,7 +530,8 @@ static void take_in(const message_t *m)
             f->failed[f->nfailed++] = (struct failed_run){m->off, m->off, m->asked, m->err};
         else
             DPS_WARN_ONCE("[files] rank 0's writes to a gated stream failed in more than %d ways this rank "
-                          "has not reached yet: the later ones succeed here", MAX_FAILED_RUNS);
+                          "has not reached yet: the later ones succeed here",
+                          MAX_FAILED_RUNS);
         return;
     }
     if (m->op != MSG_WRITE) return;
@@ -507,12 +545,15 @@ static void take_in(const message_t *m)
     }
     if (done > f->end) f->end = done;
     if (f->fail_at >= 0 && !f->err && m->off >= f->fail_at) f->fail_at = -1; /* after a short write, on */
-    if (m->rc == WRITE_SHORT && f->fail_at < 0) f->fail_at = done;         /* the next write says why */
+    if (m->rc == WRITE_SHORT && f->fail_at < 0) f->fail_at = done;           /* the next write says why */
 }
 
 /* Rank 0 is past this rank's place: a call this rank has not made, or a collective or check it
  * has not reached. Its writes before there are all here then. */
-static int rank0_is_past(void) { return have_pending || rank0_seq > next_seq || rank0_coll > places_reached(); }
+static int rank0_is_past(void)
+{
+    return have_pending || rank0_seq > next_seq || rank0_coll > places_reached();
+}
 
 /* What a write of this rank's pairs with: bytes [a, b) of handle id, or its stream's call #k. */
 typedef struct paired {
@@ -524,14 +565,20 @@ static int write_failed(const rank0_file_t *f, const paired_t *p)
 {
     return f && f->fail_at >= 0 && f->fail_at < p->b && (p->a < f->fail_at || f->err);
 }
-static int write_known(const rank0_file_t *f, const paired_t *p) { return write_failed(f, p) || (f && f->end >= p->b); }
-static int call_known(const rank0_file_t *f, const paired_t *p) { return f && f->calls > p->k; }
+static int write_known(const rank0_file_t *f, const paired_t *p)
+{
+    return write_failed(f, p) || (f && f->end >= p->b);
+}
+static int call_known(const rank0_file_t *f, const paired_t *p)
+{
+    return f && f->calls > p->k;
+}
 
 /* With order_lock held: rank 0's messages taken in until known(rank 0's record of p's handle, p)
  * says rank 0's outcome is here, rank 0 is past this rank's place, or the channel is gone. The
  * record, or NULL. `what` names the wait for the guard (static: it may read it meanwhile). */
 static rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t *p,
-                                          int (*known)(const rank0_file_t *, const paired_t *), const char *what)
+                                    int (*known)(const rank0_file_t *, const paired_t *), const char *what)
 {
     while (!known(rank0_file(p->id, 0), p) && !rank0_is_past()) {
         message_t m;
@@ -550,7 +597,8 @@ ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, i
     ssize_t n = b - a;
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
-    snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a, (long long)b);
+    snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a,
+             (long long)b);
     const rank0_file_t *f = wait_for_rank0(c, &p, write_known, what);
     if (write_failed(f, &p)) n = a < f->fail_at ? f->fail_at - a : -1, *err = f->err;
     pthread_mutex_unlock(&order_lock);
@@ -572,7 +620,8 @@ int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64
     for (int i = 0; f && i < f->nfailed; i++) {
         struct failed_run *run = &f->failed[i];
         if (run->from <= (int64_t)k && (int64_t)k <= run->to) failed = 1, *ret = run->ret, *err = run->err;
-        if (run->to > (int64_t)k) f->failed[n++] = *run; /* this rank's calls come in order: the rest are done */
+        if (run->to > (int64_t)k)
+            f->failed[n++] = *run; /* this rank's calls come in order: the rest are done */
     }
     if (f) f->nfailed = n;
     pthread_mutex_unlock(&order_lock);
@@ -600,14 +649,21 @@ static void mark_place(uint64_t coll)
         post(c, &m);
     } else if (pthread_mutex_trylock(&order_lock) == 0) { /* a waiting write holds it: it takes them in */
         message_t m;
-        while (!have_pending && c->poll(&m, sizeof m) == 1) take_in(&m);
+        while (!have_pending && c->poll(&m, sizeof m) == 1)
+            take_in(&m);
         pthread_mutex_unlock(&order_lock);
     }
     dps_in_shim--;
 }
 
-void dps_files_at_place(void) { mark_place(atomic_fetch_add(&places, 1) + 1); }
-void dps_files_leaving(void) { mark_place(UINT64_MAX); }
+void dps_files_at_place(void)
+{
+    mark_place(atomic_fetch_add(&places, 1) + 1);
+}
+void dps_files_leaving(void)
+{
+    mark_place(UINT64_MAX);
+}
 
 static void acknowledge(uint64_t seq, uint32_t path);
 
@@ -622,8 +678,8 @@ int dps_files_take(dps_redirect_t *r)
     int rc = 0;
     dps_in_shim++;
     pthread_mutex_lock(&order_lock);
-    snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)", (unsigned long long)next_seq + 1,
-             dps_files_op_name(r->op), r->orig);
+    snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)",
+             (unsigned long long)next_seq + 1, dps_files_op_name(r->op), r->orig);
     while (!have_pending && rc == 0) {
         rc = c->wait(&o, sizeof o, what);
         if (rc == 0) take_in(&o);
@@ -637,7 +693,8 @@ int dps_files_take(dps_redirect_t *r)
         DPS_WARN_ONCE("[files] rank 0's gated file operation #%llu was '%s', this rank's is '%s' of %s: the "
                       "ranks' operations on rank0_only paths come in another order (threads, or code that "
                       "depends on the rank); this rank decides such calls alone",
-                      (unsigned long long)o.seq + 1, o.op >= 0 && o.op < DPS_FOP_COUNT ? dps_files_op_name(o.op) : "?",
+                      (unsigned long long)o.seq + 1,
+                      o.op >= 0 && o.op < DPS_FOP_COUNT ? dps_files_op_name(o.op) : "?",
                       dps_files_op_name(r->op), r->orig);
         if (is_read(o.op)) acknowledge(o.seq, o.path); /* past it: rank 0 must not wait for it */
         return -1;
@@ -714,7 +771,8 @@ static int make_sink(dps_redirect_t *r)
     /* fstat on every rank shows the mode rank 0's file has: the one it was made with, less the
      * umask, or the one it already had (rank 0's call came first) */
     struct stat made;
-    if (!tmpfile && dps_sys_fstatat(r->dirfd, r->path, &made, 0) == 0 && S_ISREG(made.st_mode)) fchmod(fd, made.st_mode & 07777);
+    if (!tmpfile && dps_sys_fstatat(r->dirfd, r->path, &made, 0) == 0 && S_ISREG(made.st_mode))
+        fchmod(fd, made.st_mode & 07777);
     if (!tmpfile && !(r->flags & O_TRUNC)) {
         int src = DPS_REAL(openat)(r->dirfd, r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         struct stat st;
@@ -763,7 +821,8 @@ int dps_files_follow(dps_redirect_t *r)
             dps_in_shim--;
             if (r->sink < 0) {
                 r->rc0 = -1, r->err0 = errno;
-                DPS_WARN_ONCE("[files] no file to stand in for %s on this rank: %s", r->orig, strerror(errno));
+                DPS_WARN_ONCE("[files] no file to stand in for %s on this rank: %s", r->orig,
+                              strerror(errno));
                 real = 0;
             } else {
                 snprintf(r->buf, sizeof r->buf, "/proc/self/fd/%d", r->sink);

@@ -124,8 +124,8 @@ static struct {
     uint64_t fingerprint;
 } step_calls;
 
-static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, uint64_t key, const shape_t *sh,
-                     const char *site)
+static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, uint64_t key,
+                     const shape_t *sh, const char *site)
 {
     step_calls.fingerprint = dps_guard_mix(step_calls.fingerprint, key);
     size_t n = step_calls.n;
@@ -133,10 +133,13 @@ static void log_call(const char *hook, int coll, int32_t dtype, uint64_t count, 
         dps_grow((void **)&step_calls.rec, &step_calls.cap, n + 1, sizeof *step_calls.rec) != 0)
         return;
     call_rec_t *c = &step_calls.rec[n];
-    c->key = key, c->upto = step_calls.fingerprint, c->seq = atomic_load(&dps_guard_pos.seq) + 1, c->count = count;
+    c->key = key, c->upto = step_calls.fingerprint, c->seq = atomic_load(&dps_guard_pos.seq) + 1,
+    c->count = count;
     c->hook = hook, c->coll = coll, c->dtype = dtype, c->shape = *sh;
-    if (site[0]) snprintf(c->site, sizeof c->site, "%s", site); /* most calls have none: no formatting */
-    else c->site[0] = 0;
+    if (site[0])
+        snprintf(c->site, sizeof c->site, "%s", site); /* most calls have none: no formatting */
+    else
+        c->site[0] = 0;
     step_calls.n = n + 1;
 }
 
@@ -147,12 +150,13 @@ static void describe_info(const call_info_t *c, char *buf, size_t len)
     if (o > 0 && (size_t)o < len && c->shape.n > 1) {
         o += snprintf(buf + o, len - (size_t)o, " in %u tensors:", c->shape.n);
         for (uint32_t i = 0; i < c->shape.n && i < 3 && o > 0 && (size_t)o < len; i++)
-            o += snprintf(buf + o, len - (size_t)o, "%s %llu", i ? "," : "", (unsigned long long)c->shape.first[i]);
+            o += snprintf(buf + o, len - (size_t)o, "%s %llu", i ? "," : "",
+                          (unsigned long long)c->shape.first[i]);
         if (c->shape.n > 3 && o > 0 && (size_t)o < len) o += snprintf(buf + o, len - (size_t)o, ", ...");
     }
     if (o > 0 && (size_t)o < len)
-        o += snprintf(buf + o, len - (size_t)o, "), collective #%llu after step %llu", (unsigned long long)c->seq,
-                      (unsigned long long)c->step);
+        o += snprintf(buf + o, len - (size_t)o, "), collective #%llu after step %llu",
+                      (unsigned long long)c->seq, (unsigned long long)c->step);
     if (o > 0 && (size_t)o < len && c->site[0]) snprintf(buf + o, len - (size_t)o, ", from %s", c->site);
 }
 
@@ -180,8 +184,10 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
         DPS_ERROR("guard: %s; each rank's call:", headline);
         for (int r = 0; r < conf->size; r++) {
             char d[DPS_GUARD_HOOK_NAME + SITE_MAX + 256], who[DPS_GUARD_HOST + 32];
-            if (all[r].made) describe_info(&all[r], d, sizeof d);
-            else snprintf(d, sizeof d, "no call here: it made fewer collective calls in the step");
+            if (all[r].made)
+                describe_info(&all[r], d, sizeof d);
+            else
+                snprintf(d, sizeof d, "no call here: it made fewer collective calls in the step");
             DPS_ERROR("guard:   %s: %s%s", dps_guard_who(r, who, sizeof who), d,
                       votes && 2 * votes[r] <= conf->size ? "  <-- culprit" : "");
         }
@@ -195,8 +201,14 @@ static _Noreturn void report_mismatch(const char *headline, const call_info_t *m
 
 static call_info_t info_of(const call_rec_t *c)
 {
-    call_info_t i = {.key = c->key, .seq = c->seq, .step = atomic_load(&dps_guard_pos.step), .count = c->count,
-                     .coll = c->coll, .dtype = c->dtype, .made = 1, .shape = c->shape};
+    call_info_t i = {.key = c->key,
+                     .seq = c->seq,
+                     .step = atomic_load(&dps_guard_pos.step),
+                     .count = c->count,
+                     .coll = c->coll,
+                     .dtype = c->dtype,
+                     .made = 1,
+                     .shape = c->shape};
     snprintf(i.hook, sizeof i.hook, "%s", c->hook);
     snprintf(i.site, sizeof i.site, "%s", c->site);
     return i;
@@ -245,8 +257,10 @@ static size_t first_difference(void)
     size_t lo = 0, hi = (size_t)n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (same_everywhere(step_calls.rec[mid].upto)) lo = mid + 1;
-        else hi = mid;
+        if (same_everywhere(step_calls.rec[mid].upto))
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < (size_t)n || (size_t)n < CALL_LOG_MAX ? lo : CALL_LOG_MAX;
 }
@@ -263,8 +277,10 @@ void dps_guard_check_step(uint64_t step, int drift_due)
     /* a drift check due now rides along: one comparison for both, a second only to tell them
      * apart when they differ (every rank takes it: each saw the same outcome) */
     int same = drift_due ? same_everywhere(dps_guard_mix(key, drift_sums())) : 0;
-    if (same) drift_due = 0;
-    else same = same_everywhere(key);
+    if (same)
+        drift_due = 0;
+    else
+        same = same_everywhere(key);
     if (same && drift_due) name_drift(step);
     if (!same) {
         size_t at = first_difference();
@@ -274,7 +290,7 @@ void dps_guard_check_step(uint64_t step, int drift_due)
             mine = info_of(&step_calls.rec[at]);
         } else if (at != CALL_LOG_MAX) {
             mine.made = 0; /* fewer calls than some other rank */
-        } else { /* past the log: the last call stands for the step */
+        } else {           /* past the log: the last call stands for the step */
             mine = info_of(&step_calls.rec[step_calls.n - 1]);
             mine.key = key;
         }
@@ -283,8 +299,10 @@ void dps_guard_check_step(uint64_t step, int drift_due)
                      "desync in step %llu: the ranks' collective calls part at call %zu of the step",
                      (unsigned long long)step, at + 1);
         else
-            snprintf(head, sizeof head, "desync in step %llu: the ranks made different collective calls "
-                     "(last calls shown)", (unsigned long long)step);
+            snprintf(head, sizeof head,
+                     "desync in step %llu: the ranks made different collective calls "
+                     "(last calls shown)",
+                     (unsigned long long)step);
         report_mismatch(head, &mine);
     }
     dps_guard_own_end(mark);
@@ -316,7 +334,10 @@ DPS_WIDEST_VECTORS static uint64_t hash_bytes(const unsigned char *restrict b, s
 
 static dps_guard_reader_fn reader;
 
-void dps_guard_set_reader(dps_guard_reader_fn fn) { reader = fn; }
+void dps_guard_set_reader(dps_guard_reader_fn fn)
+{
+    reader = fn;
+}
 
 /* 1 when every page of [p, p + n) is mapped: memory the framework gave to dp_params and freed
  * since (unmapped) is not read, rather than a crash. mincore asks the kernel without touching. */
@@ -341,11 +362,14 @@ static uint64_t hash_tensor(const dp_tensor *t)
     void *copy = reader && bytes ? malloc(bytes) : NULL;
     int r = copy ? reader(t, copy) : 0;
     uint64_t h = 0;
-    if (r > 0) h = hash_bytes(copy, bytes);
-    else if (r == 0 && mapped(t->data, bytes)) h = hash_bytes(t->data, bytes);
+    if (r > 0)
+        h = hash_bytes(copy, bytes);
+    else if (r == 0 && mapped(t->data, bytes))
+        h = hash_bytes(t->data, bytes);
     else if (r == 0) {
         DPS_WARN_ONCE("guard: parameter tensor '%s' given to dp_params is no longer in memory (the framework "
-                      "freed it); the drift check skips it", t->name ? t->name : "unnamed");
+                      "freed it); the drift check skips it",
+                      t->name ? t->name : "unnamed");
         h = 0x6f6e65676f6e6521ull; /* "gone" */
     }
     free(copy);
@@ -354,7 +378,10 @@ static uint64_t hash_tensor(const dp_tensor *t)
 
 static uint64_t no_params_room[2]; /* a rank that gave dp_params nothing compares too */
 
-static uint64_t *room(void) { return drift_room ? drift_room : no_params_room; }
+static uint64_t *room(void)
+{
+    return drift_room ? drift_room : no_params_room;
+}
 
 /* This rank's checksum of every tensor dp_params last saw into the room (and their complements
  * after them, for the comparison that names one); returns one checksum for them all. */
@@ -397,8 +424,8 @@ static void name_drift(uint64_t step)
                   (unsigned long long)step, bad, name);
         char who[DPS_GUARD_HOST + 32];
         for (int r = 0; gathered && r < conf->size; r++)
-            DPS_ERROR("guard:   %s: checksum %016llx%s", dps_guard_who(r, who, sizeof who), (unsigned long long)all[r],
-                      votes && 2 * votes[r] <= conf->size ? "  <-- differs" : "");
+            DPS_ERROR("guard:   %s: checksum %016llx%s", dps_guard_who(r, who, sizeof who),
+                      (unsigned long long)all[r], votes && 2 * votes[r] <= conf->size ? "  <-- differs" : "");
         DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
         dps_guard_end_job(1);
     }

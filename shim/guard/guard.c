@@ -30,12 +30,16 @@ DPS_STARTUP void dps_guard_configure(const dps_state_t *s)
     atomic_store(&dps_guard_pos.hook, "start");
     if (gethostname(own_host, sizeof own_host - 1) != 0) snprintf(own_host, sizeof own_host, "?");
     /* "in the program's own code for N s" counts from here; only a rank of a job reports it */
-    if (s->role == DPS_ROLE_RANK && s->eff_size > 1) atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
+    if (s->role == DPS_ROLE_RANK && s->eff_size > 1)
+        atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
 }
 
 static void (*_Atomic at_place)(void);
 
-void dps_guard_on_place(void (*fn)(void)) { atomic_store(&at_place, fn); }
+void dps_guard_on_place(void (*fn)(void))
+{
+    atomic_store(&at_place, fn);
+}
 
 /* Before a wait for every rank: the same places on every rank, in the same order. */
 static void place_reached(void)
@@ -70,8 +74,10 @@ void dps_guard_step(uint64_t step, int alone)
     atomic_store_explicit(&dps_guard_pos.step, step, memory_order_relaxed);
     if (alone) return;
     int drift_due = dps_guard_conf.drift_every && step % dps_guard_conf.drift_every == 0;
-    if (dps_guard_conf.desync == DPS_V_guard_desync_step) dps_guard_check_step(step, drift_due);
-    else if (drift_due) dps_guard_check_drift(step);
+    if (dps_guard_conf.desync == DPS_V_guard_desync_step)
+        dps_guard_check_step(step, drift_due);
+    else if (drift_due)
+        dps_guard_check_drift(step);
 }
 
 static dps_guard_mark_t own_begin(const char *what)

@@ -24,9 +24,9 @@ typedef struct dps_guard_pos {
     atomic_int coll, dtype;     /* coll < 0: one of the guard's own checks, not the program's */
     atomic_uint_fast64_t count;
     atomic_uint_fast64_t call; /* the current or last collective's fingerprint (dps_guard_note) */
-    atomic_int leaving; /* the program is exiting */
-    atomic_int before_next; /* in the desync check of collective #seq + 1, which it is part of */
-    atomic_int files_wait;  /* the shim's own wait is a file one: FILES_WAIT_RANK0, FILES_WAIT_ACKS */
+    atomic_int leaving;        /* the program is exiting */
+    atomic_int before_next;    /* in the desync check of collective #seq + 1, which it is part of */
+    atomic_int files_wait;     /* the shim's own wait is a file one: FILES_WAIT_RANK0, FILES_WAIT_ACKS */
 } dps_guard_pos_t;
 extern dps_guard_pos_t dps_guard_pos;
 /* A wait for rank 0's file operation (only rank 0 ends it); rank 0's wait for the others' acks. */

@@ -24,10 +24,10 @@ enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4 };
 typedef struct guard_msg {
     int32_t kind, why, rank, in_coll, leaving, coll, dtype, left_rank, files_wait;
     uint64_t seq, step, count, left_step, left_seq;
-    uint64_t call; /* the collective's fingerprint: which call, sizes and dtypes */
+    uint64_t call;  /* the collective's fingerprint: which call, sizes and dtypes */
     double seconds; /* waiting in the collective, or since the last one */
     char hook[DPS_GUARD_HOOK_NAME];
-    char failure[256]; /* WHY_FAILED: the backend's error */
+    char failure[256];      /* WHY_FAILED: the backend's error */
     dps_diag_tally_t tally; /* MSG_LEAVING: what the rank counted, for rank 0's exit summary */
 } guard_msg_t;
 
@@ -116,7 +116,8 @@ static uint64_t place(const guard_msg_t *m)
     p = dps_guard_mix(p, m->call);
     /* the shim's own waits (a desync check, a wait for rank 0's file operation) keep the last
      * collective's fingerprint: what they are tells them apart */
-    return m->coll < 0 ? dps_guard_mix(p, dps_fnv1a(DPS_FNV_SEED, m->hook, strnlen(m->hook, sizeof m->hook))) : p;
+    return m->coll < 0 ? dps_guard_mix(p, dps_fnv1a(DPS_FNV_SEED, m->hook, strnlen(m->hook, sizeof m->hook)))
+                       : p;
 }
 
 /* The most common place among the answers (the lowest such rank's on a tie); -1 when memory
@@ -203,8 +204,10 @@ static void no_answer(int r, char *d, size_t len)
     if (reachable)
         snprintf(d, len, "no answer (crashed, killed, stopped, or left with _exit)  <-- culprit");
     else
-        snprintf(d, len, "no answer: unreachable (no rank on %s answered: the network or the node is down)  "
-                 "<-- culprit", host);
+        snprintf(d, len,
+                 "no answer: unreachable (no rank on %s answered: the network or the node is down)  "
+                 "<-- culprit",
+                 host);
 }
 
 static _Noreturn void finish_report(void)
@@ -299,19 +302,25 @@ static void receive(void)
  * rank-dependent branch, a file touched on some ranks only). Said at once, naming both places. */
 static _Noreturn void file_deadlock(const guard_msg_t *rank0)
 {
-    char mine[DPS_GUARD_HOOK_NAME + 256], theirs[DPS_GUARD_HOOK_NAME + 256], why[2 * DPS_GUARD_HOOK_NAME + 1024];
+    char mine[DPS_GUARD_HOOK_NAME + 256], theirs[DPS_GUARD_HOOK_NAME + 256],
+        why[2 * DPS_GUARD_HOOK_NAME + 1024];
     guard_msg_t me = snapshot(WHY_TIMEOUT);
     describe(&me, mine, sizeof mine);
-    if (rank0) describe(rank0, theirs, sizeof theirs);
-    else snprintf(theirs, sizeof theirs, "left the program");
-    snprintf(why, sizeof why,
-             "guard: rank %d is %s, while rank 0 is %s%s: neither can go on, since only rank 0's file operation "
-             "ends this rank's wait",
-             me.rank, mine, theirs, rank0 ? ", which this rank has not entered" : "");
+    if (rank0)
+        describe(rank0, theirs, sizeof theirs);
+    else
+        snprintf(theirs, sizeof theirs, "left the program");
+    snprintf(
+        why, sizeof why,
+        "guard: rank %d is %s, while rank 0 is %s%s: neither can go on, since only rank 0's file operation "
+        "ends this rank's wait",
+        me.rank, mine, theirs, rank0 ? ", which this rank has not entered" : "");
     dps_guard_diag_fail(why);
     DPS_ERROR("%s", why);
-    DPS_ERROR("guard: a decision only one rank has leads here (a time budget, a rank-dependent branch, a rank0_only "
-              "file touched on some ranks only): take it on rank 0 and share it (dp_metric, a broadcast), or make the "
+    DPS_ERROR("guard: a decision only one rank has leads here (a time budget, a rank-dependent branch, a "
+              "rank0_only "
+              "file touched on some ranks only): take it on rank 0 and share it (dp_metric, a broadcast), or "
+              "make the "
               "same file calls on every rank");
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
@@ -332,7 +341,8 @@ static int rank0_needs_me(const guard_msg_t *m)
 static void rank0_answered(const guard_msg_t *m)
 {
     const dps_guard_pos_t *pos = &dps_guard_pos;
-    int waiting = atomic_load(&pos->files_wait) == FILES_WAIT_RANK0 && atomic_load(&pos->since_ns) == watch.wait_since;
+    int waiting =
+        atomic_load(&pos->files_wait) == FILES_WAIT_RANK0 && atomic_load(&pos->since_ns) == watch.wait_since;
     if (!waiting || !rank0_needs_me(m)) {
         watch.rank0_hits = 0;
         return;
@@ -390,7 +400,10 @@ static void tick(void)
 
 static _Atomic(dps_guard_probe_fn) probe;
 
-void dps_guard_set_probe(dps_guard_probe_fn fn) { atomic_store(&probe, fn); }
+void dps_guard_set_probe(dps_guard_probe_fn fn)
+{
+    atomic_store(&probe, fn);
+}
 
 /* Queued work that nobody waits for (see dps_guard_set_probe): this rank alone can tell, so it
  * reports and ends the job; the others then see a peer that left. */
@@ -403,8 +416,10 @@ static void look_at_queued_work(void)
     if (r == 0 || (r > 0 && (dps_guard_conf.timeout <= 0 || age <= dps_guard_conf.timeout))) return;
     char why[sizeof what + 256];
     if (r > 0)
-        snprintf(why, sizeof why, "GPU %s queued %.0f s ago has not finished ([guard] timeout = %.0f s): a peer "
-                 "never joined it, or the GPU is stuck", what, age, dps_guard_conf.timeout);
+        snprintf(why, sizeof why,
+                 "GPU %s queued %.0f s ago has not finished ([guard] timeout = %.0f s): a peer "
+                 "never joined it, or the GPU is stuck",
+                 what, age, dps_guard_conf.timeout);
     else
         snprintf(why, sizeof why, "GPU %s failed", what);
     dps_guard_diag_fail(why);
@@ -420,13 +435,15 @@ static _Noreturn void stuck_in_start_up(const guard_msg_t *m)
 {
     char why[DPS_GUARD_HOOK_NAME + 512];
     snprintf(why, sizeof why,
-             "guard: the backend's start-up (opened by %s) has waited %.1f s on rank %d, more than [guard] timeout "
+             "guard: the backend's start-up (opened by %s) has waited %.1f s on rank %d, more than [guard] "
+             "timeout "
              "= %.0f s",
              watch.opened_by, m->seconds, m->rank, dps_guard_conf.timeout);
     dps_guard_diag_fail(why);
-    DPS_ERROR("%s: some rank has not reached its first collective (it is stuck before it, or it left the program "
-              "without one through _exit or a signal the launcher did not report); this rank (%s) waits for it",
-              why, dps_guard_host(m->rank));
+    DPS_ERROR(
+        "%s: some rank has not reached its first collective (it is stuck before it, or it left the program "
+        "without one through _exit or a signal the launcher did not report); this rank (%s) waits for it",
+        why, dps_guard_host(m->rank));
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
@@ -448,7 +465,8 @@ static void tick_alone(void)
     DPS_ERROR("guard:   %s: %s", dps_guard_who(m.rank, who, sizeof who), d);
     DPS_ERROR(
         "guard: where the other ranks are is unknown: MPI runs without MPI_THREAD_MULTIPLE (as the program "
-        "initialized it, or as this MPI provides it), so this rank cannot ask them; MPI_Init_thread with MPI_THREAD_MULTIPLE gives "
+        "initialized it, or as this MPI provides it), so this rank cannot ask them; MPI_Init_thread with "
+        "MPI_THREAD_MULTIPLE gives "
         "the table of every rank");
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
@@ -521,8 +539,10 @@ void dps_guard_start(const dps_backend_t *be)
     dps_guard_conf.be = be; /* the checks use the side channel whether a watchdog runs or not */
     int alone = !be->guard_send;
     if (alone) warn_no_side_channel(be);
-    if (!alone && conf->on && !watch.peers && !(watch.peers = calloc((size_t)conf->size, sizeof *watch.peers))) {
-        DPS_WARN("guard: no memory for the watchdog's table of %d ranks: each rank reports only itself", conf->size);
+    if (!alone && conf->on && !watch.peers &&
+        !(watch.peers = calloc((size_t)conf->size, sizeof *watch.peers))) {
+        DPS_WARN("guard: no memory for the watchdog's table of %d ranks: each rank reports only itself",
+                 conf->size);
         alone = 1;
     }
     /* a watchdog that covered the start-up goes on with the side channel */
@@ -547,7 +567,10 @@ _Noreturn void dps_guard_failed(const char *what)
 /* Rank 0's record of every rank's figures at exit (size entries; wall_ns 0: not heard from). */
 static dps_diag_tally_t *exit_tallies;
 
-const dps_diag_tally_t *dps_guard_exit_tallies(void) { return exit_tallies; }
+const dps_diag_tally_t *dps_guard_exit_tallies(void)
+{
+    return exit_tallies;
+}
 
 void dps_guard_exit(void)
 {
@@ -560,7 +583,8 @@ void dps_guard_exit(void)
         guard_msg_t m = snapshot(WHY_ANSWER);
         m.kind = MSG_LEAVING;
         dps_diag_tally(&m.tally);
-        if (conf->rank == 0 && !exit_tallies && (exit_tallies = calloc((size_t)conf->size, sizeof *exit_tallies)))
+        if (conf->rank == 0 && !exit_tallies &&
+            (exit_tallies = calloc((size_t)conf->size, sizeof *exit_tallies)))
             exit_tallies[0] = m.tally;
         send_all(&m);
         uint64_t deadline =

@@ -14,18 +14,19 @@
 #define BYPASS() (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim)
 
 /* A write of `iov` at off (-1: at the file offset); CALL is the real call. */
-#define WRITE_BODY(fd_, iov_, n_, off_, CALL)                                       \
-    do {                                                                            \
-        if (BYPASS()) return CALL;                                                  \
-        int kind_ = dps_files_handle_kind(fd_);                                     \
-        if (kind_ == DPS_HANDLE_STANDIN) return dps_files_standin_write(fd_, iov_, n_, off_); \
-        ssize_t rc_ = CALL;                                                         \
-        if (kind_ == DPS_HANDLE_RANK0) {                                            \
-            size_t asked_ = 0;                                                      \
-            for (int k_ = 0; k_ < (n_); k_++) asked_ += (iov_)[k_].iov_len;         \
-            dps_files_wrote(fd_, asked_, off_, rc_, errno);                         \
-        }                                                                           \
-        return rc_;                                                                 \
+#define WRITE_BODY(fd_, iov_, n_, off_, CALL)                                                                \
+    do {                                                                                                     \
+        if (BYPASS()) return CALL;                                                                           \
+        int kind_ = dps_files_handle_kind(fd_);                                                              \
+        if (kind_ == DPS_HANDLE_STANDIN) return dps_files_standin_write(fd_, iov_, n_, off_);                \
+        ssize_t rc_ = CALL;                                                                                  \
+        if (kind_ == DPS_HANDLE_RANK0) {                                                                     \
+            size_t asked_ = 0;                                                                               \
+            for (int k_ = 0; k_ < (n_); k_++)                                                                \
+                asked_ += (iov_)[k_].iov_len;                                                                \
+            dps_files_wrote(fd_, asked_, off_, rc_, errno);                                                  \
+        }                                                                                                    \
+        return rc_;                                                                                          \
     } while (0)
 
 DPS_REAL_DECLARE(ssize_t, write, (int, const void *, size_t));
@@ -71,19 +72,28 @@ DPS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int n, off64_t off
 }
 
 /* close and sync: CALL is the real call on fd, returning 0 or -1. */
-#define PAIRED_BODY(fd_, op_, CALL)                                                 \
-    do {                                                                            \
-        if (BYPASS()) return CALL;                                                  \
-        dps_fdcall_t c_;                                                            \
-        if (!dps_files_fd_begin(&c_, fd_, DPS_FOP_##op_)) return CALL;              \
-        int rc_ = CALL;                                                             \
-        return dps_files_fd_end(&c_, rc_, errno);                                   \
+#define PAIRED_BODY(fd_, op_, CALL)                                                                          \
+    do {                                                                                                     \
+        if (BYPASS()) return CALL;                                                                           \
+        dps_fdcall_t c_;                                                                                     \
+        if (!dps_files_fd_begin(&c_, fd_, DPS_FOP_##op_)) return CALL;                                       \
+        int rc_ = CALL;                                                                                      \
+        return dps_files_fd_end(&c_, rc_, errno);                                                            \
     } while (0)
 
 DPS_REAL_DECLARE(int, close, (int));
 DPS_REAL_DECLARE(int, fsync, (int));
 DPS_REAL_DECLARE(int, fdatasync, (int));
 
-DPS_EXPORT int close(int fd) { PAIRED_BODY(fd, CLOSE, DPS_REAL(close)(fd)); }
-DPS_EXPORT int fsync(int fd) { PAIRED_BODY(fd, SYNC, DPS_REAL(fsync)(fd)); }
-DPS_EXPORT int fdatasync(int fd) { PAIRED_BODY(fd, SYNC, DPS_REAL(fdatasync)(fd)); }
+DPS_EXPORT int close(int fd)
+{
+    PAIRED_BODY(fd, CLOSE, DPS_REAL(close)(fd));
+}
+DPS_EXPORT int fsync(int fd)
+{
+    PAIRED_BODY(fd, SYNC, DPS_REAL(fsync)(fd));
+}
+DPS_EXPORT int fdatasync(int fd)
+{
+    PAIRED_BODY(fd, SYNC, DPS_REAL(fdatasync)(fd));
+}

@@ -21,9 +21,15 @@ static int mode_flags(const char *mode)
 {
     int plus = strchr(mode, '+') != NULL, f;
     switch (mode[0]) {
-    case 'w': f = O_CREAT | O_TRUNC | (plus ? O_RDWR : O_WRONLY); break;
-    case 'a': f = O_CREAT | O_APPEND | (plus ? O_RDWR : O_WRONLY); break;
-    default: f = plus ? O_RDWR : O_RDONLY; break;
+    case 'w':
+        f = O_CREAT | O_TRUNC | (plus ? O_RDWR : O_WRONLY);
+        break;
+    case 'a':
+        f = O_CREAT | O_APPEND | (plus ? O_RDWR : O_WRONLY);
+        break;
+    default:
+        f = plus ? O_RDWR : O_RDONLY;
+        break;
     }
     return f | (strchr(mode, 'x') ? O_EXCL : 0);
 }
@@ -41,31 +47,31 @@ static const char *sink_mode(const char *mode, char *buf, size_t len)
 DPS_REAL_DECLARE(int, fclose, (FILE *));
 
 /* FAILED: what the call does when rank 0's failed (freopen closes the stream it was given). */
-#define FOPEN_BODY(path_, mode_, CALL, FAILED)                                      \
-    do {                                                                            \
-        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim || !mode_)\
-            return CALL(path_, mode_);                                              \
-        int saved_ = errno;                                                         \
-        dps_redirect_t r_;                                                          \
-        char m_[16];                                                                \
-        dps_in_shim++;                                                              \
-        dps_files_open(&r_, AT_FDCWD, path_, mode_flags(mode_));                    \
-        dps_in_shim--;                                                              \
-        errno = saved_;                                                             \
-        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                  \
-        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) {               \
-            FAILED;                                                                 \
-            errno = r_.err0;                                                        \
-            return NULL;                                                            \
-        }                                                                           \
-        FILE *f_ = CALL(r_.path, r_.sink >= 0 ? sink_mode(mode_, m_, sizeof m_) : mode_); \
-        if (dps_files_done(&r_, f_ != NULL)) {                                      \
-            if (f_) dps_files_opened(&r_, fileno(f_));                              \
-            return f_;                                                              \
-        }                                                                           \
-        DPS_REAL(fclose)(f_); /* freopen's stream is closed on failure too */        \
-        errno = r_.err0;                                                            \
-        return NULL;                                                                \
+#define FOPEN_BODY(path_, mode_, CALL, FAILED)                                                               \
+    do {                                                                                                     \
+        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim || !mode_) \
+            return CALL(path_, mode_);                                                                       \
+        int saved_ = errno;                                                                                  \
+        dps_redirect_t r_;                                                                                   \
+        char m_[16];                                                                                         \
+        dps_in_shim++;                                                                                       \
+        dps_files_open(&r_, AT_FDCWD, path_, mode_flags(mode_));                                             \
+        dps_in_shim--;                                                                                       \
+        errno = saved_;                                                                                      \
+        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                                           \
+        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) {                                        \
+            FAILED;                                                                                          \
+            errno = r_.err0;                                                                                 \
+            return NULL;                                                                                     \
+        }                                                                                                    \
+        FILE *f_ = CALL(r_.path, r_.sink >= 0 ? sink_mode(mode_, m_, sizeof m_) : mode_);                    \
+        if (dps_files_done(&r_, f_ != NULL)) {                                                               \
+            if (f_) dps_files_opened(&r_, fileno(f_));                                                       \
+            return f_;                                                                                       \
+        }                                                                                                    \
+        DPS_REAL(fclose)(f_); /* freopen's stream is closed on failure too */                                \
+        errno = r_.err0;                                                                                     \
+        return NULL;                                                                                         \
     } while (0)
 
 DPS_REAL_DECLARE(FILE *, fopen, (const char *, const char *));
@@ -104,54 +110,60 @@ DPS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
  * glibc closes and writes the stream's descriptor internally, so these need wrappers too. */
 DPS_REAL_DECLARE(int, fflush, (FILE *));
 
-#define STREAM_BODY(f_, op_, CALL)                                                  \
-    do {                                                                            \
-        dps_fdcall_t c_;                                                            \
-        FILE *const given_ = (f_); /* a copy: glibc 2.41 declares fclose's nonnull */    \
-        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim || \
-            !given_ || !dps_files_fd_begin(&c_, fileno(f_), DPS_FOP_##op_))         \
-            return CALL;                                                            \
-        if (!c_.sink && DPS_FOP_##op_ == DPS_FOP_CLOSE) {                           \
-            /* stdio wrote the stream through glibc's own write: what it left */     \
-            off_t at_ = ftello(f_);                                                 \
-            if (at_ > c_.end) c_.end = at_;                                         \
-            if (!c_.err && ferror(f_)) c_.err = EIO; /* for the check at exit */     \
-        }                                                                           \
-        int rc_ = CALL;                                                             \
-        return dps_files_fd_end(&c_, rc_ == 0 ? 0 : -1, errno) == 0 ? 0 : EOF;      \
+#define STREAM_BODY(f_, op_, CALL)                                                                           \
+    do {                                                                                                     \
+        dps_fdcall_t c_;                                                                                     \
+        FILE *const given_ = (f_); /* a copy: glibc 2.41 declares fclose's nonnull */                        \
+        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim ||    \
+            !given_ || !dps_files_fd_begin(&c_, fileno(f_), DPS_FOP_##op_))                                  \
+            return CALL;                                                                                     \
+        if (!c_.sink && DPS_FOP_##op_ == DPS_FOP_CLOSE) {                                                    \
+            /* stdio wrote the stream through glibc's own write: what it left */                             \
+            off_t at_ = ftello(f_);                                                                          \
+            if (at_ > c_.end) c_.end = at_;                                                                  \
+            if (!c_.err && ferror(f_)) c_.err = EIO; /* for the check at exit */                             \
+        }                                                                                                    \
+        int rc_ = CALL;                                                                                      \
+        return dps_files_fd_end(&c_, rc_ == 0 ? 0 : -1, errno) == 0 ? 0 : EOF;                               \
     } while (0)
 
-DPS_EXPORT int fclose(FILE *f) { STREAM_BODY(f, CLOSE, DPS_REAL(fclose)(f)); }
-DPS_EXPORT int fflush(FILE *f) { STREAM_BODY(f, FLUSH, DPS_REAL(fflush)(f)); }
+DPS_EXPORT int fclose(FILE *f)
+{
+    STREAM_BODY(f, CLOSE, DPS_REAL(fclose)(f));
+}
+DPS_EXPORT int fflush(FILE *f)
+{
+    STREAM_BODY(f, FLUSH, DPS_REAL(fflush)(f));
+}
 
 /* Writes to a gated stream, paired by call (files.h): rank 0's outcome of each is told to the
  * others; another rank's call returns what rank 0's returned where that failed, with rank 0's
  * errno and the stream's error indicator set, and is made for real otherwise. T is the call's
  * result type, CALL the real call, OK whether a result r_ is a success. A write to stderr first
  * lets output.c make a wrapper's stderr line buffered. */
-#define STREAM_WRITE_BODY(f_, T, CALL, OK)                                          \
-    do {                                                                            \
-        if (DPS_UNLIKELY((f_) == stderr)) dps_output_wrapper_stderr();              \
-        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim) \
-            return CALL;                                                            \
-        uint64_t id_, k_;                                                           \
-        char path_[DPS_PATH_BUF];                                                   \
-        int kind_ = dps_files_stream_call(fileno(f_), &id_, &k_, path_);            \
-        if (kind_ == DPS_HANDLE_STANDIN) {                                          \
-            int64_t ret_;                                                           \
-            int err_;                                                               \
-            if (!dps_files_rank0_stream_call(id_, k_, path_, &ret_, &err_)) return CALL; \
-            (f_)->_flags |= _IO_ERR_SEEN;                                           \
-            errno = err_;                                                           \
-            return (T)ret_;                                                         \
-        }                                                                           \
-        T r_ = CALL;                                                                \
-        if (kind_ == DPS_HANDLE_RANK0) {                                            \
-            int err_ = errno;                                                       \
-            dps_files_post_stream_call(id_, k_, (int64_t)r_, !(OK), err_);          \
-            errno = err_;                                                           \
-        }                                                                           \
-        return r_;                                                                  \
+#define STREAM_WRITE_BODY(f_, T, CALL, OK)                                                                   \
+    do {                                                                                                     \
+        if (DPS_UNLIKELY((f_) == stderr)) dps_output_wrapper_stderr();                                       \
+        if (DPS_LIKELY(!atomic_load_explicit(&dps_files_handles, memory_order_relaxed)) || dps_in_shim)      \
+            return CALL;                                                                                     \
+        uint64_t id_, k_;                                                                                    \
+        char path_[DPS_PATH_BUF];                                                                            \
+        int kind_ = dps_files_stream_call(fileno(f_), &id_, &k_, path_);                                     \
+        if (kind_ == DPS_HANDLE_STANDIN) {                                                                   \
+            int64_t ret_;                                                                                    \
+            int err_;                                                                                        \
+            if (!dps_files_rank0_stream_call(id_, k_, path_, &ret_, &err_)) return CALL;                     \
+            (f_)->_flags |= _IO_ERR_SEEN;                                                                    \
+            errno = err_;                                                                                    \
+            return (T)ret_;                                                                                  \
+        }                                                                                                    \
+        T r_ = CALL;                                                                                         \
+        if (kind_ == DPS_HANDLE_RANK0) {                                                                     \
+            int err_ = errno;                                                                                \
+            dps_files_post_stream_call(id_, k_, (int64_t)r_, !(OK), err_);                                   \
+            errno = err_;                                                                                    \
+        }                                                                                                    \
+        return r_;                                                                                           \
     } while (0)
 
 #undef fwrite_unlocked /* an inline macro of glibc's where optimizing: the function is what is interposed */
@@ -169,7 +181,10 @@ DPS_EXPORT size_t fwrite_unlocked(const void *p, size_t size, size_t n, FILE *f)
 {
     STREAM_WRITE_BODY(f, size_t, DPS_REAL(fwrite_unlocked)(p, size, n, f), r_ == n || !size);
 }
-DPS_EXPORT int fputs(const char *s, FILE *f) { STREAM_WRITE_BODY(f, int, DPS_REAL(fputs)(s, f), r_ != EOF); }
+DPS_EXPORT int fputs(const char *s, FILE *f)
+{
+    STREAM_WRITE_BODY(f, int, DPS_REAL(fputs)(s, f), r_ != EOF);
+}
 DPS_EXPORT int fputs_unlocked(const char *s, FILE *f)
 {
     STREAM_WRITE_BODY(f, int, DPS_REAL(fputs_unlocked)(s, f), r_ != EOF);
@@ -211,7 +226,10 @@ static int paired_vfprintf_chk(FILE *f, int flag, const char *fmt, va_list ap)
     STREAM_WRITE_BODY(f, int, DPS_REAL(__vfprintf_chk)(f, flag, fmt, ap), r_ >= 0);
 }
 
-DPS_EXPORT int vfprintf(FILE *f, const char *fmt, va_list ap) { return paired_vfprintf(f, fmt, ap); }
+DPS_EXPORT int vfprintf(FILE *f, const char *fmt, va_list ap)
+{
+    return paired_vfprintf(f, fmt, ap);
+}
 DPS_EXPORT int __vfprintf_chk(FILE *f, int flag, const char *fmt, va_list ap)
 {
     return paired_vfprintf_chk(f, flag, fmt, ap);
@@ -233,8 +251,11 @@ DPS_EXPORT int __fprintf_chk(FILE *f, int flag, const char *fmt, ...)
     return r;
 }
 
-#define PUTC_WRAPPER(name)                                                          \
-    DPS_EXPORT int name(int c, FILE *f) { STREAM_WRITE_BODY(f, int, DPS_REAL(name)(c, f), r_ != EOF); }
+#define PUTC_WRAPPER(name)                                                                                   \
+    DPS_EXPORT int name(int c, FILE *f)                                                                      \
+    {                                                                                                        \
+        STREAM_WRITE_BODY(f, int, DPS_REAL(name)(c, f), r_ != EOF);                                          \
+    }
 PUTC_WRAPPER(fputc)
 PUTC_WRAPPER(putc)
 PUTC_WRAPPER(_IO_putc)

@@ -34,7 +34,8 @@ static int out_is_pipe;
 static void wait_drained(int fd)
 {
     int queued;
-    while (out_is_pipe && ioctl(fd, FIONREAD, &queued) == 0 && queued > 0) usleep(50);
+    while (out_is_pipe && ioctl(fd, FIONREAD, &queued) == 0 && queued > 0)
+        usleep(50);
 }
 
 static void write_all(int fd, const char *b, size_t n)
@@ -101,7 +102,8 @@ static int setup_prefix(int rank)
         _exit(0);
     }
     int st;
-    while (waitpid(mid, &st, 0) < 0 && errno == EINTR) {}
+    while (waitpid(mid, &st, 0) < 0 && errno == EINTR) {
+    }
     dps_sys_close(p[0]);
     int rc = dup2(p[1], STDOUT_FILENO) < 0 ? -1 : 0; /* fd 1 stays open across exec */
     dps_sys_close(p[1]);
@@ -120,7 +122,8 @@ static atomic_int stderr_decided; /* line buffered, or known to be no wrapper's 
 void dps_output_wrapper_stderr(void)
 {
     if (DPS_LIKELY(atomic_load_explicit(&stderr_decided, memory_order_relaxed))) return;
-    if (dps_g.role != DPS_ROLE_RANK || dps_g.size < 2 || atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) {
+    if (dps_g.role != DPS_ROLE_RANK || dps_g.size < 2 ||
+        atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) {
         atomic_store(&stderr_decided, 1);
         return;
     }

@@ -115,7 +115,8 @@ __attribute__((constructor)) static void dps_init(void)
     dps_error_t e;
     if (dps_policy_load(&dps_g.policy, environ, &e) != 0) config_error(e.msg);
     atomic_store(&dps_log_level, (int)dps_policy_num(&dps_g.policy, DPS_P_diag_log));
-    dps_gpu_bind(&dps_g); /* before the program's first CUDA call, which may come from any constructor after ours */
+    dps_gpu_bind(
+        &dps_g); /* before the program's first CUDA call, which may come from any constructor after ours */
     dps_python_inject(&dps_g);
     dps_placement_check(&dps_g);
     dps_threads_share(&dps_g);
@@ -136,8 +137,8 @@ __attribute__((constructor)) static void dps_init(void)
     /* a child without [files] globs has nothing to do at fork or exit (a shell command, a compiler) */
     if (dps_g.role == DPS_ROLE_RANK || atomic_load(&dps_files_on)) register_exit_work();
     dps_on_rank_claimed = became_rank;
-    DPS_INFO("rank %d of %d (local %d of %d, launcher %s, %s process, policy %s)", dps_g.rank,
-             dps_g.size, dps_g.local_rank, dps_g.local_size, dps_g.launcher,
+    DPS_INFO("rank %d of %d (local %d of %d, launcher %s, %s process, policy %s)", dps_g.rank, dps_g.size,
+             dps_g.local_rank, dps_g.local_size, dps_g.launcher,
              dps_g.role == DPS_ROLE_RANK ? "rank" : "child",
              dps_g.policy.file[0] ? dps_g.policy.file : "built-in defaults");
     dps_in_shim--;

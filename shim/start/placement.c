@@ -18,8 +18,9 @@
 DPS_STARTUP void dps_placement_check(const dps_state_t *s)
 {
     const char *bound = getenv("OMPI_MCA_orte_bound_at_launch");
-    if (s->role != DPS_ROLE_RANK || s->rank != 0 || strcmp(s->launcher, "openmpi") || !bound || strcmp(bound, "1") ||
-        getenv("OMPI_MCA_hwloc_base_binding_policy") || getenv("OMPI_MCA_rmaps_base_mapping_policy"))
+    if (s->role != DPS_ROLE_RANK || s->rank != 0 || strcmp(s->launcher, "openmpi") || !bound ||
+        strcmp(bound, "1") || getenv("OMPI_MCA_hwloc_base_binding_policy") ||
+        getenv("OMPI_MCA_rmaps_base_mapping_policy"))
         return;
     cpu_set_t mask;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -27,11 +28,13 @@ DPS_STARTUP void dps_placement_check(const dps_state_t *s)
     int mine = CPU_COUNT(&mask);
     long per_rank = online / (s->local_size > 0 ? s->local_size : 1);
     if (mine >= per_rank) return;
-    DPS_WARN("Open MPI bound each rank to %d core(s) (its default binding), while this node has %ld cores for its "
-             "%d local rank(s): the trainer's threads, its DataLoader workers and dpshim's background reduction share "
-             "%s. Start the job with mpirun --bind-to none (or --map-by slot:PE=%ld) to give each rank its share "
-             "(docs/performance.md has what it cost the example trainer)",
-             mine, online, s->local_size, mine == 1 ? "that one core" : "them", per_rank);
+    DPS_WARN(
+        "Open MPI bound each rank to %d core(s) (its default binding), while this node has %ld cores for its "
+        "%d local rank(s): the trainer's threads, its DataLoader workers and dpshim's background reduction "
+        "share "
+        "%s. Start the job with mpirun --bind-to none (or --map-by slot:PE=%ld) to give each rank its share "
+        "(docs/performance.md has what it cost the example trainer)",
+        mine, online, s->local_size, mine == 1 ? "that one core" : "them", per_rank);
 }
 
 /* The CPUs in a cpuset list ("0-3,8,10-11"); 0 where it is not one. */
@@ -111,7 +114,8 @@ DPS_STARTUP void dps_threads_share(const dps_state_t *s)
     void (*set_threads)(int);
     *(void **)&set_threads = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
     if (set_threads) set_threads((int)share);
-    DPS_INFO("[cpu] threads = share: OMP_NUM_THREADS=%ld (%ld CPUs on this node for %d local ranks, %ld in this "
-             "rank's affinity mask)",
-             share, node, s->local_size, mine);
+    DPS_INFO(
+        "[cpu] threads = share: OMP_NUM_THREADS=%ld (%ld CPUs on this node for %d local ranks, %ld in this "
+        "rank's affinity mask)",
+        share, node, s->local_size, mine);
 }

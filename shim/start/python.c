@@ -35,8 +35,10 @@ static int is_python(void)
  * Without a job identity in the environment nothing is set, and the adapter's check says so. */
 DPS_STARTUP static void agree_hash_seed(const dps_state_t *s)
 {
-    static const char *const job_ids[][2] = {{"PMIX_NAMESPACE", NULL}, {"SLURM_JOB_ID", "SLURM_STEP_ID"},
-                                             {"OMPI_MCA_orte_hnp_uri", NULL}, {"PMI_KVSNAME", NULL}};
+    static const char *const job_ids[][2] = {{"PMIX_NAMESPACE", NULL},
+                                             {"SLURM_JOB_ID", "SLURM_STEP_ID"},
+                                             {"OMPI_MCA_orte_hnp_uri", NULL},
+                                             {"PMI_KVSNAME", NULL}};
     if (s->size < 2 || getenv("PYTHONHASHSEED")) return;
     for (size_t i = 0; i < sizeof job_ids / sizeof *job_ids; i++) {
         if (!getenv(job_ids[i][0])) continue;
@@ -46,7 +48,8 @@ DPS_STARTUP static void agree_hash_seed(const dps_state_t *s)
             h = dps_fnv1a(h, v, strlen(v) + 1);
         }
         char seed[24];
-        snprintf(seed, sizeof seed, "%llu", (unsigned long long)(1 + h % 4294967295ull)); /* 1..2^32-1: 0 turns hashing off */
+        snprintf(seed, sizeof seed, "%llu",
+                 (unsigned long long)(1 + h % 4294967295ull)); /* 1..2^32-1: 0 turns hashing off */
         setenv("PYTHONHASHSEED", seed, 1);
         setenv(DPS_ENV_HASHSEED, job_ids[i][0], 1);
         return;

@@ -12,8 +12,10 @@ int main(int argc, char **argv)
 {
     const char *how = argc > 1 ? argv[1] : "fprintf";
     if (dlopen("libdpshim_test_nowhere.so", RTLD_NOW)) return 2;
-    if (!strcmp(how, "fprintf")) fprintf(stderr, "%s\n", dlerror());
-    else if (!strcmp(how, "fputs")) fputs(dlerror(), stderr), fputs("\n", stderr);
+    if (!strcmp(how, "fprintf"))
+        fprintf(stderr, "%s\n", dlerror());
+    else if (!strcmp(how, "fputs"))
+        fputs(dlerror(), stderr), fputs("\n", stderr);
     else if (!strcmp(how, "fwrite")) {
         const char *e = dlerror();
         fwrite(e, 1, strlen(e), stderr), fwrite("\n", 1, 1, stderr);
@@ -21,8 +23,10 @@ int main(int argc, char **argv)
         const char *e = dlerror();
         if (write(STDERR_FILENO, e, strlen(e)) < 0 || write(STDERR_FILENO, "\n", 1) < 0) return 1;
     } else if (!strcmp(how, "putc")) {
-        for (const char *e = dlerror(); *e; e++) putc(*e, stderr);
+        for (const char *e = dlerror(); *e; e++)
+            putc(*e, stderr);
         putc('\n', stderr);
-    } else return 2;
+    } else
+        return 2;
     return 0;
 }
