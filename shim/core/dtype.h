@@ -8,12 +8,65 @@
 
 #include "dpshim/hooks.h"
 
-/* A loop over a whole tensor built for the widest vectors the CPU has, chosen at load time: the
- * generic x86-64 build (SSE2) ran such loops at a half to a quarter of the speed. */
+/* A loop over a whole tensor built for the widest vectors the CPU has: the generic x86-64 build
+ * (SSE2) ran such loops at a half to a quarter of the speed.
+ * DPS_WIDEST_VECTORS (target_clones) chooses when the object is loaded: for the plugins, which a
+ * rank that reduces opens with dlopen. Not in libdpshim.so, which every process under the
+ * preload loads: the clones' resolver runs at load and calls libgcc's CPU probe, a dozen cpuid
+ * instructions (each a trap to the hypervisor on a virtual machine: 72 us for the probe on the
+ * development machine) and five page faults, for a shell or a compiler that never hashes a
+ * tensor. There DPS_WIDEST_LAZY chooses at the first call: define `static inline
+ * DPS_ALWAYS_INLINE ret name_body params` with the loop, then DPS_WIDEST_LAZY(ret, name, params,
+ * args) defines name. */
+#define DPS_ALWAYS_INLINE __attribute__((always_inline))
 #if defined(__x86_64__)
+#include <cpuid.h>
 #define DPS_WIDEST_VECTORS __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* 2 with AVX-512F, 1 with AVX2, 0 without either; counted only where the OS saves the registers
+ * (XCR0), as libgcc's probe does. */
+static inline int dps_cpu_vector_level(void)
+{
+    unsigned a, b, c, d, xcr0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX)) return 0;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(d) : "c"(0));
+    if ((xcr0 & 0x6) != 0x6 || __get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if ((b & bit_AVX512F) && (xcr0 & 0xe6) == 0xe6) return 2;
+    return (b & bit_AVX2) ? 1 : 0;
+}
+
+#define DPS_WIDEST_LAZY(ret, name, params, args)                                                             \
+    __attribute__((target("avx512f"))) static ret name##_avx512f params                                      \
+    {                                                                                                        \
+        return name##_body args;                                                                             \
+    }                                                                                                        \
+    __attribute__((target("avx2"))) static ret name##_avx2 params                                            \
+    {                                                                                                        \
+        return name##_body args;                                                                             \
+    }                                                                                                        \
+    static ret name##_generic params                                                                         \
+    {                                                                                                        \
+        return name##_body args;                                                                             \
+    }                                                                                                        \
+    static ret name params                                                                                   \
+    {                                                                                                        \
+        static ret(*pick_) params;                                                                           \
+        ret(*fn_) params = __atomic_load_n(&pick_, __ATOMIC_RELAXED);                                        \
+        if (!fn_) {                                                                                          \
+            int level_ = dps_cpu_vector_level();                                                             \
+            fn_ = level_ == 2 ? name##_avx512f : level_ == 1 ? name##_avx2 : name##_generic;                 \
+            __atomic_store_n(&pick_, fn_, __ATOMIC_RELAXED);                                                 \
+        }                                                                                                    \
+        return fn_ args;                                                                                     \
+    }
 #else
 #define DPS_WIDEST_VECTORS
+#define DPS_WIDEST_LAZY(ret, name, params, args)                                                             \
+    static ret name params                                                                                   \
+    {                                                                                                        \
+        return name##_body args;                                                                             \
+    }
 #endif
 
 static inline size_t dps_dtype_size(int32_t dtype)

@@ -313,7 +313,7 @@ void dps_guard_check_step(uint64_t step, int drift_due)
  * vectors (one chain of dependent mixes ran at a seventh of this speed, 4.3 against 30 GB/s on
  * parameters in cache; the drift check reads every parameter at each check). */
 #define HASH_LANES 32
-DPS_WIDEST_VECTORS static uint64_t hash_bytes(const unsigned char *restrict b, size_t n)
+static inline DPS_ALWAYS_INLINE uint64_t hash_bytes_body(const unsigned char *restrict b, size_t n)
 {
     uint64_t lane[HASH_LANES], v;
     for (int k = 0; k < HASH_LANES; k++)
@@ -331,6 +331,7 @@ DPS_WIDEST_VECTORS static uint64_t hash_bytes(const unsigned char *restrict b, s
         h = dps_guard_mix(h, b[i]);
     return h;
 }
+DPS_WIDEST_LAZY(uint64_t, hash_bytes, (const unsigned char *restrict b, size_t n), (b, n))
 
 static dps_guard_reader_fn reader;
 
