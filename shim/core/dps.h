@@ -102,6 +102,24 @@ extern __thread int dps_in_shim __attribute__((tls_model("initial-exec")));
  * (an install's ${libdir}/dpshim; the build tree has the same layout). 0, or -1 when unknown. */
 int dps_plugin_dir(char *out, size_t len);
 
+/* elf.c: symbols of the loaded objects, read from their own hash tables, as dlsym finds them
+ * (global or weak definitions, default versions). Not with dlsym, which every process under the
+ * preload would pay for: one that fails allocates its message (in a program that never calls
+ * malloc, malloc's first use: system calls and page faults) and leaves it for the program's
+ * first dlerror(), which then prints the shim's miss as the program's own; one that succeeds
+ * frees the message of the program's last failed dl call. And one walk of the objects answers
+ * many names, where dlsym takes ld.so's lock and searches every object for each.
+ * dps_elf_defines: 1 when an object defines name (dlsym(RTLD_DEFAULT) would find it).
+ * dps_elf_next: each syms[i].addr, the definition in the objects after libdpshim.so
+ * (dlsym(RTLD_NEXT) from the shim), NULL where none has it; an indirect function (IFUNC) is
+ * asked of dlsym, which finds it. */
+typedef struct dps_elf_sym {
+    const char *name;
+    void *addr;
+} dps_elf_sym_t;
+int dps_elf_defines(const char *name);
+void dps_elf_next(dps_elf_sym_t *syms, size_t n); /* n <= 64 */
+
 /* claim.c: which process of a rank's tree talks to the other ranks (the rank's place).
  * dps_claim_setup: the rank process (fd -1, or its claim file's descriptor after an exec in
  * place) makes the claim file, a child notes the one named by fd (mapped when first asked);

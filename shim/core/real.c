@@ -4,6 +4,17 @@
 
 #include "dps.h"
 
+void dps_real_resolve(const dps_real_now_t *r, size_t n)
+{
+    dps_elf_sym_t syms[64];
+    n = n < 64 ? n : 64;
+    for (size_t i = 0; i < n; i++)
+        syms[i].name = r[i].name;
+    dps_elf_next(syms, n);
+    for (size_t i = 0; i < n; i++)
+        __atomic_store_n(r[i].real, syms[i].addr, __ATOMIC_RELAXED);
+}
+
 void *dps_real_find(const char *name)
 {
     void *f = dlsym(RTLD_NEXT, name);

@@ -20,12 +20,21 @@ void *dps_real_find(const char *name);
          : (__atomic_store_n((void **)&dps_real_##name, dps_real_find(#name), __ATOMIC_RELAXED),             \
             dps_real_##name))
 
-/* Resolves name now. For the functions a program may hand a string that dlerror() returned
- * (fprintf(stderr, "%s", dlerror()), write(2, msg, len)): glibc frees that string at the next dl
- * call, so a first call that looked the real function up with dlsym would print freed memory.
- * Their files resolve them in a constructor, before the program runs; one not found stays for
- * DPS_REAL, which ends the process naming it if the program ever calls it. */
-#define DPS_REAL_RESOLVE(name)                                                                               \
-    __atomic_store_n((void **)&dps_real_##name, dlsym(RTLD_NEXT, #name), __ATOMIC_RELAXED)
+/* Resolves names now: dps_real_resolve(r, n) with r[] = {DPS_REAL_NOW(name), ...}. For the
+ * functions a program may hand a string that dlerror() returned (fprintf(stderr, "%s",
+ * dlerror()), write(2, msg, len)): glibc frees that string at the next dl call, so a first call
+ * that looked the real function up with dlsym would print freed memory. Their files resolve them
+ * in a constructor, before the program runs, all in one walk of the loaded objects' symbol
+ * tables (dps_elf_next: every process under the preload pays this, and no dl call is made); one
+ * not found stays for DPS_REAL, which ends the process naming it if the program ever calls it. */
+typedef struct dps_real_now {
+    const char *name;
+    void **real;
+} dps_real_now_t;
+#define DPS_REAL_NOW(name)                                                                                   \
+    {                                                                                                        \
+#name, (void **)&dps_real_##name                                                                     \
+    }
+void dps_real_resolve(const dps_real_now_t *r, size_t n);
 
 #endif

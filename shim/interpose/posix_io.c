@@ -36,11 +36,12 @@ DPS_REAL_DECLARE(ssize_t, writev, (int, const struct iovec *, int));
 DPS_REAL_DECLARE(ssize_t, pwritev, (int, const struct iovec *, int, off_t));
 DPS_REAL_DECLARE(ssize_t, pwritev64, (int, const struct iovec *, int, off64_t));
 
-/* Before main: a first write may carry a dlerror() string (real.h, DPS_REAL_RESOLVE). */
+/* Before main: a first write may carry a dlerror() string (real.h, dps_real_resolve). */
 __attribute__((constructor)) DPS_STARTUP static void resolve_writes(void)
 {
-    DPS_REAL_RESOLVE(write), DPS_REAL_RESOLVE(pwrite), DPS_REAL_RESOLVE(pwrite64);
-    DPS_REAL_RESOLVE(writev), DPS_REAL_RESOLVE(pwritev), DPS_REAL_RESOLVE(pwritev64);
+    const dps_real_now_t now[] = {DPS_REAL_NOW(write),  DPS_REAL_NOW(pwrite),  DPS_REAL_NOW(pwrite64),
+                                  DPS_REAL_NOW(writev), DPS_REAL_NOW(pwritev), DPS_REAL_NOW(pwritev64)};
+    dps_real_resolve(now, sizeof now / sizeof *now);
 }
 
 DPS_EXPORT ssize_t write(int fd, const void *buf, size_t n)

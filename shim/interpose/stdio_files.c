@@ -208,13 +208,16 @@ DPS_REAL_DECLARE(int, _IO_putc, (int, FILE *));
 DPS_REAL_DECLARE(int, fputc_unlocked, (int, FILE *));
 DPS_REAL_DECLARE(int, putc_unlocked, (int, FILE *));
 
-/* Before main: a first fprintf or fputs may print a dlerror() string (real.h, DPS_REAL_RESOLVE). */
+/* Before main: a first fprintf or fputs may print a dlerror() string (real.h, dps_real_resolve). */
 __attribute__((constructor)) DPS_STARTUP static void resolve_stream_writes(void)
 {
-    DPS_REAL_RESOLVE(fwrite), DPS_REAL_RESOLVE(fwrite_unlocked), DPS_REAL_RESOLVE(fputs);
-    DPS_REAL_RESOLVE(fputs_unlocked), DPS_REAL_RESOLVE(vfprintf), DPS_REAL_RESOLVE(__vfprintf_chk);
-    DPS_REAL_RESOLVE(fputc), DPS_REAL_RESOLVE(putc), DPS_REAL_RESOLVE(_IO_putc);
-    DPS_REAL_RESOLVE(fputc_unlocked), DPS_REAL_RESOLVE(putc_unlocked);
+    const dps_real_now_t now[] = {DPS_REAL_NOW(fwrite),       DPS_REAL_NOW(fwrite_unlocked),
+                                  DPS_REAL_NOW(fputs),        DPS_REAL_NOW(fputs_unlocked),
+                                  DPS_REAL_NOW(vfprintf),     DPS_REAL_NOW(__vfprintf_chk),
+                                  DPS_REAL_NOW(fputc),        DPS_REAL_NOW(putc),
+                                  DPS_REAL_NOW(_IO_putc),     DPS_REAL_NOW(fputc_unlocked),
+                                  DPS_REAL_NOW(putc_unlocked)};
+    dps_real_resolve(now, sizeof now / sizeof *now);
 }
 
 static int paired_vfprintf(FILE *f, const char *fmt, va_list ap)

@@ -111,8 +111,10 @@ DPS_STARTUP void dps_threads_share(const dps_state_t *s)
     char n[24];
     snprintf(n, sizeof n, "%ld", share);
     setenv("OMP_NUM_THREADS", n, 1);
-    void (*set_threads)(int);
-    *(void **)&set_threads = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+    void (*set_threads)(int) = NULL;
+    /* asked first without dlsym: its miss in a program without OpenMP would be the program's first dlerror() */
+    if (dps_elf_defines("omp_set_num_threads"))
+        *(void **)&set_threads = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
     if (set_threads) set_threads((int)share);
     DPS_INFO(
         "[cpu] threads = share: OMP_NUM_THREADS=%ld (%ld CPUs on this node for %d local ranks, %ld in this "

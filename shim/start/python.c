@@ -4,7 +4,6 @@
  * PyTorch adapter when the script imports torch. Set here, in the constructor, because the
  * interpreter reads PYTHONPATH only after it starts. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +21,7 @@
 static int is_python(void)
 {
     /* CPython's main program exports these for extension modules; nothing else does */
-    return dlsym(RTLD_DEFAULT, "Py_BytesMain") != NULL &&
-           dlsym(RTLD_DEFAULT, "PyImport_ImportModule") != NULL;
+    return dps_elf_defines("Py_BytesMain") && dps_elf_defines("PyImport_ImportModule");
 }
 
 /* Python's string hashes, and with them the order of a set or dict of strings (a vocabulary

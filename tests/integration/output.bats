@@ -78,6 +78,17 @@ SH
     done
 }
 
+@test "dlerror() at a program's start reports no error: the shim's start-up leaves none behind" {
+    # a program may check dlerror() before its first dl call; the shim looks its own symbols up
+    # without dlsym (a miss used to leave "undefined symbol: Py_BytesMain" in every process)
+    run env LD_PRELOAD="$SHIM" "$BUILD/bin/dlerror_print" none
+    assert_success
+    assert_output "(none)"
+    run env LD_PRELOAD="$SHIM" DPSHIM_RANK_PID=1:0:1:0:1:0 "$BUILD/bin/dlerror_print" none
+    assert_success
+    assert_output "(none)"
+}
+
 @test "a dlerror() message printed by the first fprintf, fputs, fwrite, write or putc comes out whole" {
     # glibc frees the message at the next dl call: the shim's interposers must not make one then
     for how in fprintf fputs fwrite write putc; do

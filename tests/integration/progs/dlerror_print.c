@@ -1,7 +1,9 @@
 /* Prints dlerror()'s message of a failed dlopen through one output function, as its first call
  * of that function in the process: glibc frees the message at the next dl call, so an interposer
  * that looked its real function up then would print freed memory.
- *   dlerror_print fprintf|fputs|fwrite|write|putc */
+ *   dlerror_print fprintf|fputs|fwrite|write|putc
+ *   dlerror_print none: dlerror() at the start of main, before any dl call of the program's own:
+ *                       "(none)", unless something before main (the shim) left an error behind */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -11,6 +13,11 @@
 int main(int argc, char **argv)
 {
     const char *how = argc > 1 ? argv[1] : "fprintf";
+    if (!strcmp(how, "none")) {
+        const char *e = dlerror();
+        printf("%s\n", e ? e : "(none)");
+        return 0;
+    }
     if (dlopen("libdpshim_test_nowhere.so", RTLD_NOW)) return 2;
     if (!strcmp(how, "fprintf"))
         fprintf(stderr, "%s\n", dlerror());
