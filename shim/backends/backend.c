@@ -12,10 +12,12 @@
 #include "core/dtype.h"
 #include "device.h"
 
-static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
+static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                          int one_tensor)
 {
     (void)one_tensor;
-    if (op == DPS_RED_SUM) dps_scale_in_place(buf, count, dtype, pre), dps_scale_in_place(buf, count, dtype, post);
+    if (op == DPS_RED_SUM)
+        dps_scale_in_place(buf, count, dtype, pre), dps_scale_in_place(buf, count, dtype, post);
     return 0;
 }
 static int self_bcast(void *buf, size_t bytes, int root)
@@ -23,16 +25,30 @@ static int self_bcast(void *buf, size_t bytes, int root)
     (void)buf, (void)bytes, (void)root;
     return 0;
 }
-static int self_barrier(void) { return 0; }
-static const char *self_last_error(void) { return ""; }
+static int self_barrier(void)
+{
+    return 0;
+}
+static const char *self_last_error(void)
+{
+    return "";
+}
 static void self_release(void) {}
-static int self_owns_mpi_init(void) { return 0; }
+static int self_owns_mpi_init(void)
+{
+    return 0;
+}
 
 /* World size 1: a sum over one rank is the value itself. */
-const dps_backend_t dps_backend_self = {
-    .name = "self", .allreduce = self_allreduce, .bcast = self_bcast, .barrier = self_barrier,
-    .last_error = self_last_error, .release = self_release, .finalize = self_release,
-    .owns_mpi_init = self_owns_mpi_init, .tuning = self_last_error};
+const dps_backend_t dps_backend_self = {.name = "self",
+                                        .allreduce = self_allreduce,
+                                        .bcast = self_bcast,
+                                        .barrier = self_barrier,
+                                        .last_error = self_last_error,
+                                        .release = self_release,
+                                        .finalize = self_release,
+                                        .owns_mpi_init = self_owns_mpi_init,
+                                        .tuning = self_last_error};
 
 typedef struct backend_row {
     const char *name;
@@ -63,8 +79,10 @@ const dps_backend_t *dps_backend_open(const char *name, int rank, int size, char
         if (b->loaded.name) return &b->loaded;
         char path[1200];
         if (plugin_path(name, path, sizeof path) != 0) {
-            snprintf(err, errlen, "cannot locate the %s backend plugin (dpshim/ beside libdpshim.so, or "
-                                  "DPSHIM_PLUGIN_DIR)", name);
+            snprintf(err, errlen,
+                     "cannot locate the %s backend plugin (dpshim/ beside libdpshim.so, or "
+                     "DPSHIM_PLUGIN_DIR)",
+                     name);
             return NULL;
         }
         /* RTLD_GLOBAL: Open MPI's own components resolve libmpi's symbols globally */
@@ -100,8 +118,9 @@ const dps_device_t *dps_device_open(char *err, size_t errlen)
         void *h = NULL;
         dps_device_open_fn open_fn = NULL;
         if (plugin_path("nccl", path, sizeof path) != 0)
-            snprintf(why, sizeof why, "cannot locate the GPU plugin (libdpshim-nccl.so in dpshim/ beside "
-                                      "libdpshim.so, or DPSHIM_PLUGIN_DIR)");
+            snprintf(why, sizeof why,
+                     "cannot locate the GPU plugin (libdpshim-nccl.so in dpshim/ beside "
+                     "libdpshim.so, or DPSHIM_PLUGIN_DIR)");
         else if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
             snprintf(why, sizeof why, "cannot load the GPU plugin: %s", dlerror());
         else if (!(*(void **)&open_fn = dlsym(h, DPS_DEVICE_OPEN_SYMBOL)))

@@ -21,7 +21,8 @@ typedef struct dps_backend {
      * pass over memory of its own. `one_tensor`: buf is one tensor, not a bucket of several, so
      * an algorithm whose summation order follows an element's offset in buf (a ring) gives the
      * same bits however the framework grouped its tensors. */
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor);
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                     int one_tensor);
     int (*bcast)(void *buf, size_t bytes, int root);
     int (*barrier)(void);
     const char *(*last_error)(void);
@@ -46,7 +47,8 @@ typedef struct dps_backend {
     /* The background channel: allreduce on a communicator of its own, called only from the
      * engine's progress thread while the main thread may run the other collectives; NULL when
      * the backend has none (then gradients are reduced synchronously). */
-    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor);
+    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                        int one_tensor);
     const char *(*last_error_bg)(void);
     /* The file policy's channel, from any thread: rank 0 posts a message to every other rank
      * (never blocking), the others wait for rank 0's next one, in the order posted. NULL when
@@ -73,8 +75,8 @@ typedef struct dps_backend {
 } dps_backend_t;
 
 /* Plugin entry point, resolved by name in libdpshim-<name>.so. */
-typedef int (*dps_plugin_open_fn)(int expect_rank, int expect_size, dps_backend_t *out,
-                                  char *err, size_t errlen);
+typedef int (*dps_plugin_open_fn)(int expect_rank, int expect_size, dps_backend_t *out, char *err,
+                                  size_t errlen);
 #define DPS_PLUGIN_OPEN_SYMBOL "dps_plugin_open_v1"
 
 /* Opens the named backend ("mpi"); NULL with err set on failure. */

@@ -46,7 +46,8 @@ static __thread int user_stream_set;
 DPS_EXPORT int dp_set_stream(int32_t device, void *stream)
 {
     if (device < 0) {
-        DPS_ERROR("dp_set_stream: device %d is no CUDA ordinal; pass the stream's device (0, 1, ...)", (int)device);
+        DPS_ERROR("dp_set_stream: device %d is no CUDA ordinal; pass the stream's device (0, 1, ...)",
+                  (int)device);
         return -1;
     }
     user_stream = stream, user_stream_set = stream != NULL;
@@ -59,8 +60,10 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
     int driver = -1; /* asked once per call, and only when a DP_HOST tensor needs the answer */
     size_t first = n;
     for (size_t i = 0; i < n && first == n; i++) {
-        if (t[i].device >= 0) first = i;
-        else if (t[i].count && (driver < 0 ? (driver = dps_gpu_driver_loaded()) : driver) && dps_gpu_where(t[i].data) >= 0)
+        if (t[i].device >= 0)
+            first = i;
+        else if (t[i].count && (driver < 0 ? (driver = dps_gpu_driver_loaded()) : driver) &&
+                 dps_gpu_where(t[i].data) >= 0)
             first = i;
     }
     if (first == n) return 0; /* the common case: all on the host, nothing copied */
@@ -73,8 +76,10 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
     for (size_t i = 0; i < n; i++) {
         dp_tensor x = t[i];
         if (x.device < 0 && i >= first && x.count) x.device = dps_gpu_where(x.data);
-        if (x.device >= 0) dv.device[d++] = x;
-        else dv.host[h++] = x;
+        if (x.device >= 0)
+            dv.device[d++] = x;
+        else
+            dv.host[h++] = x;
     }
     *host = dv.host, *nhost = h, *device = dv.device, *ndevice = d;
     return 1;
@@ -85,8 +90,8 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
 /* What each rank tells the others at set-up: all fixed-size text, gathered with one sum. */
 typedef struct rank_info {
     char usable, nccl, from_peer; /* from_peer: unusable only because another rank failed */
-    char key[93];   /* host hash and PCI bus id: equal keys are one GPU */
-    char why[160];  /* why this rank cannot use its GPU */
+    char key[93];                 /* host hash and PCI bus id: equal keys are one GPU */
+    char why[160];                /* why this rank cannot use its GPU */
 } rank_info_t;
 
 /* Every rank's `mine`, in rank order: a sum of zeros and each rank's own slot. */
@@ -117,7 +122,10 @@ static void first_unusable(const rank_info_t *all, const char *what)
     if (r >= 0) dps_fatal("%s: rank %d cannot use its GPU: %s", what, r, all[r].why);
 }
 
-static int nccl_demanded(void) { return DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_nccl; }
+static int nccl_demanded(void)
+{
+    return DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_nccl;
+}
 
 static void go_staged(const char *why)
 {
@@ -134,7 +142,8 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
     rank_info_t mine = {.usable = 1, .nccl = 1};
     if (dps_g.eff_rank == 0) {
         id[128] = dv.gpu->nccl_id(id) == 0;
-        if (!id[128]) snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
+        if (!id[128])
+            snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
     }
     dp_tensor t = {id, sizeof id, DP_U8, DP_HOST, "NCCL id"};
     dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
@@ -147,8 +156,8 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
     else if (prev < 0)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
     else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit) != 0)
-        snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0,
-                 mine.from_peer = (char)dv.gpu->peer_failed();
+        snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()),
+            mine.usable = 0, mine.from_peer = (char)dv.gpu->peer_failed();
     if (prev >= 0) dv.gpu->restore(prev);
     rank_info_t *all = gather(be, &mine);
     int bad = origin(all);
@@ -177,10 +186,14 @@ static int read_to_host(const dp_tensor *t, void *out)
     int prev = dv.gpu->use(dev);
     if (prev < 0) return -1;
     void *m = NULL;
-    int rc = dv.gpu->after(user_stream) || dv.gpu->copy(out, t->data, t->count * dps_dtype_size(t->dtype), DPS_COPY_D2H) ||
-             !(m = dv.gpu->mark()) || dv.gpu->wait(m) ? -1 : 1;
+    int rc = dv.gpu->after(user_stream) ||
+                     dv.gpu->copy(out, t->data, t->count * dps_dtype_size(t->dtype), DPS_COPY_D2H) ||
+                     !(m = dv.gpu->mark()) || dv.gpu->wait(m)
+                 ? -1
+                 : 1;
     dv.gpu->restore(prev);
-    if (rc < 0) DPS_ERROR("drift check: cannot read GPU tensor '%s': %s", dps_tensor_name(t), dv.gpu->last_error());
+    if (rc < 0)
+        DPS_ERROR("drift check: cannot read GPU tensor '%s': %s", dps_tensor_name(t), dv.gpu->last_error());
     return rc;
 }
 
@@ -199,7 +212,8 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
     dv.gpu = dps_device_open(err, sizeof err);
     int prev = dv.gpu ? dv.gpu->use(dev) : -1;
     if (dv.gpu && prev < 0) snprintf(err, sizeof err, "%s", dv.gpu->last_error());
-    if (prev >= 0 && dv.gpu->key(mine.key, sizeof mine.key) != 0) snprintf(err, sizeof err, "%s", dv.gpu->last_error());
+    if (prev >= 0 && dv.gpu->key(mine.key, sizeof mine.key) != 0)
+        snprintf(err, sizeof err, "%s", dv.gpu->last_error());
     if (dv.gpu && prev >= 0) dv.gpu->restore(prev);
     mine.usable = !err[0];
     mine.nccl = mine.usable && dv.gpu->has_nccl();
@@ -217,15 +231,17 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
         for (int j = i + 1; j < dps_g.eff_size && a < 0; j++)
             if (!strcmp(all[i].key, all[j].key)) a = i, b = j;
     if (a >= 0)
-        snprintf(why, sizeof why, "ranks %d and %d share the GPU %s on one host", a, b, strchr(all[a].key, ' ') + 1);
+        snprintf(why, sizeof why, "ranks %d and %d share the GPU %s on one host", a, b,
+                 strchr(all[a].key, ' ') + 1);
     for (int r = 0; r < dps_g.eff_size && !why[0]; r++)
         if (!all[r].nccl) snprintf(why, sizeof why, "rank %d has no NCCL", r);
     if (DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi)
         go_staged("[comm] backend = mpi");
     else if (why[0] && nccl_demanded())
-        dps_fatal("%s: [comm] backend = nccl, but %s: NCCL cannot run two ranks on one GPU; start one rank per "
-                  "GPU (and keep [gpu] bind = auto), or set [comm] backend = auto to reduce through host memory",
-                  hook, why);
+        dps_fatal(
+            "%s: [comm] backend = nccl, but %s: NCCL cannot run two ranks on one GPU; start one rank per "
+            "GPU (and keep [gpu] bind = auto), or set [comm] backend = auto to reduce through host memory",
+            hook, why);
     else if (why[0])
         go_staged(why);
     else
@@ -289,10 +305,12 @@ static void copy(const char *hook, void *dst, const void *src, size_t bytes, dps
 
 /* t[0..n) through NCCL: large tensors in place, the others packed into the device bucket in
  * runs of one dtype. Everything is queued on the communication stream. */
-static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
+static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_t kind, dps_weight_t w,
+                       dps_redop_t op)
 {
     if (kind == DPS_FUSE_GRADS && dps_g.compress_dtype >= 0 && dps_g.eff_rank == 0)
-        DPS_WARN_ONCE("[comm] compress is not applied to GPU tensors on NCCL: they travel in their own dtype");
+        DPS_WARN_ONCE(
+            "[comm] compress is not applied to GPU tensors on NCCL: they travel in their own dtype");
     size_t cap = dps_g.bucket_bytes;
     unsigned char *bucket = dv.gpu->bucket(cap);
     if (!bucket) failed(hook);
@@ -337,7 +355,7 @@ static void next_chunk(chunk_t *c, const dp_tensor *t, size_t n, size_t *i, uint
         size_t es = dps_dtype_size(x->dtype);
         uint64_t left = x->count - *off, fit = (dv.pinned_bytes - used) / es, k = left < fit ? left : fit;
         if (left && !k) break; /* not one more element of this dtype fits */
-        if (k) { /* room for it: chunk_room gave one slice per tensor */
+        if (k) {               /* room for it: chunk_room gave one slice per tensor */
             c->host[c->n] = (dp_tensor){buf + used, k, x->dtype, DP_HOST, x->name};
             c->src[c->n] = *i;
             c->off[c->n] = *off;
@@ -353,7 +371,8 @@ static int chunk_room(chunk_t *c, size_t n)
 {
     if (c->cap >= n) return 0;
     free(c->host), free(c->src), free(c->off);
-    c->host = malloc(n * sizeof *c->host), c->src = malloc(n * sizeof *c->src), c->off = malloc(n * sizeof *c->off);
+    c->host = malloc(n * sizeof *c->host), c->src = malloc(n * sizeof *c->src),
+    c->off = malloc(n * sizeof *c->off);
     c->cap = n;
     return c->host && c->src && c->off ? 0 : -1;
 }
@@ -364,14 +383,16 @@ static void chunk_copies(const char *hook, const chunk_t *c, const dp_tensor *t,
         const dp_tensor *x = &t[c->src[k]];
         size_t es = dps_dtype_size(x->dtype);
         unsigned char *dev = (unsigned char *)x->data + c->off[k] * es;
-        if (kind == DPS_COPY_D2H) copy(hook, c->host[k].data, dev, c->host[k].count * es, kind);
-        else copy(hook, dev, c->host[k].data, c->host[k].count * es, kind);
+        if (kind == DPS_COPY_D2H)
+            copy(hook, c->host[k].data, dev, c->host[k].count * es, kind);
+        else
+            copy(hook, dev, c->host[k].data, c->host[k].count * es, kind);
     }
 }
 
 /* Device -> pinned -> host path -> device, two chunks in flight. */
-static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                         dps_weight_t w, dps_redop_t op)
+static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                         dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     static chunk_t chunks[2];
     size_t i = 0;
@@ -389,7 +410,8 @@ static void staged_fused(const char *hook, const dps_backend_t *be, const dp_ten
         chunk_copies(hook, next, t, DPS_COPY_D2H);
         void *next_ready = next->n ? dv.gpu->mark() : NULL;
         if (!ready || dv.gpu->wait(ready)) failed(hook);
-        if (dps_fused_host(hook, be, c->host, c->n, kind, w, op)) dps_fatal("%s: GPU staging failed (see above)", hook);
+        if (dps_fused_host(hook, be, c->host, c->n, kind, w, op))
+            dps_fatal("%s: GPU staging failed (see above)", hook);
         chunk_copies(hook, c, t, DPS_COPY_H2D);
         ready = next_ready;
     }
@@ -401,14 +423,18 @@ static int begin(const char *hook, const dps_backend_t *be, const dp_tensor *t, 
 {
     for (size_t i = 1; i < n; i++)
         if (t[i].device != t[0].device)
-            dps_fatal("%s: tensor %zu (%s) is on CUDA device %d and tensor 0 (%s) on device %d: dpshim serves one "
-                      "GPU per rank", hook, i, dps_tensor_name(&t[i]), t[i].device, dps_tensor_name(&t[0]), t[0].device);
+            dps_fatal(
+                "%s: tensor %zu (%s) is on CUDA device %d and tensor 0 (%s) on device %d: dpshim serves one "
+                "GPU per rank",
+                hook, i, dps_tensor_name(&t[i]), t[i].device, dps_tensor_name(&t[0]), t[0].device);
     if (!dv.mode) setup(hook, be, t[0].device);
     int prev = dv.gpu->use(t[0].device);
     if (prev < 0) failed(hook);
     if (dv.gpu->capturing(user_stream))
-        dps_fatal("%s: called while the CUDA stream is being captured into a CUDA graph; a collective cannot be "
-                  "captured: call the hook outside the captured region", hook);
+        dps_fatal(
+            "%s: called while the CUDA stream is being captured into a CUDA graph; a collective cannot be "
+            "captured: call the hook outside the captured region",
+            hook);
     if (dv.gpu->after(user_stream)) failed(hook);
     return prev;
 }
@@ -530,7 +556,8 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
     uint64_t t0 = dps_diag_now();
     nccl_fused(hook, t, n, kind, w, op);
     end(hook, prev, 1);
-    dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(),
+                        dps_e.step);
     dps_guard_leave();
     return 0;
 }
@@ -547,7 +574,8 @@ static void flush_pending(const dps_backend_t *be, dps_weight_t w)
 {
     if (!dv.ready.npending) return;
     if (dps_ready_reserve(&dv.ready))
-        dps_fatal("dp_grad_ready: out of memory tracking %zu GPU gradients", dv.ready.nhanded + dv.ready.npending);
+        dps_fatal("dp_grad_ready: out of memory tracking %zu GPU gradients",
+                  dv.ready.nhanded + dv.ready.npending);
     run("dp_grad_ready", be, dv.ready.pending, dv.ready.npending, DPS_FUSE_GRADS, w, DPS_RED_SUM,
         dv.mode == MODE_STAGED);
     dps_ready_handed_on(&dv.ready);
@@ -574,7 +602,8 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_
     size_t m;
     if (dps_ready_complete(&dv.ready, t, n, &m))
         dps_fatal("dp_grads: out of memory for %zu GPU gradients", dv.ready.npending + n);
-    if (m) run("dp_grads", be, dv.ready.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM, 1);
+    if (m)
+        run("dp_grads", be, dv.ready.rest, m, DPS_FUSE_GRADS, w, DPS_RED_SUM, 1);
     else if (any_queued) {
         /* everything went during backward: wait for it here, as the guard's collective */
         int prev = dv.gpu->use(dv.dev);
@@ -585,7 +614,10 @@ int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_
     return 0;
 }
 
-int dps_device_outstanding(void) { return dps_ready_outstanding(&dv.ready); }
+int dps_device_outstanding(void)
+{
+    return dps_ready_outstanding(&dv.ready);
+}
 
 static void gpu_at_exit(void)
 {
@@ -608,12 +640,14 @@ void dps_device_shutdown(void)
     pthread_mutex_unlock(&queued.lock);
     int done = dv.gpu->finish(FINISH_LIMIT_S);
     if (done == -2) {
-        DPS_WARN("at exit: the CUDA runtime had already shut down (its exit handler ran before the shim's), so "
-                 "GPU work queued earlier could not be checked");
+        DPS_WARN(
+            "at exit: the CUDA runtime had already shut down (its exit handler ran before the shim's), so "
+            "GPU work queued earlier could not be checked");
         return;
     }
     if (done < 0) dps_fatal("at exit: GPU work queued earlier failed: %s", dv.gpu->last_error());
     if (done == 0)
-        dps_fatal("at exit: GPU work queued earlier did not finish within %d s (a peer gone, or the GPU stuck)",
-                  FINISH_LIMIT_S);
+        dps_fatal(
+            "at exit: GPU work queued earlier did not finish within %d s (a peer gone, or the GPU stuck)",
+            FINISH_LIMIT_S);
 }

@@ -27,7 +27,7 @@ static const char *const entry_names[] = {
 };
 
 static void *_Atomic reals[DPS_TORCH_COUNT];
-static dps_torch_handler_t handlers[DPS_TORCH_COUNT]; /* set once, under `once` */
+static dps_torch_handler_t handlers[DPS_TORCH_COUNT];     /* set once, under `once` */
 static dps_torch_batch_norm_handler_t batch_norm_handler; /* the same */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char state[512]; /* what became of the adapter, for the end-of-job summary */
@@ -67,9 +67,10 @@ static int read_needs(const char *dir, char *soname, char *version, size_t len)
     fclose(f);
     soname[strcspn(soname, "\n")] = version[strcspn(version, "\n")] = '\0';
     if (!ok || strncmp(soname, "libtorch_cpu.so", 15) || !version[0])
-        dps_fatal("%s is not what a build of the libtorch adapter writes (libtorch_cpu's soname, then libtorch's "
-                  "version, one per line): reinstall dpshim's libtorch adapter",
-                  path);
+        dps_fatal(
+            "%s is not what a build of the libtorch adapter writes (libtorch_cpu's soname, then libtorch's "
+            "version, one per line): reinstall dpshim's libtorch adapter",
+            path);
     return 0;
 }
 
@@ -77,8 +78,8 @@ static int read_needs(const char *dir, char *soname, char *version, size_t len)
  * unchanged (the job's end then says nothing was distributed). */
 static void run_without_adapter(const char *why)
 {
-    snprintf(state, sizeof state, "%s: its C++ calls run without the adapter; build dpshim against this libtorch",
-             why);
+    snprintf(state, sizeof state,
+             "%s: its C++ calls run without the adapter; build dpshim against this libtorch", why);
     if (dps_g.rank == 0) DPS_WARN("%s", state);
     memset(handlers, 0, sizeof handlers);
     batch_norm_handler = NULL;
@@ -88,16 +89,20 @@ static void start_adapter(void)
 {
     char dir[1024] = "the plugin directory", soname[256], version[256], why[512];
     if (dps_plugin_dir(dir, sizeof dir) != 0 || read_needs(dir, soname, version, sizeof soname) != 0) {
-        snprintf(state, sizeof state, "no libtorch adapter is installed in %.300s (it is built where libtorch-dev is "
-                 "installed, and packaged as dpshim-libtorch)", dir);
+        snprintf(state, sizeof state,
+                 "no libtorch adapter is installed in %.300s (it is built where libtorch-dev is "
+                 "installed, and packaged as dpshim-libtorch)",
+                 dir);
         return;
     }
     void *same = dlopen(soname, RTLD_NOLOAD | RTLD_LAZY);
     if (!same) {
         char loaded[256] = "another libtorch";
         dl_iterate_phdr(find_libtorch, loaded);
-        snprintf(why, sizeof why, "the libtorch adapter is built for %.64s (libtorch %.32s), but this process runs "
-                 "%.256s", soname, version, loaded);
+        snprintf(why, sizeof why,
+                 "the libtorch adapter is built for %.64s (libtorch %.32s), but this process runs "
+                 "%.256s",
+                 soname, version, loaded);
         run_without_adapter(why);
         return;
     }
@@ -108,26 +113,36 @@ static void start_adapter(void)
     char open_err[512] = "";
     if (!plugin) snprintf(open_err, sizeof open_err, "%s", dlerror());
     if (strstr(open_err, "undefined symbol")) { /* the same soname, another version's symbols */
-        snprintf(why, sizeof why, "the libtorch adapter (built for libtorch %.32s) needs functions this process's "
-                 "%.64s lacks (another version under the same soname)", version, soname);
+        snprintf(why, sizeof why,
+                 "the libtorch adapter (built for libtorch %.32s) needs functions this process's "
+                 "%.64s lacks (another version under the same soname)",
+                 version, soname);
         run_without_adapter(why);
         return;
     }
     dps_torch_init_t init = NULL;
     if (plugin) *(void **)&init = dlsym(plugin, DPS_TORCH_INIT_SYMBOL);
-    dps_torch_config_t c = {.abi = DPS_TORCH_ABI, .rank = dps_g.eff_rank, .size = dps_g.eff_size,
-                            .split_mode = dps_g.split_mode, .uneven = dps_g.uneven,
+    dps_torch_config_t c = {.abi = DPS_TORCH_ABI,
+                            .rank = dps_g.eff_rank,
+                            .size = dps_g.eff_size,
+                            .split_mode = dps_g.split_mode,
+                            .uneven = dps_g.uneven,
                             .eval_whole = DPS_POLICY_ENUM(&dps_g.policy, data, eval) == DPS_V_data_eval_whole,
-                            .shard = shard_setting(), .bn_sync = dps_g.bn_sync};
+                            .shard = shard_setting(),
+                            .bn_sync = dps_g.bn_sync};
     int started = init ? init(&c, handlers, err, sizeof err) : -1;
     if (started == 1) { /* the same soname, another version */
         run_without_adapter(err);
         return;
     }
     if (started != 0)
-        dps_fatal("the libtorch adapter (%s, built for libtorch %s) could not start: %s; without it every rank would "
+        dps_fatal("the libtorch adapter (%s, built for libtorch %s) could not start: %s; without it every "
+                  "rank would "
                   "train alone",
-                  path, version, err[0] ? err : plugin ? "no " DPS_TORCH_INIT_SYMBOL : open_err);
+                  path, version,
+                  err[0]   ? err
+                  : plugin ? "no " DPS_TORCH_INIT_SYMBOL
+                           : open_err);
     *(void **)&batch_norm_handler = dlsym(plugin, DPS_TORCH_BATCH_NORM_SYMBOL);
     snprintf(state, sizeof state, "the libtorch adapter (libtorch %s) in this process", version);
     DPS_INFO("%s, from %s", state, path);
@@ -143,8 +158,14 @@ static void load_adapter(void)
     dps_in_shim--;
 }
 
-const char *dps_torch_adapter_state(void) { return state; }
-int dps_torch_adapter_running(void) { return running; }
+const char *dps_torch_adapter_state(void)
+{
+    return state;
+}
+int dps_torch_adapter_running(void)
+{
+    return running;
+}
 
 static uintptr_t enter(dps_torch_entry_t id, const uintptr_t a[6])
 {
@@ -157,13 +178,13 @@ static uintptr_t enter(dps_torch_entry_t id, const uintptr_t a[6])
 }
 
 #define DPS_TORCH_STUB(id, name, fn)                                                                         \
-    DPS_EXPORT uintptr_t dps_torch_##id(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t)     \
-        __asm__(name);                                                                                        \
-    DPS_EXPORT uintptr_t dps_torch_##id(uintptr_t a0, uintptr_t a1, uintptr_t a2, uintptr_t a3, uintptr_t a4, \
-                                        uintptr_t a5)                                                         \
-    {                                                                                                         \
-        const uintptr_t a[6] = {a0, a1, a2, a3, a4, a5};                                                      \
-        return enter(DPS_TORCH_##id, a);                                                                      \
+    DPS_EXPORT uintptr_t dps_torch_##id(uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,               \
+                                        uintptr_t) __asm__(name);                                            \
+    DPS_EXPORT uintptr_t dps_torch_##id(uintptr_t a0, uintptr_t a1, uintptr_t a2, uintptr_t a3,              \
+                                        uintptr_t a4, uintptr_t a5)                                          \
+    {                                                                                                        \
+        const uintptr_t a[6] = {a0, a1, a2, a3, a4, a5};                                                     \
+        return enter(DPS_TORCH_##id, a);                                                                     \
     }
 DPS_TORCH_ENTRIES(DPS_TORCH_STUB)
 #undef DPS_TORCH_STUB
@@ -216,8 +237,8 @@ static void *batch_norm(int which, const void *caller, void *out, const void *in
 {
     void *real = atomic_load_explicit(&batch_norm_reals[which], memory_order_relaxed);
     if (!real) {
-        atomic_store_explicit(&batch_norm_reals[which], real = find_batch_norm(batch_norm_names[which], caller),
-                              memory_order_relaxed);
+        atomic_store_explicit(&batch_norm_reals[which],
+                              real = find_batch_norm(batch_norm_names[which], caller), memory_order_relaxed);
         if (!atomic_load_explicit(&torch_code_hi, memory_order_acquire)) dl_iterate_phdr(find_code, real);
     }
     pthread_once(&once, load_adapter);
@@ -226,8 +247,8 @@ static void *batch_norm(int which, const void *caller, void *out, const void *in
     dps_torch_batch_norm_t fn = (dps_torch_batch_norm_t)real;
     if (batch_norm_handler && training && !libtorch_own && !dps_in_shim &&
         !atomic_load_explicit(&dps_g.forked, memory_order_relaxed))
-        return batch_norm_handler(fn, out, input, weight, bias, running_mean, running_var, training, momentum, eps,
-                                  cudnn_enabled);
+        return batch_norm_handler(fn, out, input, weight, bias, running_mean, running_var, training, momentum,
+                                  eps, cudnn_enabled);
     return fn(out, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
 }
 
@@ -237,20 +258,26 @@ enum {
 #undef DPS_TORCH_BN_ENUM
 };
 
-#define DPS_TORCH_BN_STUB(id, name)                                                                                 \
-    DPS_EXPORT void *dps_torch_##id(void *, const void *, const void *, const void *, const void *, const void *,   \
-                                    bool, double, double, bool) __asm__(name);                                     \
-    DPS_EXPORT void *dps_torch_##id(void *out, const void *input, const void *weight, const void *bias,             \
-                                    const void *running_mean, const void *running_var, bool training,              \
-                                    double momentum, double eps, bool cudnn_enabled)                               \
-    {                                                                                                               \
-        return batch_norm(DPS_TORCH_BN_##id, __builtin_return_address(0), out, input, weight, bias, running_mean,   \
-                          running_var, training, momentum, eps, cudnn_enabled);                                     \
+#define DPS_TORCH_BN_STUB(id, name)                                                                          \
+    DPS_EXPORT void *dps_torch_##id(void *, const void *, const void *, const void *, const void *,          \
+                                    const void *, bool, double, double, bool) __asm__(name);                 \
+    DPS_EXPORT void *dps_torch_##id(void *out, const void *input, const void *weight, const void *bias,      \
+                                    const void *running_mean, const void *running_var, bool training,        \
+                                    double momentum, double eps, bool cudnn_enabled)                         \
+    {                                                                                                        \
+        return batch_norm(DPS_TORCH_BN_##id, __builtin_return_address(0), out, input, weight, bias,          \
+                          running_mean, running_var, training, momentum, eps, cudnn_enabled);                \
     }
 DPS_TORCH_BATCH_NORMS(DPS_TORCH_BN_STUB)
 #undef DPS_TORCH_BN_STUB
 
 #else
-const char *dps_torch_adapter_state(void) { return "the libtorch adapter runs on x86-64 only"; }
-int dps_torch_adapter_running(void) { return 0; }
+const char *dps_torch_adapter_state(void)
+{
+    return "the libtorch adapter runs on x86-64 only";
+}
+int dps_torch_adapter_running(void)
+{
+    return 0;
+}
 #endif

@@ -20,36 +20,36 @@
  * no entry's signature names std::string, so both string ABIs share them. Where a signature has an
  * optional, libtorch before 2.2 mangles c10::optional, later ones std::optional (c10::optional
  * became an alias of it): both are defined, with the same handler. */
-#define DPS_TORCH_ENTRIES(X)                                                                            \
-    X(SGD_STEP, "_ZN5torch5optim3SGD4stepESt8functionIFN2at6TensorEvEE", step)                        \
-    X(ADAM_STEP, "_ZN5torch5optim4Adam4stepESt8functionIFN2at6TensorEvEE", step)                      \
-    X(ADAMW_STEP, "_ZN5torch5optim5AdamW4stepESt8functionIFN2at6TensorEvEE", step)                    \
-    X(ADAGRAD_STEP, "_ZN5torch5optim7Adagrad4stepESt8functionIFN2at6TensorEvEE", step)                \
-    X(RMSPROP_STEP, "_ZN5torch5optim7RMSprop4stepESt8functionIFN2at6TensorEvEE", step)                \
-    X(LBFGS_STEP, "_ZN5torch5optim5LBFGS4stepESt8functionIFN2at6TensorEvEE", step)                    \
-    X(ADD_PARAM_GROUP, "_ZN5torch5optim9Optimizer15add_param_groupERKNS0_19OptimizerParamGroupE",      \
-      add_param_group)                                                                                  \
-    X(BACKWARD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_N3c108optionalIbEEbS7_", \
-      backward)                                                                                         \
-    X(BACKWARD_STD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_St8optionalIbEbS7_",  \
-      backward)                                                                                         \
-    X(SEQUENTIAL_NEXT, "_ZN5torch4data8samplers17SequentialSampler4nextEm", sampler_next)              \
-    X(RANDOM_NEXT, "_ZN5torch4data8samplers13RandomSampler4nextEm", sampler_next)                      \
-    X(SEQUENTIAL_RESET, "_ZN5torch4data8samplers17SequentialSampler5resetEN3c108optionalImEE",         \
-      sequential_reset)                                                                                 \
+#define DPS_TORCH_ENTRIES(X)                                                                                 \
+    X(SGD_STEP, "_ZN5torch5optim3SGD4stepESt8functionIFN2at6TensorEvEE", step)                               \
+    X(ADAM_STEP, "_ZN5torch5optim4Adam4stepESt8functionIFN2at6TensorEvEE", step)                             \
+    X(ADAMW_STEP, "_ZN5torch5optim5AdamW4stepESt8functionIFN2at6TensorEvEE", step)                           \
+    X(ADAGRAD_STEP, "_ZN5torch5optim7Adagrad4stepESt8functionIFN2at6TensorEvEE", step)                       \
+    X(RMSPROP_STEP, "_ZN5torch5optim7RMSprop4stepESt8functionIFN2at6TensorEvEE", step)                       \
+    X(LBFGS_STEP, "_ZN5torch5optim5LBFGS4stepESt8functionIFN2at6TensorEvEE", step)                           \
+    X(ADD_PARAM_GROUP, "_ZN5torch5optim9Optimizer15add_param_groupERKNS0_19OptimizerParamGroupE",            \
+      add_param_group)                                                                                       \
+    X(BACKWARD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_N3c108optionalIbEEbS7_",     \
+      backward)                                                                                              \
+    X(BACKWARD_STD, "_ZN5torch8autograd8backwardERKSt6vectorIN2at6TensorESaIS3_EES7_St8optionalIbEbS7_",     \
+      backward)                                                                                              \
+    X(SEQUENTIAL_NEXT, "_ZN5torch4data8samplers17SequentialSampler4nextEm", sampler_next)                    \
+    X(RANDOM_NEXT, "_ZN5torch4data8samplers13RandomSampler4nextEm", sampler_next)                            \
+    X(SEQUENTIAL_RESET, "_ZN5torch4data8samplers17SequentialSampler5resetEN3c108optionalImEE",               \
+      sequential_reset)                                                                                      \
     X(RANDOM_RESET, "_ZN5torch4data8samplers13RandomSampler5resetEN3c108optionalImEE", random_reset)         \
-    X(SEQUENTIAL_RESET_STD, "_ZN5torch4data8samplers17SequentialSampler5resetESt8optionalImE",              \
-      sequential_reset)                                                                                 \
-    X(RANDOM_RESET_STD, "_ZN5torch4data8samplers13RandomSampler5resetESt8optionalImE", random_reset)        \
-    X(SGD_SAVE, "_ZNK5torch5optim3SGD4saveERNS_9serialize13OutputArchiveE", save_optimizer)            \
-    X(ADAM_SAVE, "_ZNK5torch5optim4Adam4saveERNS_9serialize13OutputArchiveE", save_optimizer)          \
-    X(ADAMW_SAVE, "_ZNK5torch5optim5AdamW4saveERNS_9serialize13OutputArchiveE", save_optimizer)        \
-    X(ADAGRAD_SAVE, "_ZNK5torch5optim7Adagrad4saveERNS_9serialize13OutputArchiveE", save_optimizer)    \
-    X(RMSPROP_SAVE, "_ZNK5torch5optim7RMSprop4saveERNS_9serialize13OutputArchiveE", save_optimizer)    \
-    X(SGD_LOAD, "_ZN5torch5optim3SGD4loadERNS_9serialize12InputArchiveE", load_optimizer)              \
-    X(ADAM_LOAD, "_ZN5torch5optim4Adam4loadERNS_9serialize12InputArchiveE", load_optimizer)            \
-    X(ADAMW_LOAD, "_ZN5torch5optim5AdamW4loadERNS_9serialize12InputArchiveE", load_optimizer)          \
-    X(ADAGRAD_LOAD, "_ZN5torch5optim7Adagrad4loadERNS_9serialize12InputArchiveE", load_optimizer)      \
+    X(SEQUENTIAL_RESET_STD, "_ZN5torch4data8samplers17SequentialSampler5resetESt8optionalImE",               \
+      sequential_reset)                                                                                      \
+    X(RANDOM_RESET_STD, "_ZN5torch4data8samplers13RandomSampler5resetESt8optionalImE", random_reset)         \
+    X(SGD_SAVE, "_ZNK5torch5optim3SGD4saveERNS_9serialize13OutputArchiveE", save_optimizer)                  \
+    X(ADAM_SAVE, "_ZNK5torch5optim4Adam4saveERNS_9serialize13OutputArchiveE", save_optimizer)                \
+    X(ADAMW_SAVE, "_ZNK5torch5optim5AdamW4saveERNS_9serialize13OutputArchiveE", save_optimizer)              \
+    X(ADAGRAD_SAVE, "_ZNK5torch5optim7Adagrad4saveERNS_9serialize13OutputArchiveE", save_optimizer)          \
+    X(RMSPROP_SAVE, "_ZNK5torch5optim7RMSprop4saveERNS_9serialize13OutputArchiveE", save_optimizer)          \
+    X(SGD_LOAD, "_ZN5torch5optim3SGD4loadERNS_9serialize12InputArchiveE", load_optimizer)                    \
+    X(ADAM_LOAD, "_ZN5torch5optim4Adam4loadERNS_9serialize12InputArchiveE", load_optimizer)                  \
+    X(ADAMW_LOAD, "_ZN5torch5optim5AdamW4loadERNS_9serialize12InputArchiveE", load_optimizer)                \
+    X(ADAGRAD_LOAD, "_ZN5torch5optim7Adagrad4loadERNS_9serialize12InputArchiveE", load_optimizer)            \
     X(RMSPROP_LOAD, "_ZN5torch5optim7RMSprop4loadERNS_9serialize12InputArchiveE", load_optimizer)
 
 /* at::_ops::batch_norm::call, which torch::nn::BatchNorm*d's forward reaches through the inline
@@ -58,8 +58,8 @@
  * variance), bool training, double momentum, double eps, bool cudnn_enabled. Its bools go past
  * the six integer registers and its doubles in SSE registers, so it has a C signature and stubs of
  * its own. Mangled as the optimizers' entries, c10::optional before 2.2, std::optional after. */
-#define DPS_TORCH_BATCH_NORMS(X)                                                                    \
-    X(BATCH_NORM, "_ZN2at4_ops10batch_norm4callERKNS_6TensorERKN3c108optionalIS2_EES9_S9_S9_bddb") \
+#define DPS_TORCH_BATCH_NORMS(X)                                                                             \
+    X(BATCH_NORM, "_ZN2at4_ops10batch_norm4callERKNS_6TensorERKN3c108optionalIS2_EES9_S9_S9_bddb")           \
     X(BATCH_NORM_STD, "_ZN2at4_ops10batch_norm4callERKNS_6TensorERKSt8optionalIS2_ES8_S8_S8_bddb")
 
 typedef void *(*dps_torch_batch_norm_t)(void *out, const void *input, const void *weight, const void *bias,
@@ -70,8 +70,9 @@ typedef void *(*dps_torch_batch_norm_t)(void *out, const void *input, const void
  * such as InstanceNorm's, go straight to libtorch): the real function first, then its arguments;
  * returns out. */
 typedef void *(*dps_torch_batch_norm_handler_t)(dps_torch_batch_norm_t real, void *out, const void *input,
-                                                const void *weight, const void *bias, const void *running_mean,
-                                                const void *running_var, bool training, double momentum, double eps,
+                                                const void *weight, const void *bias,
+                                                const void *running_mean, const void *running_var,
+                                                bool training, double momentum, double eps,
                                                 bool cudnn_enabled);
 #define DPS_TORCH_BATCH_NORM_SYMBOL "dpshim_torch_batch_norm"
 

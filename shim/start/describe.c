@@ -60,11 +60,12 @@ static void gpu_lines(char *buf, size_t len, size_t *o)
         return;
     }
     add(buf, len, o, "cuda       %s\n", gpu->versions());
-    const char *path =
-        !gpu->count()                                                               ? "none: no usable GPU"
-        : DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi ? "staged through host memory and MPI ([comm] backend = mpi)"
-        : !gpu->has_nccl() ? "staged through host memory and MPI (no NCCL)"
-        : "nccl; staged through host memory where ranks share a GPU (all ranks agree at the first GPU collective)";
+    const char *path = !gpu->count() ? "none: no usable GPU"
+                       : DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi
+                           ? "staged through host memory and MPI ([comm] backend = mpi)"
+                       : !gpu->has_nccl() ? "staged through host memory and MPI (no NCCL)"
+                                          : "nccl; staged through host memory where ranks share a GPU (all "
+                                            "ranks agree at the first GPU collective)";
     add(buf, len, o, "gpu path   %s\n", path);
 }
 
@@ -88,7 +89,10 @@ DPS_EXPORT int dpshim_overlap(void)
  * "nothing was distributed" warning would be wrong. */
 /* The PyTorch adapter at the interpreter's start: 1 where this process holds the rank's place
  * or takes it now (claim.c), so the adapter acts here; 0 in a child of the process that does. */
-DPS_EXPORT int dpshim_claim_rank(void) { return dps_claim_rank(); }
+DPS_EXPORT int dpshim_claim_rank(void)
+{
+    return dps_claim_rank();
+}
 
 DPS_EXPORT void dpshim_step_aside(const char *why)
 {
@@ -98,9 +102,12 @@ DPS_EXPORT void dpshim_step_aside(const char *why)
     /* said at the default level: a user who launched a DDP script under dpshim learns at once that
      * dpshim adds nothing to its data path, rather than at exit or never */
     if (dps_g.rank == 0)
-        DPS_NOTE("NOTE", "the script distributes itself (%s): dpshim steps aside for it (no sharding, gradient "
-                 "averaging, parameter broadcast, BatchNorm synchronization or seed agreement from dpshim); the "
-                 "file and output policy and the guard still apply", dps_e.aside_why);
+        DPS_NOTE(
+            "NOTE",
+            "the script distributes itself (%s): dpshim steps aside for it (no sharding, gradient "
+            "averaging, parameter broadcast, BatchNorm synchronization or seed agreement from dpshim); the "
+            "file and output policy and the guard still apply",
+            dps_e.aside_why);
 }
 
 DPS_EXPORT int dpshim_describe(char *buf, size_t len)
@@ -115,7 +122,8 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
         DPS_VERSION, DPSHIM_HOOK_ABI_VERSION);
     if (dps_plugin_dir(plugins, sizeof plugins) == 0) {
         /* each part the directory should hold, or why it is not there */
-        static const char *const parts[][2] = {{"mpi plugin", "libdpshim-mpi.so"}, {"GPU plugin", "libdpshim-nccl.so"},
+        static const char *const parts[][2] = {{"mpi plugin", "libdpshim-mpi.so"},
+                                               {"GPU plugin", "libdpshim-nccl.so"},
                                                {"Python adapter", "python/dpshim_torch"}};
         add(buf, len, &o, "plugins    %s%s\n", realpath(plugins, where) ? where : plugins,
             getenv("DPSHIM_PLUGIN_DIR") ? " (DPSHIM_PLUGIN_DIR)" : "");
@@ -123,21 +131,25 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
             char path[1100];
             snprintf(path, sizeof path, "%s/%s", plugins, parts[i][1]);
             add(buf, len, &o, "           %s: %s%s\n", parts[i][0], parts[i][1],
-                dps_sys_access(path, R_OK) == 0 ? "" : errno == ENOENT ? " missing" : " unreadable");
+                dps_sys_access(path, R_OK) == 0 ? ""
+                : errno == ENOENT               ? " missing"
+                                                : " unreadable");
         }
     }
     add(buf, len, &o, "launcher   %s\n", dps_g.launcher);
     add(buf, len, &o, "rank       %d of %d (local %d of %d), %s process\n", dps_g.rank, dps_g.size,
         dps_g.local_rank, dps_g.local_size, dps_g.role == DPS_ROLE_RANK ? "rank" : "child");
-    add(buf, len, &o, "local      rank from %s, size from %s\n", dps_g.local_rank_source ? dps_g.local_rank_source : "?",
+    add(buf, len, &o, "local      rank from %s, size from %s\n",
+        dps_g.local_rank_source ? dps_g.local_rank_source : "?",
         dps_g.local_source ? dps_g.local_source : "?");
     add(buf, len, &o, "policy     %s\n", dps_g.policy.file[0] ? dps_g.policy.file : "built-in defaults");
-    add(buf, len, &o, "backend    %s (world size %d for collectives)\n",
-        dps_g.eff_size == 1 ? "self" : "mpi", dps_g.eff_size);
+    add(buf, len, &o, "backend    %s (world size %d for collectives)\n", dps_g.eff_size == 1 ? "self" : "mpi",
+        dps_g.eff_size);
     add(buf, len, &o, "mpi        %s\n", mpi_version(v, sizeof v) ? v : "not found (libmpi.so.40)");
     const char *pv = pmix_version();
     add(buf, len, &o, "pmix       %s\n", pv ? pv : "not found (libpmix.so.2)");
-    add(buf, len, &o, "gpus       %d device(s) in /dev, CUDA_VISIBLE_DEVICES %s\n", dps_gpu_count(), cvd ? cvd : "unset");
+    add(buf, len, &o, "gpus       %d device(s) in /dev, CUDA_VISIBLE_DEVICES %s\n", dps_gpu_count(),
+        cvd ? cvd : "unset");
     gpu_lines(buf, len, &o);
     return (int)o;
 }

@@ -43,7 +43,8 @@
 #include "dpshim/hooks.h"
 #include "interpose/libtorch.h"
 
-namespace {
+namespace
+{
 
 using Batch = c10::optional<std::vector<size_t>>;
 using NextFn = Batch (*)(void *self, size_t batch_size);
@@ -53,9 +54,9 @@ dps_torch_config_t conf;
 std::atomic<bool> batch_norms{false}; // the program's BatchNorm has run in training mode
 
 struct State {
-    std::vector<at::Tensor> params;                      // every optimizer's, in the order given
-    std::unordered_set<const void *> known;              // their TensorImpls
-    std::unordered_map<const void *, uint64_t> stepped;  // optimizer -> backward passes at its last step
+    std::vector<at::Tensor> params;                     // every optimizer's, in the order given
+    std::unordered_set<const void *> known;             // their TensorImpls
+    std::unordered_map<const void *, uint64_t> stepped; // optimizer -> backward passes at its last step
     uint64_t backwards = 0, steps = 0;
     // per sampler, the training batches it handed out that no step has used yet, oldest first:
     // their global size, and how many ranks took each sample (1: shared out; N: taken whole);
@@ -65,7 +66,7 @@ struct State {
     };
     std::unordered_map<const void *, std::deque<Handed>> handed;
     const void *training = nullptr;
-    bool batch_used = false; // a step was made on the front batch: the next backward moves on
+    bool batch_used = false;        // a step was made on the front batch: the next backward moves on
     std::vector<at::Tensor> copies; // contiguous copies of parameters given to dp_params
 } st;
 
@@ -79,8 +80,10 @@ std::deque<State::Handed> *training_batches()
 // thrown between two of them (out of memory) would leave the others waiting.
 [[noreturn]] void fail(const char *where, const std::exception &e)
 {
-    std::fprintf(stderr, "[dpshim] ERROR the libtorch adapter failed in %s, between collectives the other ranks "
-                         "make too: %s\n", where, e.what());
+    std::fprintf(stderr,
+                 "[dpshim] ERROR the libtorch adapter failed in %s, between collectives the other ranks "
+                 "make too: %s\n",
+                 where, e.what());
     std::fflush(stderr);
     std::abort(); // the guard reports the crash and the launcher ends the job
 }
@@ -107,11 +110,16 @@ template <class Undo> uintptr_t call_then(void *real, const uintptr_t a[6], Undo
 int32_t dtype_of(const at::Tensor &t)
 {
     switch (t.scalar_type()) {
-    case at::kFloat: return DP_F32;
-    case at::kDouble: return DP_F64;
-    case at::kHalf: return DP_F16;
-    case at::kBFloat16: return DP_BF16;
-    default: return -1;
+    case at::kFloat:
+        return DP_F32;
+    case at::kDouble:
+        return DP_F64;
+    case at::kHalf:
+        return DP_F16;
+    case at::kBFloat16:
+        return DP_BF16;
+    default:
+        return -1;
     }
 }
 
@@ -128,7 +136,8 @@ void *current_stream(int32_t device)
 {
     using Current = CudaStream (*)(int8_t device_index);
     using Raw = void *(*)(const CudaStream *self);
-    static const auto current = reinterpret_cast<Current>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda20getCurrentCUDAStreamEa"));
+    static const auto current =
+        reinterpret_cast<Current>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda20getCurrentCUDAStreamEa"));
     static const auto raw = reinterpret_cast<Raw>(dlsym(RTLD_DEFAULT, "_ZNK3c104cuda10CUDAStream6streamEv"));
     if (!current || !raw) return nullptr;
     CudaStream s = current(static_cast<int8_t>(device));
@@ -173,34 +182,38 @@ bool weigh_current_batch()
 void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool shared)
 {
     try {
-    at::NoGradGuard no_grad;
-    std::vector<double> has(ps.size());
-    for (size_t i = 0; i < ps.size(); i++) has[i] = ps[i].grad().defined();
-    if (!ps.empty()) dp_metric(has.data(), has.size(), DP_MAX);
-    std::vector<at::Tensor> tensors;
-    for (size_t i = 0; i < ps.size(); i++) {
-        if (!has[i]) continue;
-        const at::Tensor &p = ps[i];
-        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p, at::MemoryFormat::Contiguous);
-        else if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
-        if (dtype_of(p.grad()) >= 0) tensors.push_back(p.grad());
-    }
-    if (loss && loss->defined() && loss->numel() == 1 && loss->is_contiguous() && dtype_of(*loss) >= 0)
-        tensors.push_back(*loss);
-    // one call per dtype, each in the order given; widened copies written back after
-    std::vector<std::pair<at::Tensor, at::Tensor>> widened;
-    std::vector<std::vector<dp_tensor>> by_dtype(4);
-    for (const auto &t : tensors) {
-        if (!shared && dtype_of(t) != DP_F64) {
-            widened.emplace_back(t, t.to(at::kDouble));
-            by_dtype[DP_F64].push_back(view_of(widened.back().second, nullptr));
-        } else {
-            by_dtype[static_cast<size_t>(dtype_of(t))].push_back(view_of(t, nullptr));
+        at::NoGradGuard no_grad;
+        std::vector<double> has(ps.size());
+        for (size_t i = 0; i < ps.size(); i++)
+            has[i] = ps[i].grad().defined();
+        if (!ps.empty()) dp_metric(has.data(), has.size(), DP_MAX);
+        std::vector<at::Tensor> tensors;
+        for (size_t i = 0; i < ps.size(); i++) {
+            if (!has[i]) continue;
+            const at::Tensor &p = ps[i];
+            if (!p.grad().defined())
+                p.mutable_grad() = at::zeros_like(p, at::MemoryFormat::Contiguous);
+            else if (!p.grad().is_contiguous())
+                p.mutable_grad() = p.grad().contiguous();
+            if (dtype_of(p.grad()) >= 0) tensors.push_back(p.grad());
         }
-    }
-    for (auto &ts : by_dtype)
-        if (!ts.empty()) dp_grads(ts.data(), ts.size());
-    for (auto &w : widened) w.first.copy_(w.second);
+        if (loss && loss->defined() && loss->numel() == 1 && loss->is_contiguous() && dtype_of(*loss) >= 0)
+            tensors.push_back(*loss);
+        // one call per dtype, each in the order given; widened copies written back after
+        std::vector<std::pair<at::Tensor, at::Tensor>> widened;
+        std::vector<std::vector<dp_tensor>> by_dtype(4);
+        for (const auto &t : tensors) {
+            if (!shared && dtype_of(t) != DP_F64) {
+                widened.emplace_back(t, t.to(at::kDouble));
+                by_dtype[DP_F64].push_back(view_of(widened.back().second, nullptr));
+            } else {
+                by_dtype[static_cast<size_t>(dtype_of(t))].push_back(view_of(t, nullptr));
+            }
+        }
+        for (auto &ts : by_dtype)
+            if (!ts.empty()) dp_grads(ts.data(), ts.size());
+        for (auto &w : widened)
+            w.first.copy_(w.second);
     } catch (const std::exception &e) {
         fail("averaging the gradients", e);
     }
@@ -210,7 +223,8 @@ std::vector<at::Tensor> params_of(const torch::optim::Optimizer &opt)
 {
     std::vector<at::Tensor> ps;
     for (const auto &g : opt.param_groups())
-        for (const auto &p : g.params()) ps.push_back(p);
+        for (const auto &p : g.params())
+            ps.push_back(p);
     return ps;
 }
 
@@ -225,8 +239,9 @@ uintptr_t add_param_group(const uintptr_t a[6], void *real)
     for (const auto &p : opt->param_groups().back().params()) {
         if (st.known.insert(p.unsafeGetTensorImpl()).second) st.params.push_back(p);
         if (dtype_of(p) < 0) {
-            std::fprintf(stderr, "[dpshim] WARN the libtorch adapter: a parameter of dtype %s is not broadcast "
-                                 "from rank 0 or averaged (the hook ABI has no such dtype)\n",
+            std::fprintf(stderr,
+                         "[dpshim] WARN the libtorch adapter: a parameter of dtype %s is not broadcast "
+                         "from rank 0 or averaged (the hook ABI has no such dtype)\n",
                          c10::toString(p.scalar_type()));
             continue;
         }
@@ -239,7 +254,8 @@ uintptr_t add_param_group(const uintptr_t a[6], void *real)
         }
     }
     if (!ts.empty()) dp_params(ts.data(), ts.size());
-    for (auto &b : back) b.first.copy_(b.second);
+    for (auto &b : back)
+        b.first.copy_(b.second);
     return r;
 }
 
@@ -276,10 +292,10 @@ struct Piece {
 };
 
 struct Plan {
-    const std::type_info *type = nullptr;                      // the optimizer's class
-    std::vector<Piece> pieces;                                 // parameter order, element order
+    const std::type_info *type = nullptr;                     // the optimizer's class
+    std::vector<Piece> pieces;                                // parameter order, element order
     std::unordered_map<const void *, std::vector<size_t>> of; // TensorImpl -> its pieces
-    std::vector<const void *> key;                             // the parameters planned for
+    std::vector<const void *> key;                            // the parameters planned for
 };
 
 std::unordered_map<const void *, std::unique_ptr<Plan>> plans; // optimizer -> plan; null: whole
@@ -299,7 +315,10 @@ template <typename Key> Key state_key(at::TensorImpl *impl)
     }
 }
 
-StateKey key_of(const at::Tensor &t) { return state_key<StateKey>(t.unsafeGetTensorImpl()); }
+StateKey key_of(const at::Tensor &t)
+{
+    return state_key<StateKey>(t.unsafeGetTensorImpl());
+}
 
 // auto: the optimizers whose update costs more than sending the parameters out again (not SGD,
 // measured for the PyTorch adapter); on: SGD too; never LBFGS, whose line search reads every
@@ -310,8 +329,9 @@ bool shards(const o::Optimizer &opt)
     if (dynamic_cast<const o::LBFGS *>(&opt)) {
         static bool said;
         if (conf.shard == 1 && conf.rank == 0 && !said)
-            std::fprintf(stderr, "[dpshim] WARN [optim] shard = on: LBFGS keeps every parameter on every rank, as its "
-                                 "line search evaluates every parameter together\n");
+            std::fprintf(
+                stderr, "[dpshim] WARN [optim] shard = on: LBFGS keeps every parameter on every rank, as its "
+                        "line search evaluates every parameter together\n");
         said = true;
         return false;
     }
@@ -362,16 +382,19 @@ std::vector<at::Tensor> unique_params(const o::Optimizer &opt)
 void cut(Plan &plan, const std::vector<at::Tensor> &fresh)
 {
     int64_t total = 0;
-    for (const auto &p : fresh) total += p.numel();
+    for (const auto &p : fresh)
+        total += p.numel();
     std::vector<int64_t> bound(static_cast<size_t>(conf.size) + 1);
-    for (int r = 0; r <= conf.size; r++) bound[static_cast<size_t>(r)] = total * r / conf.size;
+    for (int r = 0; r <= conf.size; r++)
+        bound[static_cast<size_t>(r)] = total * r / conf.size;
     int64_t at = 0;
     for (const auto &p : fresh) {
         int64_t n = p.numel(), s = at;
         auto &mine = plan.of[p.unsafeGetTensorImpl()];
         do {
             int r = 0;
-            while (r + 1 < conf.size && bound[static_cast<size_t>(r) + 1] <= s) r++;
+            while (r + 1 < conf.size && bound[static_cast<size_t>(r) + 1] <= s)
+                r++;
             int64_t e = p.is_contiguous() ? std::min(at + n, bound[static_cast<size_t>(r) + 1]) : at + n;
             mine.push_back(plan.pieces.size());
             plan.pieces.push_back({n, s - at, e - at, r, at::Tensor()});
@@ -385,7 +408,8 @@ Plan *plan_of(const o::Optimizer &opt)
 {
     std::vector<at::Tensor> ps = unique_params(opt);
     std::vector<const void *> key;
-    for (const auto &p : ps) key.push_back(p.unsafeGetTensorImpl());
+    for (const auto &p : ps)
+        key.push_back(p.unsafeGetTensorImpl());
     // a plan is the optimizer's at this address while its class is the same and the parameters
     // it planned for still lead its list (add_param_group appends); else the optimizer there is
     // another one, made where a freed one was
@@ -418,9 +442,10 @@ Plan *plan_of(const o::Optimizer &opt)
 const at::Tensor &alias(Piece &pc, const at::Tensor &p)
 {
     if (p.numel() != pc.numel || !p.is_contiguous())
-        throw std::runtime_error("dpshim: a parameter changed its size or memory layout after the optimizer's first "
-                                 "sharded step; [optim] shard shares out parameters as they are at that step: "
-                                 "change them before it, or set [optim] shard = off");
+        throw std::runtime_error(
+            "dpshim: a parameter changed its size or memory layout after the optimizer's first "
+            "sharded step; [optim] shard shares out parameters as they are at that step: "
+            "change them before it, or set [optim] shard = off");
     at::NoGradGuard no_grad;
     if (!pc.stepped.defined()) pc.stepped = at::empty({0}, p.options());
     pc.stepped.set_(p.storage(), p.storage_offset() + pc.start, {pc.end - pc.start}, {1});
@@ -488,7 +513,8 @@ void from_owners(const o::Optimizer &opt, Plan &plan)
         }
     }
     send_from_owners(ts, owner);
-    for (auto &b : back) b.first.copy_(b.second);
+    for (auto &b : back)
+        b.first.copy_(b.second);
 }
 
 uintptr_t sharded_step(o::Optimizer &opt, Plan &plan, const uintptr_t a[6], void *real)
@@ -521,13 +547,15 @@ uintptr_t sharded_step(o::Optimizer &opt, Plan &plan, const uintptr_t a[6], void
                     continue;
                 }
                 const at::Tensor &q = alias(pc, p);
-                q.mutable_grad() = p.grad().defined() ? p.grad().reshape(-1).slice(0, pc.start, pc.end) : at::Tensor();
+                q.mutable_grad() =
+                    p.grad().defined() ? p.grad().reshape(-1).slice(0, pc.start, pc.end) : at::Tensor();
                 mine.push_back(q);
             }
         g.params() = std::move(mine);
     }
     auto restore = [&] {
-        for (size_t k = 0; k < full.size(); k++) opt.param_groups()[k].params() = std::move(full[k]);
+        for (size_t k = 0; k < full.size(); k++)
+            opt.param_groups()[k].params() = std::move(full[k]);
         unalias(plan); // no stale gradient view or storage kept
     };
     uintptr_t r = call_then(real, args, restore);
@@ -553,7 +581,7 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
     std::vector<at::Tensor> ps = unique_params(opt);
     const size_t nfields = fields_of(*new_state(opt)).tensors.size(), width = 2 + nfields;
     std::unordered_map<StateKey, std::unique_ptr<o::OptimizerParamState>> aside; // the pieces' states
-    std::vector<StateKey> added;                                                    // whole states put in
+    std::vector<StateKey> added;                                                 // whole states put in
     try {
         settle(opt, plan);
         // per parameter: has state, its step count, which per-element tensors it has
@@ -567,7 +595,8 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
                 Fields f = fields_of(*found->second);
                 info[k * width] = 1;
                 if (f.step) info[k * width + 1] = static_cast<double>(*f.step);
-                for (size_t j = 0; j < nfields; j++) info[k * width + 2 + j] = f.tensors[j]->defined();
+                for (size_t j = 0; j < nfields; j++)
+                    info[k * width + 2 + j] = f.tensors[j]->defined();
             }
         if (!info.empty()) dp_metric(info.data(), info.size(), DP_MAX);
         std::vector<dp_tensor> ts;
@@ -587,7 +616,9 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
                     Piece &pc = plan.pieces[i];
                     at::Tensor part = f.tensors[j]->view(-1).slice(0, pc.start, pc.end);
                     if (pc.owner == conf.rank)
-                        part.copy_(fields_of(*state.at(key_of(pc.whole() ? p : alias(pc, p)))).tensors[j]->reshape(-1));
+                        part.copy_(fields_of(*state.at(key_of(pc.whole() ? p : alias(pc, p))))
+                                       .tensors[j]
+                                       ->reshape(-1));
                     if (pc.end > pc.start) ts.push_back(view_of(part, nullptr)), owner.push_back(pc.owner);
                 }
             }
@@ -597,16 +628,20 @@ uintptr_t save_optimizer(const uintptr_t a[6], void *real)
         for (auto &pc : plan.pieces)
             if (!pc.whole() && pc.stepped.defined()) {
                 auto found = state.find(key_of(pc.stepped));
-                if (found != state.end()) aside.emplace(found->first, std::move(found->second)), state.erase(found);
+                if (found != state.end())
+                    aside.emplace(found->first, std::move(found->second)), state.erase(found);
             }
         for (auto &w : wholes)
-            if (!state.count(w.first)) added.push_back(w.first), state[w.first] = std::move(w.second); // else: owned whole here
+            if (!state.count(w.first))
+                added.push_back(w.first), state[w.first] = std::move(w.second); // else: owned whole here
     } catch (const std::exception &e) {
         fail("gathering the optimizer's state to save it", e);
     }
     auto take_apart = [&] {
-        for (const auto &k : added) state.erase(k);
-        for (auto &s : aside) state[s.first] = std::move(s.second);
+        for (const auto &k : added)
+            state.erase(k);
+        for (auto &s : aside)
+            state[s.first] = std::move(s.second);
         unalias(plan);
     };
     return call_then(real, a, take_apart);
@@ -652,7 +687,8 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
     // a share of one sample would stop a BatchNorm in training (libtorch's inline check refuses a
     // single value per channel, though the statistics are the global batch's): once the program's
     // BatchNorm has run, a batch of fewer than 2N samples is taken whole too
-    size_t whole_below = static_cast<size_t>(conf.size) * (batch_norms.load(std::memory_order_relaxed) ? 2 : 1);
+    size_t whole_below =
+        static_cast<size_t>(conf.size) * (batch_norms.load(std::memory_order_relaxed) ? 2 : 1);
     if (got && !evaluating && conf.split_mode && got->size() < whole_below) {
         st.handed[self].push_back({got->size(), static_cast<uint64_t>(conf.size)}); // none may be empty
     } else if (got && !evaluating && conf.split_mode) {
@@ -707,9 +743,11 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
         own = state.clone();
         auto *bytes = state.data_ptr<uint8_t>();
         std::vector<double> v(static_cast<size_t>(state.numel()));
-        for (size_t i = 0; i < v.size(); i++) v[i] = conf.rank == 0 ? bytes[i] : 0;
+        for (size_t i = 0; i < v.size(); i++)
+            v[i] = conf.rank == 0 ? bytes[i] : 0;
         dp_metric(v.data(), v.size(), DP_SUM);
-        for (size_t i = 0; i < v.size(); i++) bytes[i] = static_cast<uint8_t>(v[i]);
+        for (size_t i = 0; i < v.size(); i++)
+            bytes[i] = static_cast<uint8_t>(v[i]);
         gen.set_state(state);
     }
     uintptr_t r = call_real(real, a);
@@ -735,7 +773,8 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
 uint64_t bn_sums(at::Tensor &a, at::Tensor &b, uint64_t n)
 {
     dp_tensor t[2] = {view_of(a, "bn_sum"), view_of(b, "bn_sumsq")};
-    if (dp_bn_stats(&t[0], &t[1], &n) != 0) throw std::runtime_error("dp_bn_stats failed (see the message above)");
+    if (dp_bn_stats(&t[0], &t[1], &n) != 0)
+        throw std::runtime_error("dp_bn_stats failed (see the message above)");
     return n;
 }
 
@@ -750,14 +789,16 @@ std::vector<int64_t> channel_shape(const at::Tensor &x)
 struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
     // y, and the global batch's mean and biased variance in float64; *total_p: its samples
     static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x,
-                                                  const at::Tensor &weight, const at::Tensor &bias, double eps,
-                                                  uint64_t *total_p)
+                                                  const at::Tensor &weight, const at::Tensor &bias,
+                                                  double eps, uint64_t *total_p)
     {
         std::vector<int64_t> dims{0};
-        for (int64_t d = 2; d < x.dim(); d++) dims.push_back(d);
+        for (int64_t d = 2; d < x.dim(); d++)
+            dims.push_back(d);
         uint64_t n = static_cast<uint64_t>(x.numel() / x.size(1));
         // summed in x's dtype (libtorch's cascade sums), as the PyTorch adapter does
-        at::Tensor s = x.sum(dims).to(at::kDouble).contiguous(), ss = (x * x).sum(dims).to(at::kDouble).contiguous();
+        at::Tensor s = x.sum(dims).to(at::kDouble).contiguous(),
+                   ss = (x * x).sum(dims).to(at::kDouble).contiguous();
         uint64_t total = 0;
         try {
             total = bn_sums(s, ss, n);
@@ -802,12 +843,14 @@ struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
             fail("summing BatchNorm's gradient terms", e);
         }
         if (n && total) {
-            at::Tensor k = weight.to(at::kDouble) * invstd / (static_cast<double>(n) * static_cast<double>(total));
+            at::Tensor k =
+                weight.to(at::kDouble) * invstd / (static_cast<double>(n) * static_cast<double>(total));
             // gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
             at::Tensor slope = -k * invstd * invstd * b;
             at::Tensor offset = -k * a - slope * m.to(at::kDouble);
             auto shape = channel_shape(x);
-            gx.addcmul_(x, slope.to(x.scalar_type()).view(shape)).add_(offset.to(x.scalar_type()).view(shape));
+            gx.addcmul_(x, slope.to(x.scalar_type()).view(shape))
+                .add_(offset.to(x.scalar_type()).view(shape));
         }
         return {gx, gw, gb, at::Tensor(), at::Tensor()};
     }
@@ -835,7 +878,8 @@ at::Tensor synced_batch_norm(const at::Tensor &x, const OptTensor &weight_o, con
     at::Tensor bias = bias_o && bias_o->defined() ? *bias_o : at::zeros({x.size(1)}, x.options());
     uint64_t total = 0;
     auto out = SyncedBatchNorm::apply(x, weight, bias, eps, &total);
-    at::Tensor rm = running_mean_o ? *running_mean_o : at::Tensor(), rv = running_var_o ? *running_var_o : at::Tensor();
+    at::Tensor rm = running_mean_o ? *running_mean_o : at::Tensor(),
+               rv = running_var_o ? *running_var_o : at::Tensor();
     if (rm.defined() || rv.defined()) {
         at::NoGradGuard no_grad;
         double t = static_cast<double>(total);
@@ -848,18 +892,20 @@ at::Tensor synced_batch_norm(const at::Tensor &x, const OptTensor &weight_o, con
     return out[0];
 }
 
-void *batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, const void *weight, const void *bias,
-                 const void *running_mean, const void *running_var, bool training, double momentum, double eps,
-                 bool cudnn_enabled)
+void *batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, const void *weight,
+                 const void *bias, const void *running_mean, const void *running_var, bool training,
+                 double momentum, double eps, bool cudnn_enabled)
 {
     const auto &x = *static_cast<const at::Tensor *>(input);
     if (training) batch_norms.store(true, std::memory_order_relaxed);
     bool whole = (conf.eval_whole && !c10::GradMode::is_enabled()) || batch_replicas() != 1;
     if (!conf.bn_sync || !training || whole || x.dim() < 2 || x.size(1) == 0 || dtype_of(x) < 0)
-        return real(out, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
-    at::Tensor y = synced_batch_norm(x, *static_cast<const OptTensor *>(weight), *static_cast<const OptTensor *>(bias),
-                                     *static_cast<const OptTensor *>(running_mean),
-                                     *static_cast<const OptTensor *>(running_var), momentum, eps);
+        return real(out, input, weight, bias, running_mean, running_var, training, momentum, eps,
+                    cudnn_enabled);
+    at::Tensor y =
+        synced_batch_norm(x, *static_cast<const OptTensor *>(weight), *static_cast<const OptTensor *>(bias),
+                          *static_cast<const OptTensor *>(running_mean),
+                          *static_cast<const OptTensor *>(running_var), momentum, eps);
     return new (out) at::Tensor(std::move(y));
 }
 
@@ -867,7 +913,8 @@ void *batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, cons
 std::string major_minor(const std::string &version)
 {
     size_t dot = version.find('.');
-    return dot == std::string::npos ? version : version.substr(0, version.find_first_not_of("0123456789", dot + 1));
+    return dot == std::string::npos ? version
+                                    : version.substr(0, version.find_first_not_of("0123456789", dot + 1));
 }
 
 // The major.minor of the libtorch this process runs, from its build settings (at::show_config()
@@ -884,12 +931,12 @@ std::string running_version()
 
 } // namespace
 
-extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dps_torch_config_t *c,
-                                                                         dps_torch_handler_t *handler, char *err,
-                                                                         size_t errlen)
+extern "C" __attribute__((visibility("default"))) int
+dpshim_torch_init(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err, size_t errlen)
 {
     if (c->abi != DPS_TORCH_ABI) {
-        std::snprintf(err, errlen, "libdpshim-torch.so speaks interface %d, libdpshim.so %d: install them together",
+        std::snprintf(err, errlen,
+                      "libdpshim-torch.so speaks interface %d, libdpshim.so %d: install them together",
                       DPS_TORCH_ABI, c->abi);
         return -1;
     }
@@ -901,7 +948,8 @@ extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dp
         return -1;
     }
     if (!running.empty() && running != built) {
-        std::snprintf(err, errlen, "libdpshim-torch.so is built for libtorch %s, but this process runs libtorch %s",
+        std::snprintf(err, errlen,
+                      "libdpshim-torch.so is built for libtorch %s, but this process runs libtorch %s",
                       built.c_str(), running.c_str());
         return 1;
     }
@@ -911,7 +959,8 @@ extern "C" __attribute__((visibility("default"))) int dpshim_torch_init(const dp
         DPS_TORCH_ENTRIES(DPS_TORCH_HANDLER)
 #undef DPS_TORCH_HANDLER
     };
-    for (int i = 0; i < DPS_TORCH_COUNT; i++) handler[i] = all[i];
+    for (int i = 0; i < DPS_TORCH_COUNT; i++)
+        handler[i] = all[i];
     return 0;
 }
 

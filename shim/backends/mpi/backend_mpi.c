@@ -80,19 +80,28 @@ static void u8_sum_fn(void *in, void *inout, int *len, MPI_Datatype *t)
     (void)t;
     const uint8_t *a = in;
     uint8_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = (uint8_t)(a[i] + b[i]);
+    for (int i = 0; i < *len; i++)
+        b[i] = (uint8_t)(a[i] + b[i]);
 }
 
 static MPI_Datatype mpi_dtype(int dtype)
 {
     switch (dtype) {
-    case DP_F16: case DP_BF16: return half_type;
-    case DP_F32: return MPI_FLOAT;
-    case DP_F64: return MPI_DOUBLE;
-    case DP_I32: return MPI_INT32_T;
-    case DP_I64: return MPI_INT64_T;
-    case DP_U8: return MPI_UINT8_T;
-    default: return MPI_DATATYPE_NULL;
+    case DP_F16:
+    case DP_BF16:
+        return half_type;
+    case DP_F32:
+        return MPI_FLOAT;
+    case DP_F64:
+        return MPI_DOUBLE;
+    case DP_I32:
+        return MPI_INT32_T;
+    case DP_I64:
+        return MPI_INT64_T;
+    case DP_U8:
+        return MPI_UINT8_T;
+    default:
+        return MPI_DATATYPE_NULL;
     }
 }
 
@@ -113,11 +122,11 @@ enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
 
 /* One piece (a count MPI can take), weighted on the way in and out; minima and maxima have pre =
  * post = 1. */
-typedef int (*piece_fn)(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double pre,
-                        double post);
+typedef int (*piece_fn)(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                        double pre, double post);
 
-static int allreduce_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double pre,
-                           double post)
+static int allreduce_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                           double pre, double post)
 {
     (void)es;
     dps_scale_in_place(p, (size_t)n, dtype, pre);
@@ -127,13 +136,14 @@ static int allreduce_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatyp
 }
 
 /* buf in pieces of `piece` bytes at most (and of INT_MAX elements at most: MPI counts are int). */
-static int in_pieces(channel_t *ch, piece_fn one, void *buf, size_t count, int dtype, MPI_Datatype t, MPI_Op o,
-                     size_t es, double pre, double post, size_t piece)
+static int in_pieces(channel_t *ch, piece_fn one, void *buf, size_t count, int dtype, MPI_Datatype t,
+                     MPI_Op o, size_t es, double pre, double post, size_t piece)
 {
     size_t per = piece / es ? piece / es : 1;
     if (per > (size_t)INT_MAX) per = (size_t)INT_MAX;
     for (size_t off = 0; off < count; off += per)
-        if (one(ch, (char *)buf + off * es, (int)(count - off < per ? count - off : per), dtype, t, o, es, pre, post))
+        if (one(ch, (char *)buf + off * es, (int)(count - off < per ? count - off : per), dtype, t, o, es,
+                pre, post))
             return -1;
     return 0;
 }
@@ -143,13 +153,16 @@ static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr
 {
     int right = (ch->rank + 1) % ch->size, left = (ch->rank + ch->size - 1) % ch->size, got = -1;
     MPI_Status st;
-    if (check(ch, PMPI_Sendrecv(send, ns, t, right, tag, recv, nr, t, left, tag, ch->comm, &st), "MPI_Sendrecv"))
+    if (check(ch, PMPI_Sendrecv(send, ns, t, right, tag, recv, nr, t, left, tag, ch->comm, &st),
+              "MPI_Sendrecv"))
         return -1;
     PMPI_Get_count(&st, t, &got);
     if (got != nr) { /* a larger message fails in MPI_Sendrecv itself */
-        snprintf(ch->err, sizeof ch->err,
-                 "rank %d sent %d elements of a ring all-reduce where %d were due (ranks are reducing buffers of "
-                 "different sizes: a desync)", left, got, nr);
+        snprintf(
+            ch->err, sizeof ch->err,
+            "rank %d sent %d elements of a ring all-reduce where %d were due (ranks are reducing buffers of "
+            "different sizes: a desync)",
+            left, got, nr);
         return -1;
     }
     return 0;
@@ -160,14 +173,18 @@ static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr
  * then dps_scale_in_place. Built for the widest vectors the CPU has (the generic x86-64 build ran
  * at half the speed of Open MPI's AVX sum here), and `restrict`, without which -O2 leaves the loop
  * scalar. */
-DPS_WIDEST_VECTORS static void add_weighted_f32(float *restrict own, const float *restrict in, size_t n, double w)
+DPS_WIDEST_VECTORS static void add_weighted_f32(float *restrict own, const float *restrict in, size_t n,
+                                                double w)
 {
     float wf = (float)w;
-    if ((double)wf == w) DPS_SCALE_LOOP(n, j, own[j] = (own[j] + in[j]) * wf);
-    else DPS_SCALE_LOOP(n, j, own[j] = (float)((double)(own[j] + in[j]) * w));
+    if ((double)wf == w)
+        DPS_SCALE_LOOP(n, j, own[j] = (own[j] + in[j]) * wf);
+    else
+        DPS_SCALE_LOOP(n, j, own[j] = (float)((double)(own[j] + in[j]) * w));
 }
 
-static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double post)
+static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                double post)
 {
     int p = ch->size, r = ch->rank, block = (count + p - 1) / p;
     if ((size_t)block * es > ch->block_bytes) {
@@ -178,13 +195,14 @@ static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, 
         }
         ch->block = b, ch->block_bytes = (size_t)block * es;
     }
-#define RING_AT(b) ((b) * block < count ? (b) * block : count)
+#define RING_AT(b) ((b)*block < count ? (b)*block : count)
 #define RING_LEN(b) (RING_AT((b) + 1) - RING_AT(b))
     int fused = dtype == DP_F32 && o == MPI_SUM && post != 1.0 && post != 0.0;
     for (int s = 0; s < p - 1; s++) { /* after step s, block r-s-1 holds s+2 ranks' sum */
         int out = (r - s + p) % p, in = (r - s - 1 + 2 * p) % p;
         char *dst = buf + (size_t)RING_AT(in) * es;
-        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t, TAG_SCATTER))
+        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t,
+                      TAG_SCATTER))
             return -1;
         if (s == p - 2 && fused) /* block r+1: complete here, and weighted on the way */
             add_weighted_f32((float *)dst, ch->block, (size_t)RING_LEN(in), post);
@@ -204,8 +222,8 @@ static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, 
     return 0;
 }
 
-static int ring_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es, double pre,
-                      double post)
+static int ring_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                      double pre, double post)
 {
     dps_scale_in_place(p, (size_t)n, dtype, pre); /* a rank's own weight: before anything is sent */
     return ring(ch, p, n, dtype, t, o, es, post);
@@ -219,30 +237,38 @@ static void mpi_set_sizes(size_t piece_bytes, size_t shm_bytes)
     main_ch.piece_bytes = bg_ch.piece_bytes = piece_bytes;
     const char *why = NULL;
     main_ch.shm = dps_shm_sum_open(main_ch.comm, shm_bytes, &why);
-    if (main_ch.shm && bg_ch.comm != MPI_COMM_NULL && !(bg_ch.shm = dps_shm_sum_open(bg_ch.comm, shm_bytes, &why))) {
+    if (main_ch.shm && bg_ch.comm != MPI_COMM_NULL &&
+        !(bg_ch.shm = dps_shm_sum_open(bg_ch.comm, shm_bytes, &why))) {
         /* both channels add alike, or [comm] overlap would change results */
         dps_shm_sum_close(main_ch.shm), main_ch.shm = NULL;
     }
     if (main_ch.shm && guard_comm != MPI_COMM_NULL) guard_shm = dps_shm_sum_open(guard_comm, 64, &why);
-    int o = snprintf(tuning, sizeof tuning, "sums of 256 KiB or more as a ring, in pieces of %zu KiB ([comm] piece_kb)",
+    int o = snprintf(tuning, sizeof tuning,
+                     "sums of 256 KiB or more as a ring, in pieces of %zu KiB ([comm] piece_kb)",
                      piece_bytes >> 10);
     if (main_ch.shm)
-        snprintf(tuning + o, sizeof tuning - (size_t)o, "; sums of %zu KiB or less through shared memory ([comm] shm_kb)",
-                 shm_bytes >> 10);
+        snprintf(tuning + o, sizeof tuning - (size_t)o,
+                 "; sums of %zu KiB or less through shared memory ([comm] shm_kb)", shm_bytes >> 10);
     else
         snprintf(tuning + o, sizeof tuning - (size_t)o, "; small sums through MPI: %s", why);
 }
 
 /* What the backend chose, for logs and diagnostics. */
-static const char *mpi_tuning(void) { return tuning; }
+static const char *mpi_tuning(void)
+{
+    return tuning;
+}
 
 static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, dps_redop_t op, double pre,
                              double post, int one_tensor)
 {
     MPI_Datatype t = mpi_dtype(dtype);
     int half = dtype == DP_F16 || dtype == DP_BF16;
-    MPI_Op o = half ? (dtype == DP_F16 ? f16_sum : bf16_sum)
-             : op == DPS_RED_MIN ? MPI_MIN : op == DPS_RED_MAX ? MPI_MAX : dtype == DP_U8 ? u8_sum : MPI_SUM;
+    MPI_Op o = half                ? (dtype == DP_F16 ? f16_sum : bf16_sum)
+               : op == DPS_RED_MIN ? MPI_MIN
+               : op == DPS_RED_MAX ? MPI_MAX
+               : dtype == DP_U8    ? u8_sum
+                                   : MPI_SUM;
     size_t es = (size_t)(dtype == DP_F64 || dtype == DP_I64 ? 8 : dtype == DP_U8 ? 1 : half ? 2 : 4);
     if (half && op != DPS_RED_SUM) {
         snprintf(ch->err, sizeof ch->err, "mpi backend: half precision is only summed");
@@ -254,16 +280,19 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
     }
     if (op != DPS_RED_SUM) pre = post = 1.0;
     if (ch->shm && count * es <= dps_shm_sum_max(ch->shm))
-        return dps_shm_sum(ch->shm, buf, (int)count, dtype, t, o, (int)op, es, pre, post, ch->err, sizeof ch->err);
+        return dps_shm_sum(ch->shm, buf, (int)count, dtype, t, o, (int)op, es, pre, post, ch->err,
+                           sizeof ch->err);
     /* the ring's summation order follows an element's offset in buf: only where that offset is
      * the same however tensors were grouped (one tensor) do results stay independent of grouping */
     int by_ring = op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER;
     size_t piece = ch->piece_bytes ? ch->piece_bytes : DEFAULT_PIECE;
     if (!by_ring && count * es < PIECE_MIN_BUFFER) piece = SIZE_MAX;
-    return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post, piece);
+    return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post,
+                     piece);
 }
 
-static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
+static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                         int one_tensor)
 {
     return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post, one_tensor);
 }
@@ -278,16 +307,26 @@ static int mpi_bcast(void *buf, size_t bytes, int root)
 {
     for (size_t off = 0; off < bytes;) {
         int n = bytes - off > (size_t)INT_MAX ? INT_MAX : (int)(bytes - off);
-        if (check(&main_ch, PMPI_Bcast((char *)buf + off, n, MPI_BYTE, root, main_ch.comm), "MPI_Bcast")) return -1;
+        if (check(&main_ch, PMPI_Bcast((char *)buf + off, n, MPI_BYTE, root, main_ch.comm), "MPI_Bcast"))
+            return -1;
         off += (size_t)n;
     }
     return 0;
 }
 
-static int mpi_barrier(void) { return check(&main_ch, PMPI_Barrier(main_ch.comm), "MPI_Barrier"); }
+static int mpi_barrier(void)
+{
+    return check(&main_ch, PMPI_Barrier(main_ch.comm), "MPI_Barrier");
+}
 
-static const char *mpi_last_error(void) { return main_ch.err; }
-static const char *mpi_last_error_bg(void) { return bg_ch.err; }
+static const char *mpi_last_error(void)
+{
+    return main_ch.err;
+}
+static const char *mpi_last_error_bg(void)
+{
+    return bg_ch.err;
+}
 
 /* The guard channel: point-to-point messages on a communicator of its own. A send never blocks:
  * a peer out of reach (a cut link, a node down) must not stop the watchdog. Each message is
@@ -317,8 +356,10 @@ static int mpi_guard_send(const void *msg, size_t len, int dest)
     for (int i = 0; i < nslots; i++)
         if (slot_free(i)) {
             memcpy(guard_slots[i].buf, msg, len);
-            rc = PMPI_Isend(guard_slots[i].buf, (int)len, MPI_BYTE, dest, 0, guard_comm, &guard_slots[i].req) ==
-                         MPI_SUCCESS ? 0 : -1;
+            rc = PMPI_Isend(guard_slots[i].buf, (int)len, MPI_BYTE, dest, 0, guard_comm,
+                            &guard_slots[i].req) == MPI_SUCCESS
+                     ? 0
+                     : -1;
             break;
         }
     pthread_mutex_unlock(&guard_slots_lock);
@@ -359,14 +400,16 @@ static int mpi_guard_min_u64(uint64_t *v, size_t n)
 {
     char err[256];
     if (guard_shm && n <= GUARD_SHM_COUNT)
-        return dps_shm_sum(guard_shm, v, (int)n, DP_I64, MPI_UINT64_T, MPI_MIN, DPS_RED_MIN, sizeof *v, 1.0, 1.0, err,
-                           sizeof err);
+        return dps_shm_sum(guard_shm, v, (int)n, DP_I64, MPI_UINT64_T, MPI_MIN, DPS_RED_MIN, sizeof *v, 1.0,
+                           1.0, err, sizeof err);
     return PMPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_UINT64_T, MPI_MIN, guard_comm) == MPI_SUCCESS ? 0 : -1;
 }
 
 static int mpi_guard_allgather(const void *mine, void *all, size_t bytes)
 {
-    return PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, guard_comm) == MPI_SUCCESS ? 0 : -1;
+    return PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, guard_comm) == MPI_SUCCESS
+               ? 0
+               : -1;
 }
 
 /* The file policy's channel: rank 0 tells every other rank the outcome of each operation on a
@@ -397,14 +440,18 @@ static int mpi_files_post(const void *msg, size_t len)
     if (nfiles_sends + (size_t)size > cap_files_sends) {
         size_t c = 2 * (nfiles_sends + (size_t)size);
         files_send_t *p = realloc(files_sends, c * sizeof *p);
-        if (!p) rc = -1;
-        else files_sends = p, cap_files_sends = c;
+        if (!p)
+            rc = -1;
+        else
+            files_sends = p, cap_files_sends = c;
     }
     for (int r = 1; r < size && rc == 0; r++) {
         files_send_t *s = &files_sends[nfiles_sends];
         memcpy(s->buf, msg, len);
-        if (PMPI_Isend(s->buf, (int)len, MPI_BYTE, r, 0, files_comm, &s->req) != MPI_SUCCESS) rc = -1;
-        else nfiles_sends++;
+        if (PMPI_Isend(s->buf, (int)len, MPI_BYTE, r, 0, files_comm, &s->req) != MPI_SUCCESS)
+            rc = -1;
+        else
+            nfiles_sends++;
     }
     pthread_mutex_unlock(&files_lock);
     return rc;
@@ -469,7 +516,8 @@ static int mpi_clock_offset(const unsigned char *measure, int64_t *offset_ns, ui
     int64_t t;
     for (int r = 1; rank == 0 && r < size; r++)
         for (int i = 0; measure[r] && i < ROUNDS; i++) {
-            if (check(&main_ch, PMPI_Recv(&t, 1, MPI_INT64_T, r, TAG, main_ch.comm, MPI_STATUS_IGNORE), "MPI_Recv"))
+            if (check(&main_ch, PMPI_Recv(&t, 1, MPI_INT64_T, r, TAG, main_ch.comm, MPI_STATUS_IGNORE),
+                      "MPI_Recv"))
                 return -1;
             t = wall_ns();
             if (check(&main_ch, PMPI_Send(&t, 1, MPI_INT64_T, r, TAG, main_ch.comm), "MPI_Send")) return -1;
@@ -478,10 +526,12 @@ static int mpi_clock_offset(const unsigned char *measure, int64_t *offset_ns, ui
     for (int i = 0; rank != 0 && measure[rank] && i < ROUNDS; i++) {
         int64_t sent = wall_ns();
         if (check(&main_ch, PMPI_Send(&sent, 1, MPI_INT64_T, 0, TAG, main_ch.comm), "MPI_Send") ||
-            check(&main_ch, PMPI_Recv(&t, 1, MPI_INT64_T, 0, TAG, main_ch.comm, MPI_STATUS_IGNORE), "MPI_Recv"))
+            check(&main_ch, PMPI_Recv(&t, 1, MPI_INT64_T, 0, TAG, main_ch.comm, MPI_STATUS_IGNORE),
+                  "MPI_Recv"))
             return -1;
         int64_t back = wall_ns();
-        if ((uint64_t)(back - sent) < best) best = (uint64_t)(back - sent), *offset_ns = sent + (back - sent) / 2 - t;
+        if ((uint64_t)(back - sent) < best)
+            best = (uint64_t)(back - sent), *offset_ns = sent + (back - sent) / 2 - t;
     }
     if (best != UINT64_MAX) *error_ns = best / 2;
     return 0;
@@ -512,11 +562,13 @@ static void mpi_finalize(void)
     if (initialized_by_us && !fin) PMPI_Finalize();
 }
 
-static int mpi_owns_init(void) { return initialized_by_us; }
+static int mpi_owns_init(void)
+{
+    return initialized_by_us;
+}
 
 __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, int expect_size,
-                                                              dps_backend_t *out, char *err,
-                                                              size_t errlen)
+                                                              dps_backend_t *out, char *err, size_t errlen)
 {
     int init = 0, fin = 0, provided = 0, rank = -1, size = -1;
     PMPI_Initialized(&init);
@@ -531,10 +583,13 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
         initialized_by_us = 1;
     }
     if (check(&main_ch, PMPI_Comm_dup(MPI_COMM_WORLD, &main_ch.comm), "MPI_Comm_dup")) goto fail;
-    if (PMPI_Type_contiguous(2, MPI_BYTE, &half_type) != MPI_SUCCESS || PMPI_Type_commit(&half_type) != MPI_SUCCESS ||
-        PMPI_Op_create(f16_sum_fn, 1, &f16_sum) != MPI_SUCCESS || PMPI_Op_create(bf16_sum_fn, 1, &bf16_sum) != MPI_SUCCESS ||
+    if (PMPI_Type_contiguous(2, MPI_BYTE, &half_type) != MPI_SUCCESS ||
+        PMPI_Type_commit(&half_type) != MPI_SUCCESS ||
+        PMPI_Op_create(f16_sum_fn, 1, &f16_sum) != MPI_SUCCESS ||
+        PMPI_Op_create(bf16_sum_fn, 1, &bf16_sum) != MPI_SUCCESS ||
         PMPI_Op_create(u8_sum_fn, 1, &u8_sum) != MPI_SUCCESS) {
-        snprintf(main_ch.err, sizeof main_ch.err, "cannot create the half-precision type and the sums of our own");
+        snprintf(main_ch.err, sizeof main_ch.err,
+                 "cannot create the half-precision type and the sums of our own");
         goto fail;
     }
     PMPI_Comm_set_errhandler(main_ch.comm, MPI_ERRORS_RETURN);
@@ -550,11 +605,13 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
     if (guard && (guard_slots = calloc((size_t)size * 2 + 8, sizeof *guard_slots)) == NULL) guard = 0;
     nslots = guard ? size * 2 + 8 : 0;
-    for (int i = 0; i < nslots; i++) guard_slots[i].req = MPI_REQUEST_NULL;
+    for (int i = 0; i < nslots; i++)
+        guard_slots[i].req = MPI_REQUEST_NULL;
     if (bg) PMPI_Comm_set_errhandler(bg_ch.comm, MPI_ERRORS_RETURN);
     PMPI_Comm_rank(main_ch.comm, &rank);
     PMPI_Comm_size(main_ch.comm, &size);
-    main_ch.rank = bg_ch.rank = rank, main_ch.size = bg_ch.size = size; /* the dups keep MPI_COMM_WORLD's ranks */
+    main_ch.rank = bg_ch.rank = rank,
+    main_ch.size = bg_ch.size = size; /* the dups keep MPI_COMM_WORLD's ranks */
     if (rank != expect_rank || size != expect_size) {
         snprintf(err, errlen,
                  "mpi backend: MPI says rank %d of %d, the launcher said rank %d of %d; start the "
@@ -564,18 +621,28 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
         mpi_finalize();
         return -1;
     }
-    *out = (dps_backend_t){.name = "mpi", .allreduce = mpi_allreduce, .bcast = mpi_bcast,
-                           .barrier = mpi_barrier, .last_error = mpi_last_error,
-                           .release = mpi_release, .finalize = mpi_finalize, .owns_mpi_init = mpi_owns_init,
-                           .guard_send = guard ? mpi_guard_send : NULL, .guard_poll = guard ? mpi_guard_poll : NULL,
+    *out = (dps_backend_t){.name = "mpi",
+                           .allreduce = mpi_allreduce,
+                           .bcast = mpi_bcast,
+                           .barrier = mpi_barrier,
+                           .last_error = mpi_last_error,
+                           .release = mpi_release,
+                           .finalize = mpi_finalize,
+                           .owns_mpi_init = mpi_owns_init,
+                           .guard_send = guard ? mpi_guard_send : NULL,
+                           .guard_poll = guard ? mpi_guard_poll : NULL,
                            .guard_min_u64 = guard ? mpi_guard_min_u64 : NULL,
                            .guard_allgather = guard ? mpi_guard_allgather : NULL,
-                           .allreduce_bg = bg ? mpi_allreduce_bg : NULL, .last_error_bg = mpi_last_error_bg,
-                           .files_post = files ? mpi_files_post : NULL, .files_wait = files ? mpi_files_wait : NULL,
+                           .allreduce_bg = bg ? mpi_allreduce_bg : NULL,
+                           .last_error_bg = mpi_last_error_bg,
+                           .files_post = files ? mpi_files_post : NULL,
+                           .files_wait = files ? mpi_files_wait : NULL,
                            .files_poll = files ? mpi_files_poll : NULL,
                            .files_ack = files ? mpi_files_ack : NULL,
                            .files_next_ack = files ? mpi_files_next_ack : NULL,
-                           .set_sizes = mpi_set_sizes, .clock_offset = mpi_clock_offset, .tuning = mpi_tuning};
+                           .set_sizes = mpi_set_sizes,
+                           .clock_offset = mpi_clock_offset,
+                           .tuning = mpi_tuning};
     return 0;
 fail:
     snprintf(err, errlen, "mpi backend: %s", main_ch.err);

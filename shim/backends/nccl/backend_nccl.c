@@ -54,9 +54,12 @@ static struct {
     dps_ncclResult_t (*CommAbort)(dps_ncclComm_t);
     dps_ncclResult_t (*CommFinalize)(dps_ncclComm_t);
     dps_ncclResult_t (*CommDestroy)(dps_ncclComm_t);
-    dps_ncclResult_t (*AllReduce)(const void *, void *, size_t, dps_ncclDataType_t, dps_ncclRedOp_t, dps_ncclComm_t, dps_cudaStream_t);
-    dps_ncclResult_t (*Broadcast)(const void *, void *, size_t, dps_ncclDataType_t, int, dps_ncclComm_t, dps_cudaStream_t);
-    dps_ncclResult_t (*RedOpCreatePreMulSum)(dps_ncclRedOp_t *, void *, dps_ncclDataType_t, int, dps_ncclComm_t);
+    dps_ncclResult_t (*AllReduce)(const void *, void *, size_t, dps_ncclDataType_t, dps_ncclRedOp_t,
+                                  dps_ncclComm_t, dps_cudaStream_t);
+    dps_ncclResult_t (*Broadcast)(const void *, void *, size_t, dps_ncclDataType_t, int, dps_ncclComm_t,
+                                  dps_cudaStream_t);
+    dps_ncclResult_t (*RedOpCreatePreMulSum)(dps_ncclRedOp_t *, void *, dps_ncclDataType_t, int,
+                                             dps_ncclComm_t);
     dps_ncclResult_t (*RedOpDestroy)(dps_ncclRedOp_t, dps_ncclComm_t);
 } nc;
 
@@ -116,11 +119,11 @@ static struct {
  * frees it, so the handle is cleared under the same lock. The watchdog only tries it. */
 static pthread_mutex_t comm_mu = PTHREAD_MUTEX_INITIALIZER;
 #define COMM_GONE (-1) /* what a call on the communicator "returns" once abort took it away */
-#define ON_COMM(r, call)                                   \
-    do {                                                   \
-        pthread_mutex_lock(&comm_mu);                      \
-        (r) = st.comm ? (call) : COMM_GONE;                \
-        pthread_mutex_unlock(&comm_mu);                    \
+#define ON_COMM(r, call)                                                                                     \
+    do {                                                                                                     \
+        pthread_mutex_lock(&comm_mu);                                                                        \
+        (r) = st.comm ? (call) : COMM_GONE;                                                                  \
+        pthread_mutex_unlock(&comm_mu);                                                                      \
     } while (0)
 
 static __thread char err_text[512];
@@ -193,12 +196,27 @@ static void append(const char *fmt, ...)
     va_end(ap);
 }
 
-static const char *versions(void) { return versions_text; }
-static const char *last_error(void) { return err_text; }
-static int peer_failed(void) { return err_from_peer; }
-static int has_nccl(void) { return nc.AllReduce != NULL; }
+static const char *versions(void)
+{
+    return versions_text;
+}
+static const char *last_error(void)
+{
+    return err_text;
+}
+static int peer_failed(void)
+{
+    return err_from_peer;
+}
+static int has_nccl(void)
+{
+    return nc.AllReduce != NULL;
+}
 static int ngpus;
-static int count(void) { return ngpus; }
+static int count(void)
+{
+    return ngpus;
+}
 
 static int use(int dev)
 {
@@ -208,12 +226,14 @@ static int use(int dev)
     int rc = 0;
     if (st.dev >= 0 && st.dev != dev)
         rc = fail("a tensor on CUDA device %d, while this process reduces on device %d: dpshim serves one "
-                  "device per rank (start one rank per GPU)", dev, st.dev);
+                  "device per rank (start one rank per GPU)",
+                  dev, st.dev);
     if (!rc && prev != dev) rc = cuda_ok(cu.SetDevice(dev), "cudaSetDevice");
     if (!rc && !st.stream) {
         /* non-blocking: the stream never waits for the legacy stream by itself, only where
          * after() says so, and the legacy stream's users never wait for it */
-        rc = cuda_ok(cu.StreamCreateWithFlags(&st.stream, DPS_cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        rc = cuda_ok(cu.StreamCreateWithFlags(&st.stream, DPS_cudaStreamNonBlocking),
+                     "cudaStreamCreateWithFlags");
         if (!rc) st.dev = dev;
     }
     pthread_mutex_unlock(&st.lock);
@@ -244,7 +264,8 @@ static unsigned long long host_hash(void)
         }
     }
     unsigned long long h = 1469598103934665603ull; /* FNV-1a */
-    for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    for (const char *p = text; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
     return h;
 }
 
@@ -306,12 +327,16 @@ static int order(dps_cudaStream_t producer, dps_cudaStream_t waiter, const char 
 {
     ev_node_t *n = event_get();
     if (!n) return -1;
-    int rc = cuda_ok(cu.EventRecord(n->ev, producer), what) || cuda_ok(cu.StreamWaitEvent(waiter, n->ev, 0), what);
+    int rc =
+        cuda_ok(cu.EventRecord(n->ev, producer), what) || cuda_ok(cu.StreamWaitEvent(waiter, n->ev, 0), what);
     event_put(n); /* a recorded event may be recorded again: a wait already queued keeps its marker */
     return rc ? -1 : 0;
 }
 
-static dps_cudaStream_t user_stream(void *s) { return s ? (dps_cudaStream_t)s : DPS_cudaStreamLegacy; }
+static dps_cudaStream_t user_stream(void *s)
+{
+    return s ? (dps_cudaStream_t)s : DPS_cudaStreamLegacy;
+}
 
 static int after(void *stream)
 {
@@ -326,7 +351,8 @@ static int before(void *stream)
 static int capturing(void *stream)
 {
     int status = DPS_cudaStreamCaptureStatusNone;
-    if (cu.StreamIsCapturing(user_stream(stream), &status) != DPS_cudaSuccess) return 1; /* illegal now: as capturing */
+    if (cu.StreamIsCapturing(user_stream(stream), &status) != DPS_cudaSuccess)
+        return 1; /* illegal now: as capturing */
     return status != DPS_cudaStreamCaptureStatusNone;
 }
 
@@ -338,14 +364,17 @@ static int copy(void *dst, const void *src, size_t bytes, dps_copy_t kind)
     return cuda_ok(cu.MemcpyAsync(dst, src, bytes, kinds[kind], st.stream), "cudaMemcpyAsync");
 }
 
-static int zero(void *dst, size_t bytes) { return cuda_ok(cu.MemsetAsync(dst, 0, bytes, st.stream), "cudaMemsetAsync"); }
+static int zero(void *dst, size_t bytes)
+{
+    return cuda_ok(cu.MemsetAsync(dst, 0, bytes, st.stream), "cudaMemsetAsync");
+}
 
 static dps_ncclDataType_t nccl_type(int dtype)
 {
-    static const dps_ncclDataType_t map[] = {[DP_F32] = DPS_ncclFloat32, [DP_F64] = DPS_ncclFloat64,
-                                         [DP_F16] = DPS_ncclFloat16, [DP_BF16] = DPS_ncclBfloat16,
-                                         [DP_I32] = DPS_ncclInt32,   [DP_I64] = DPS_ncclInt64,
-                                         [DP_U8] = DPS_ncclUint8};
+    static const dps_ncclDataType_t map[] = {
+        [DP_F32] = DPS_ncclFloat32,   [DP_F64] = DPS_ncclFloat64, [DP_F16] = DPS_ncclFloat16,
+        [DP_BF16] = DPS_ncclBfloat16, [DP_I32] = DPS_ncclInt32,   [DP_I64] = DPS_ncclInt64,
+        [DP_U8] = DPS_ncclUint8};
     return map[dtype];
 }
 
@@ -354,9 +383,12 @@ static void scalar_of(int dtype, double scale, unsigned char *out)
 {
     float f = (float)scale;
     uint16_t h = dtype == DP_F16 ? dps_f32_to_f16(f) : dps_f32_to_bf16(f);
-    if (dtype == DP_F64) memcpy(out, &scale, 8);
-    else if (dtype == DP_F32) memcpy(out, &f, 4);
-    else memcpy(out, &h, 2);
+    if (dtype == DP_F64)
+        memcpy(out, &scale, 8);
+    else if (dtype == DP_F32)
+        memcpy(out, &f, 4);
+    else
+        memcpy(out, &h, 2);
 }
 
 static void pause_us(long us);
@@ -383,8 +415,10 @@ static int nccl_done(dps_ncclResult_t r, const char *what)
         pause_us(us);
         dps_ncclResult_t got;
         ON_COMM(got, nc.CommGetAsyncError(st.comm, &r));
-        if (got == COMM_GONE) r = COMM_GONE;
-        else if (got != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed");
+        if (got == COMM_GONE)
+            r = COMM_GONE;
+        else if (got != DPS_ncclSuccess)
+            return fail("ncclCommGetAsyncError failed");
     }
     if (r == COMM_GONE) return waited_out_abort() ? -1 : fail("the NCCL communicator was aborted");
     return nccl_ok(r, what);
@@ -441,7 +475,8 @@ static int comm_failed(int try_only)
     if (!try_only && waited_out_abort()) return -1;
     if (atomic_load(&st.aborted)) return try_only ? -2 : fail("the NCCL communicator was aborted");
     if (try_only ? pthread_mutex_trylock(&comm_mu) : pthread_mutex_lock(&comm_mu)) return -2;
-    dps_ncclResult_t async = DPS_ncclSuccess, r = st.comm ? nc.CommGetAsyncError(st.comm, &async) : DPS_ncclSuccess;
+    dps_ncclResult_t async = DPS_ncclSuccess,
+                     r = st.comm ? nc.CommGetAsyncError(st.comm, &async) : DPS_ncclSuccess;
     /* NCCL's message about the error under the lock too: the abort helper may free the
      * communicator as soon as it is released (a race ThreadSanitizer found) */
     int rc = r != DPS_ncclSuccess ? fail("ncclCommGetAsyncError failed")
@@ -465,7 +500,10 @@ static int marker_state(void *m, int try_only)
     return e == DPS_cudaErrorNotReady ? 0 : cuda_ok(e, "cudaEventQuery");
 }
 
-static int query(void *m) { return marker_state(m, 0); }
+static int query(void *m)
+{
+    return marker_state(m, 0);
+}
 
 /* A thread of the shim's own (the watchdog, the abort helper) calls CUDA on the rank's device:
  * a thread starts on device 0, where its first call would bind a second context (memory on a
@@ -481,7 +519,10 @@ static int shim_thread_begin(void)
     return mode;
 }
 
-static void shim_thread_end(int mode) { cu.ThreadExchangeStreamCaptureMode(&mode); }
+static void shim_thread_end(int mode)
+{
+    cu.ThreadExchangeStreamCaptureMode(&mode);
+}
 
 static int peek(void *m)
 {
@@ -491,7 +532,10 @@ static int peek(void *m)
     return rc;
 }
 
-static void release(void *m) { event_put(m); }
+static void release(void *m)
+{
+    event_put(m);
+}
 
 static double now_s(void)
 {
@@ -513,7 +557,8 @@ static int settle(void *m, double limit_s)
 {
     double t0 = limit_s > 0 ? now_s() : 0;
     int rc;
-    for (long us = 2; !(rc = query(m)) && !(limit_s > 0 && now_s() - t0 >= limit_s); us = us < 500 ? us * 2 : 500)
+    for (long us = 2; !(rc = query(m)) && !(limit_s > 0 && now_s() - t0 >= limit_s);
+         us = us < 500 ? us * 2 : 500)
         pause_us(us);
     return rc;
 }
@@ -538,8 +583,13 @@ static int nccl_init(const void *id128, int rank, int size, double timeout_s)
     dps_ncclUniqueId id;
     memcpy(&id, id128, sizeof id);
     /* non-blocking: polled, so a peer that never arrives cannot hold this rank forever */
-    dps_ncclConfig_t cfg = {sizeof cfg, DPS_NCCL_CONFIG_MAGIC, DPS_NCCL_CONFIG_VERSION, 0,
-                            DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT,
+    dps_ncclConfig_t cfg = {sizeof cfg,
+                            DPS_NCCL_CONFIG_MAGIC,
+                            DPS_NCCL_CONFIG_VERSION,
+                            0,
+                            DPS_NCCL_CONFIG_UNDEF_INT,
+                            DPS_NCCL_CONFIG_UNDEF_INT,
+                            DPS_NCCL_CONFIG_UNDEF_INT,
                             (const char *)(uintptr_t)0};
     dps_ncclComm_t comm = NULL;
     dps_ncclResult_t r = nc.CommInitRankConfig(&comm, size, id, rank, &cfg);
@@ -604,7 +654,8 @@ static void abort_comm(double limit_s)
     until.tv_nsec += (long)((limit_s - (double)(time_t)limit_s) * 1e9);
     if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
     pthread_mutex_lock(&abort_lock);
-    while (!abort_finished && pthread_cond_timedwait(&abort_done, &abort_lock, &until) == 0) {}
+    while (!abort_finished && pthread_cond_timedwait(&abort_done, &abort_lock, &until) == 0) {
+    }
     pthread_mutex_unlock(&abort_lock);
 }
 
@@ -629,11 +680,13 @@ static int finalize_comm(double limit_s)
         if (got != DPS_ncclSuccess) return fail("ncclCommGetAsyncError failed while finalizing");
     }
     if (r == DPS_ncclInProgress)
-        return fail("ncclCommFinalize did not complete within %.0f s (a peer has not taken this rank's last data)",
-                    limit_s);
+        return fail(
+            "ncclCommFinalize did not complete within %.0f s (a peer has not taken this rank's last data)",
+            limit_s);
     if (nccl_ok(r, "ncclCommFinalize")) return -1;
     pthread_mutex_lock(&comm_mu);
-    r = nc.CommDestroy(st.comm); /* on a non-blocking communicator NCCL may finish freeing it in its own thread */
+    r = nc.CommDestroy(
+        st.comm); /* on a non-blocking communicator NCCL may finish freeing it in its own thread */
     st.comm = NULL;
     pthread_mutex_unlock(&comm_mu);
     return r == DPS_ncclSuccess || r == DPS_ncclInProgress ? 0 : nccl_failed(NULL, r, "ncclCommDestroy");
@@ -657,8 +710,8 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
     char which[512], missing[64];
     void *h = open_lib("DPSHIM_CUDART_LIB", cudart_names, which, sizeof which);
     if (!h) {
-        snprintf(err, errlen, "cannot load the CUDA runtime (%s): %s; set DPSHIM_CUDART_LIB to its path", which,
-                 dlerror());
+        snprintf(err, errlen, "cannot load the CUDA runtime (%s): %s; set DPSHIM_CUDART_LIB to its path",
+                 which, dlerror());
         return -1;
     }
     if (dps_bind_syms(h, cuda_syms, sizeof cuda_syms / sizeof *cuda_syms, missing, sizeof missing)) {
@@ -670,29 +723,51 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
     cu.DriverGetVersion(&drv);
     dps_cudaError_t e = cu.GetDeviceCount(&n);
     append("CUDA runtime %d.%d (%s)", rt / 1000, rt % 1000 / 10, which);
-    if (drv) append(", driver %d.%d", drv / 1000, drv % 1000 / 10);
-    else append(", no driver");
+    if (drv)
+        append(", driver %d.%d", drv / 1000, drv % 1000 / 10);
+    else
+        append(", no driver");
     /* no GPU is not an error here: dpshim-diag env reports it, and use() refuses */
     if (e != DPS_cudaSuccess || n == 0)
-        append(", no usable GPU (%s)",
-                        e != DPS_cudaSuccess ? cu.GetErrorString(e) : "0 devices");
+        append(", no usable GPU (%s)", e != DPS_cudaSuccess ? cu.GetErrorString(e) : "0 devices");
     else
         append(", %d GPU(s)", ngpus = n);
     void *hn = open_lib("DPSHIM_NCCL_LIB", nccl_names, st.nccl_path, sizeof st.nccl_path);
     int v = 0;
-    if (hn && dps_bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
+    if (hn &&
+        dps_bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
         nc.GetVersion(&v) == DPS_ncclSuccess)
-        append(", NCCL %d.%d.%d (%s)", v / 10000,
-                 v / 100 % 100, v % 100, st.nccl_path);
+        append(", NCCL %d.%d.%d (%s)", v / 10000, v / 100 % 100, v % 100, st.nccl_path);
     else {
         memset(&nc, 0, sizeof nc);
-        append(", no NCCL (%s: %s)", st.nccl_path,
-                 hn ? "too old" : "not found");
+        append(", no NCCL (%s: %s)", st.nccl_path, hn ? "too old" : "not found");
     }
-    *out = (dps_device_t){.versions = versions, .last_error = last_error, .peer_failed = peer_failed, .has_nccl = has_nccl, .count = count, .use = use,
-                          .restore = restore, .key = key, .bucket = bucket, .pinned = pinned, .after = after,
-                          .capturing = capturing, .before = before, .copy = copy, .zero = zero,
-                          .allreduce = allreduce, .bcast = bcast, .mark = mark, .query = query, .peek = peek, .release = release, .wait = wait,
-                          .nccl_id = nccl_id, .nccl_init = nccl_init, .abort = abort_comm, .drop = drop, .finish = finish};
+    *out = (dps_device_t){.versions = versions,
+                          .last_error = last_error,
+                          .peer_failed = peer_failed,
+                          .has_nccl = has_nccl,
+                          .count = count,
+                          .use = use,
+                          .restore = restore,
+                          .key = key,
+                          .bucket = bucket,
+                          .pinned = pinned,
+                          .after = after,
+                          .capturing = capturing,
+                          .before = before,
+                          .copy = copy,
+                          .zero = zero,
+                          .allreduce = allreduce,
+                          .bcast = bcast,
+                          .mark = mark,
+                          .query = query,
+                          .peek = peek,
+                          .release = release,
+                          .wait = wait,
+                          .nccl_id = nccl_id,
+                          .nccl_init = nccl_init,
+                          .abort = abort_comm,
+                          .drop = drop,
+                          .finish = finish};
     return 0;
 }
