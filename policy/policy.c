@@ -107,15 +107,25 @@ static const char *hint(char *buf, size_t len, const char *s)
     return buf;
 }
 
+/* A UINT key's default: digits only, valid by construction (the unit tests check it). Read
+ * here rather than with strtoull, whose code and locale tables are pages of libc that a short
+ * process under the preload would otherwise touch for this alone. */
+DPS_STARTUP static uint64_t default_number(const char *s)
+{
+    uint64_t x = 0;
+    for (; *s >= '0' && *s <= '9'; s++)
+        x = x * 10 + (uint64_t)(*s - '0');
+    return x;
+}
+
 /* Every process that preloads the shim starts here: the defaults come from the table as they
- * are, without allocating (ENUM indexes from the table, UINT numbers read with strtoull; they
- * are valid by construction, and the unit tests check it). */
+ * are, without allocating (ENUM indexes from the table, UINT numbers read from their digits). */
 DPS_STARTUP void dps_policy_init(dps_policy_t *p)
 {
     memset(p, 0, sizeof *p);
     for (int i = 0; i < DPS_NKEYS; i++) {
         const dps_key_info_t *k = &dps_keys[i];
-        uint64_t num = k->type == DPS_KEY_UINT ? strtoull(k->def, NULL, 10) : k->def_num;
+        uint64_t num = k->type == DPS_KEY_UINT ? default_number(k->def) : k->def_num;
         p->set[i] = (dps_setting_t){(char *)k->def, num, DPS_SRC_DEFAULT, 0};
     }
 }
@@ -531,7 +541,8 @@ DPS_STARTUP static int is_env_name(const char *name, size_t n, int id)
     for (int k = 0; k < 2; k++) {
         if (k && (at >= n || name[at++] != '_')) return 0;
         for (const char *c = parts[k]; *c; c++, at++)
-            if (at >= n || name[at] != (char)toupper((unsigned char)*c)) return 0;
+            if (at >= n || name[at] != (*c >= 'a' && *c <= 'z' ? *c - 'a' + 'A' : *c))
+                return 0; /* ASCII names: no locale table */
     }
     return at == n;
 }
@@ -558,11 +569,12 @@ DPS_STARTUP int dps_policy_apply_env(dps_policy_t *p, char *const *envp, dps_err
         size_t nlen = eq ? (size_t)(eq - *ep) : strlen(*ep);
         const char *val = eq ? eq + 1 : "";
         int id = -1, ours = 0;
+        /* ours first: every process of a job has DPSHIM_RANK_PID (no key's name is one of them) */
+        for (size_t i = 0; !ours && i < dps_n_other_env; i++)
+            ours = strlen(dps_other_env[i].name) == nlen && memcmp(dps_other_env[i].name, *ep, nlen) == 0;
+        if (ours) continue; /* not a policy key, but ours */
         for (int i = 0; i < DPS_NKEYS && id < 0; i++)
             if (is_env_name(*ep, nlen, i)) id = i;
-        for (size_t i = 0; id < 0 && i < dps_n_other_env; i++)
-            ours |= strlen(dps_other_env[i].name) == nlen && memcmp(dps_other_env[i].name, *ep, nlen) == 0;
-        if (ours) continue; /* not a policy key, but ours */
         if (id < 0) return unknown_env(*ep, nlen, e);
         dps_error_t ve;
         /* env values may carry the surrounding blanks of a shell quote; keep what the user meant */

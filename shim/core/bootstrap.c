@@ -33,14 +33,21 @@ static const launcher_env_t launcher_envs[] = {
 };
 
 /* The number in [0, INT32_MAX] at s, which must end at `stop`; -2 when it is anything else.
- * *next_p: just past the stop character. */
+ * *next_p: just past the stop character. What strtol accepts (leading blanks, a sign), read by
+ * hand: every process under the preload reads its identity here, and strtol's code and locale
+ * tables are pages of libc that a short process would touch for this alone. */
 DPS_STARTUP static long read_count(const char *s, char stop, const char **next_p)
 {
-    char *end;
-    errno = 0;
-    long x = strtol(s, &end, 10);
-    if (errno || end == s || *end != stop || x < 0 || x > INT32_MAX) return -2;
-    *next_p = end + 1;
+    while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+        s++;
+    int minus = *s == '-';
+    s += minus || *s == '+';
+    const char *digits = s;
+    long x = 0;
+    for (; *s >= '0' && *s <= '9'; s++)
+        if ((x = x * 10 + (*s - '0')) > INT32_MAX) return -2;
+    if (s == digits || *s != stop || (minus && x)) return -2;
+    *next_p = s + 1;
     return x;
 }
 
@@ -51,7 +58,7 @@ DPS_STARTUP static long env_int(const char *name)
     return v ? read_count(v, '\0', &next) : -1;
 }
 
-static struct {
+DPS_STARTUP_DATA static struct { /* asked at start-up (up) by every rank process */
     void *lib;
     pmix_status_t (*init)(pmix_proc_t *, pmix_info_t *, size_t);
     pmix_status_t (*finalize)(const pmix_info_t *, size_t);
@@ -122,6 +129,11 @@ static int bootstrap_pmix(dps_state_t *s)
         local_rank >= 0 ? "PMIx (PMIX_LOCAL_RANK)" : "PMIx, without a local rank (0 taken)";
     s->launcher = "pmix";
     return 1;
+}
+
+int dps_bootstrap_pmix_up(void)
+{
+    return pmix.up;
 }
 
 void dps_bootstrap_finalize(void)
@@ -326,7 +338,6 @@ DPS_STARTUP static int refuse_non_mpi_launcher(const dps_state_t *s, char *err, 
  * no claim file. Read and written by hand:
  * every process of the job passes here, and stdio's formatting is the costliest code a short
  * child (a shell, a compiler) would otherwise run at start (docs/performance.md: cost for other programs). */
-#define DPS_ENV_RANK_PID "DPSHIM_RANK_PID"
 enum { MARKER_FIELDS = 6 };
 
 /* "1:2:3:4:5:6" into v[6]; 1 when it is exactly six non-negative integers. */
@@ -353,13 +364,13 @@ DPS_STARTUP static void format_marker(char *out, const long v[MARKER_FIELDS])
     }
 }
 
-static int claim_fd = -1;
+DPS_STARTUP_DATA static int claim_fd = -1;
 
 static void export_marker(const dps_state_t *s)
 {
     char buf[MARKER_FIELDS * 24];
-    format_marker(buf, (long[MARKER_FIELDS]){(long)getpid(), s->rank, s->size, s->local_rank, s->local_size,
-                                             claim_fd > 0 ? (long)claim_fd : 0L});
+    format_marker(buf, (long[MARKER_FIELDS]){(long)dps_sys_getpid(), s->rank, s->size, s->local_rank,
+                                             s->local_size, claim_fd > 0 ? (long)claim_fd : 0L});
     setenv(DPS_ENV_RANK_PID, buf, 1);
 }
 
@@ -372,9 +383,11 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
     long pid = m[0];
     int r = (int)m[1], n = (int)m[2], lr = (int)m[3], ls = (int)m[4];
     long my_rank = s->rank, my_size = s->size;
-    if (parsed && strcmp(s->launcher, "singleton") == 0 && env_int("PMIX_RANK") >= 0)
-        my_rank = env_int("PMIX_RANK"), my_size = n; /* PMIx-only launcher: the env has no size */
-    if (parsed && pid != getpid() && r == my_rank && n == my_size) {
+    /* PMIx-only launcher: the env has no size (PMIX_RANK asked first: a child, which has none,
+     * then binds no strcmp) */
+    if (parsed && env_int("PMIX_RANK") >= 0 && strcmp(s->launcher, "singleton") == 0)
+        my_rank = env_int("PMIX_RANK"), my_size = n;
+    if (parsed && pid != dps_sys_getpid() && r == my_rank && n == my_size) {
         /* Same rank as the process that set the marker, another pid: its child. A marker from
          * another identity (e.g. a preloaded mpirun, a singleton) says nothing about us. */
         s->role = DPS_ROLE_CHILD;
@@ -385,7 +398,7 @@ DPS_STARTUP int dps_bootstrap(dps_state_t *s, char *err, size_t errlen)
     }
     s->role = DPS_ROLE_RANK;
     if (refuse_non_mpi_launcher(s, err, errlen)) return -1;
-    s->exec_in_place = parsed && pid == getpid();
+    s->exec_in_place = parsed && pid == dps_sys_getpid();
     if (strcmp(s->launcher, "singleton") == 0) bootstrap_pmix(s);
     /* after an exec in place, the claim file the earlier image made */
     if (s->size > 1) claim_fd = dps_claim_setup(DPS_ROLE_RANK, s->exec_in_place && m[5] > 0 ? (int)m[5] : -1);

@@ -23,9 +23,9 @@
 #define CLAIM_NAME "dpshim-rank"
 #define CLAIM_FD_MIN 100 /* above the low numbers shells and scripts use themselves */
 
-static _Atomic int32_t *_Atomic owner_word;
-static int child_fd = -1; /* a child's claim file, mapped when first needed (word()) */
-void (*volatile dps_on_rank_claimed)(void);
+DPS_STARTUP_DATA static _Atomic int32_t *_Atomic owner_word;
+DPS_STARTUP_DATA static int child_fd = -1; /* a child's claim file, mapped when first needed (word()) */
+DPS_STARTUP_DATA void (*volatile dps_on_rank_claimed)(void);
 
 /* fd, if it is the claim file: mapped, else NULL. */
 static _Atomic int32_t *map_word(int fd)

@@ -132,10 +132,13 @@ int dps_rank_owner(void);
 int dps_rank_place_free(void);
 extern void (*volatile dps_on_rank_claimed)(void);
 
-/* bootstrap.c: who this process is in the job */
+/* bootstrap.c: who this process is in the job. The rank process exports it to its children in
+ * DPS_ENV_RANK_PID, the marker (bootstrap.c). */
+#define DPS_ENV_RANK_PID "DPSHIM_RANK_PID"
 void dps_bootstrap_export_marker(void);
 int dps_bootstrap(dps_state_t *s, char *err, size_t errlen);
 void dps_bootstrap_finalize(void);
+int dps_bootstrap_pmix_up(void); /* this process initialized PMIx (and finalizes it at exit) */
 
 /* FNV-1a over n bytes, continuing from h (DPS_FNV_SEED to start): checksums every rank computes
  * alike (collective fingerprints, the start-up agreement's items). */

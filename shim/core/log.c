@@ -10,7 +10,7 @@
 #include "dps.h"
 #include "sys.h"
 
-atomic_int dps_log_level = DPS_LOG_WARN;
+DPS_STARTUP_DATA atomic_int dps_log_level = DPS_LOG_WARN;
 
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 

@@ -9,10 +9,12 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 
+#include "policy.h" /* DPS_STARTUP_DATA: the write family is resolved in every process */
+
 /* The definition of `name` after libdpshim.so; never NULL (fatal instead). */
 void *dps_real_find(const char *name);
 
-#define DPS_REAL_DECLARE(ret, name, params) static ret(*dps_real_##name) params
+#define DPS_REAL_DECLARE(ret, name, params) DPS_STARTUP_DATA static ret(*dps_real_##name) params
 
 #define DPS_REAL(name)                                                                                       \
     (__atomic_load_n(&dps_real_##name, __ATOMIC_RELAXED)                                                     \

@@ -47,6 +47,11 @@ static inline int dps_sys_close(int fd)
 {
     return (int)syscall(SYS_close, fd);
 }
+/* through syscall(), which start-up calls anyway, rather than the page of libc getpid is on */
+static inline pid_t dps_sys_getpid(void)
+{
+    return (pid_t)syscall(SYS_getpid);
+}
 static inline int dps_sys_access(const char *path, int mode)
 {
     return (int)syscall(SYS_faccessat, AT_FDCWD, path, mode);

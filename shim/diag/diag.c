@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 dps_diag_counters_t dps_diag_count;
-int dps_diag_on;
+DPS_STARTUP_DATA int dps_diag_on;
+/* the recorder below was set up once: a later configuration starts it afresh */
+DPS_STARTUP_DATA static int recorder_used;
 
 /* Hook names are copied, not pointed to, so that no caller's buffer has to outlive the job. Few
  * names exist (the hook ABI's and one per [hook] section); the last slot stands for any beyond
@@ -47,7 +49,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 /* Counted in every rank process, diagnostics files or not: the stats file's counters and the exit
  * summary's figures are these. Relaxed atomics: the progress thread counts beside the main
  * thread, and nothing on the collective path takes a lock for them. */
-static struct {
+DPS_STARTUP_DATA static struct {
     atomic_uint_fast64_t steps, collectives, bytes, comm_ns, bg_collectives, bg_bytes, bg_comm_ns;
     uint64_t start_ns;
     atomic_uint_fast64_t end_ns; /* when the program left (dps_diag_leaving); 0 while it runs */
@@ -75,12 +77,14 @@ DPS_STARTUP void dps_diag_configure(const dps_state_t *s)
 {
     const char *dir = dps_policy_text(&s->policy, DPS_P_diag_dir);
     int on = dir && *dir && s->role == DPS_ROLE_RANK;
-    if (s->role == DPS_ROLE_RANK) {
+    /* the figures of the stats file and of the job's summary line (two ranks or more) */
+    if (s->role == DPS_ROLE_RANK && (on || s->size > 1)) {
         memset(&tally, 0, sizeof tally);
         tally.start_ns = dps_diag_now();
     }
     /* every process passes here: one that records nothing leaves the recorder's pages untouched */
-    if (!on && !diag.s) return;
+    if (!on && !recorder_used) return;
+    recorder_used = 1;
     pthread_mutex_lock(&lock);
     free(diag.ev);
     memset(&diag, 0, sizeof diag);

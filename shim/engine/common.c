@@ -3,7 +3,7 @@
 
 #include "core/dtype.h"
 
-dps_engine_t dps_e;
+DPS_STARTUP_DATA dps_engine_t dps_e;
 
 int dps_check_tensors(const char *hook, const dp_tensor *t, size_t n, int device_ok)
 {

@@ -20,9 +20,10 @@
 #include "glob.h"
 #include "core/sys.h"
 
-atomic_int dps_files_on;
-atomic_int dps_files_handles;
-off_t dps_files_standin_bytes = (off_t)64 << 20;
+/* tested by every interposer, set at start-up: with the start-up data (policy.h) */
+DPS_STARTUP_DATA atomic_int dps_files_on;
+DPS_STARTUP_DATA atomic_int dps_files_handles;
+DPS_STARTUP_DATA off_t dps_files_standin_bytes = (off_t)64 << 20;
 
 typedef enum { GLOB_BASENAME, GLOB_ABSOLUTE, GLOB_RELATIVE } glob_kind_t;
 typedef struct glob_list {
@@ -31,8 +32,8 @@ typedef struct glob_list {
     size_t n;
 } glob_list_t;
 
-static glob_list_t rank0_only, per_rank;
-static int my_rank, my_size, need_cwd;
+DPS_STARTUP_DATA static glob_list_t rank0_only, per_rank;
+DPS_STARTUP_DATA static int my_rank, my_size, need_cwd;
 
 DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 {

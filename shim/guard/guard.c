@@ -9,10 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 
-dps_guard_pos_t dps_guard_pos;
-dps_guard_conf_t dps_guard_conf;
+DPS_STARTUP_DATA dps_guard_pos_t dps_guard_pos;
+DPS_STARTUP_DATA dps_guard_conf_t dps_guard_conf;
 /* Every rank's host (set once, before any report reads it), and this process's own. */
-static char *hosts, own_host[DPS_GUARD_HOST];
+static char *hosts;
+DPS_STARTUP_DATA static char own_host[DPS_GUARD_HOST];
 
 /* The zeroed state before configuration must check nothing. */
 _Static_assert(DPS_V_guard_desync_off == 0, "[guard] desync must list off first");
@@ -28,10 +29,16 @@ DPS_STARTUP void dps_guard_configure(const dps_state_t *s)
     /* with neither a watchdog nor an exit barrier there is nothing for the thread to do */
     conf->on = s->eff_size > 1 && (conf->timeout > 0 || conf->exit_barrier);
     atomic_store(&dps_guard_pos.hook, "start");
-    if (gethostname(own_host, sizeof own_host - 1) != 0) snprintf(own_host, sizeof own_host, "?");
+    if (s->role == DPS_ROLE_RANK && s->size > 1) dps_guard_note_host();
     /* "in the program's own code for N s" counts from here; only a rank of a job reports it */
     if (s->role == DPS_ROLE_RANK && s->eff_size > 1)
         atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
+}
+
+void dps_guard_note_host(void)
+{
+    if (!own_host[0] && gethostname(own_host, sizeof own_host - 1) != 0)
+        snprintf(own_host, sizeof own_host, "?");
 }
 
 static void (*_Atomic at_place)(void);

@@ -60,6 +60,11 @@ static inline uint64_t dps_guard_mix(uint64_t h, uint64_t v)
     return h * 0xff51afd7ed558ccdull;
 }
 
+/* guard.c: asks this process's host name, once, for reports and the hosts table. In a rank process
+ * of a job at start-up, else when the process opens the backend (a child that took the rank's
+ * place): the shells and compilers a rank starts never report, and pay no system call for it. */
+void dps_guard_note_host(void);
+
 /* How many of the n keys equal each one, into votes_p (n entries): the ranks' answers are
  * compared by sorting, so a report stays quick at any job size. -1 when memory is short. */
 int dps_guard_votes(const uint64_t *keys, int n, int *votes_p);

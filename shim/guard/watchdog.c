@@ -526,6 +526,7 @@ dps_guard_mark_t dps_guard_opening(const char *hook)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
     dps_guard_mark_t mark = dps_guard_own_begin("backend start-up");
+    dps_guard_note_host(); /* before the watchdog thread, which may report it */
     watch.opened_by = hook;
     atomic_store(&watch.opening, 1);
     atomic_store(&watch.alone, 1);

@@ -117,7 +117,8 @@ static int setup_prefix(int rank)
  * one misses a rank (about 1 run in 3 at np = 2). Made line buffered, each of its lines is one
  * write of at most PIPE_BUF bytes, which a reader takes whole. Only a wrapper: a trainer's own
  * stderr stays unbuffered (a progress bar redrawn with '\r', a message just before a crash). */
-static atomic_int stderr_decided; /* line buffered, or known to be no wrapper's */
+/* line buffered, or known to be no wrapper's; read by every stderr write, of children too */
+DPS_STARTUP_DATA static atomic_int stderr_decided;
 
 void dps_output_wrapper_stderr(void)
 {

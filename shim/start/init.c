@@ -73,13 +73,17 @@ DPS_STARTUP static void export_policy_path(void)
         setenv(DPS_ENV_POLICY, abs, 1);
 }
 
-static atomic_int exit_work_registered;
+DPS_STARTUP_DATA static atomic_int fork_work_registered, exit_work_registered;
+
+static void register_fork_work(void)
+{
+    if (!atomic_exchange(&fork_work_registered, 1)) pthread_atfork(NULL, NULL, on_fork_child);
+}
 
 static void register_exit_work(void)
 {
-    if (atomic_exchange(&exit_work_registered, 1)) return;
-    pthread_atfork(NULL, NULL, on_fork_child);
-    atexit(at_exit);
+    register_fork_work();
+    if (!atomic_exchange(&exit_work_registered, 1)) atexit(at_exit);
 }
 
 /* A child that took the rank's place (claim.c): what start-up gives a rank process and a child
@@ -103,6 +107,31 @@ static _Noreturn void config_error(const char *msg)
     stop_before_main(msg, "; dpshim-diag check FILE validates a policy file");
 }
 
+/* 1 when the environment entry e starts with prefix: compared by hand, as the first libc call of
+ * each kind costs a process its lazy binding (and the page of libc it is on). */
+DPS_STARTUP static int starts_with(const char *e, const char *prefix)
+{
+    while (*prefix && *e == *prefix)
+        e++, prefix++;
+    return !*prefix;
+}
+
+/* What the policy reads of the environment: its DPSHIM_ entries but the rank's marker, which is
+ * bootstrap's (out has room for cap - 1 and the NULL; more than that, the whole environment).
+ * Gathered in one pass, so that the policy's scans go over no entry or a few, not the whole
+ * environment, in every process under the preload; the marker is in every process of a job. */
+DPS_STARTUP static char **policy_environ(char **out, size_t cap)
+{
+    size_t n = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (!starts_with(*e, "DPSHIM_") || starts_with(*e, DPS_ENV_RANK_PID "=")) continue;
+        if (n + 1 == cap) return environ;
+        out[n++] = *e;
+    }
+    out[n] = NULL;
+    return out;
+}
+
 __attribute__((constructor)) static void dps_init(void)
 {
     /* Everything start-up does is the shim's own work: the policy library's open and access,
@@ -113,10 +142,12 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_bootstrap(&dps_g, err, sizeof err) != 0) stop_before_main(err, ""); /* the launch, not a policy */
     dps_policy_init(&dps_g.policy);
     dps_error_t e;
-    if (dps_policy_load(&dps_g.policy, environ, &e) != 0) config_error(e.msg);
+    char *ours[64];
+    if (dps_policy_load(&dps_g.policy, policy_environ(ours, sizeof ours / sizeof *ours), &e) != 0)
+        config_error(e.msg);
     atomic_store(&dps_log_level, (int)dps_policy_num(&dps_g.policy, DPS_P_diag_log));
-    dps_gpu_bind(
-        &dps_g); /* before the program's first CUDA call, which may come from any constructor after ours */
+    /* before the program's first CUDA call, which may come from any constructor after ours */
+    dps_gpu_bind(&dps_g);
     dps_python_inject(&dps_g);
     dps_placement_check(&dps_g);
     dps_threads_share(&dps_g);
@@ -124,7 +155,8 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_files_configure(&dps_g.policy, dps_g.rank, dps_g.size, err, sizeof err) != 0) config_error(err);
     /* [hook] declarations describe the rank's framework, which its children (a shell, a
      * compiler) never load: binding there would only stop them with missing = error */
-    if (dps_g.role == DPS_ROLE_RANK && dps_ffi_hooks_start(&dps_g.policy, err, sizeof err) != 0)
+    if (dps_g.role == DPS_ROLE_RANK && dps_g.policy.nhooks &&
+        dps_ffi_hooks_start(&dps_g.policy, err, sizeof err) != 0)
         config_error(err);
     dps_guard_configure(&dps_g);
     dps_diag_configure(&dps_g);
@@ -134,8 +166,16 @@ __attribute__((constructor)) static void dps_init(void)
     if (dps_g.role == DPS_ROLE_RANK && dps_output_setup(&dps_g) != 0)
         DPS_WARN("[output] stdout = %s could not be set up (%s); output is not filtered",
                  dps_policy_text(&dps_g.policy, DPS_P_output_stdout), strerror(errno));
-    /* a child without [files] globs has nothing to do at fork or exit (a shell command, a compiler) */
-    if (dps_g.role == DPS_ROLE_RANK || atomic_load(&dps_files_on)) register_exit_work();
+    /* At fork, a rank's workers and the fork children of a process with [files] globs learn that
+     * they are fork children. At exit, a rank of a job finishes its part, and so does a rank of
+     * its own that records diagnostics, gates files or holds PMIx; one that does none of these
+     * (a program started alone under the preload) has nothing to finish, and a child never has:
+     * their exit runs none of the shim's code (a shell command, a compiler). */
+    if (dps_g.role == DPS_ROLE_RANK &&
+        (dps_g.size > 1 || dps_diag_on || atomic_load(&dps_files_on) || dps_bootstrap_pmix_up()))
+        register_exit_work();
+    else if (dps_g.role == DPS_ROLE_RANK || atomic_load(&dps_files_on))
+        register_fork_work();
     dps_on_rank_claimed = became_rank;
     DPS_INFO("rank %d of %d (local %d of %d, launcher %s, %s process, policy %s)", dps_g.rank, dps_g.size,
              dps_g.local_rank, dps_g.local_size, dps_g.launcher,
