@@ -176,7 +176,7 @@ chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-g
 chroot "$root" bash -c 'set -e; cd /src
     cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
     cmake --build /build -j"$(nproc)" >/dev/null
-    [ -e /build/lib/dpshim/libdpshim-torch.so ] || { echo "dev.sh: the libtorch adapter was not built" >&2; exit 1; }
+    [ -e /build/lib/dpshim/libdpshim-libtorch.so ] || { echo "dev.sh: the libtorch adapter was not built" >&2; exit 1; }
     echo "dev.sh: the libtorch tests with $(dpkg-query -W -f="libtorch \${Version}" libtorch-dev), $(mpirun --version | head -1), $(gcc --version | head -1)"
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPS_BUILD=/build timeout 1800 bats --timing tests/integration/libtorch.bats'
 EOF

@@ -21,21 +21,21 @@ macro(dpshim_find_libtorch)
     if(torch_cpu_file AND NOT DPSHIM_TORCH_SONAME)
       get_filename_component(DPSHIM_TORCH_SONAME ${torch_cpu_file} NAME)
     endif()
-    if(DPSHIM_TORCH_SONAME AND Torch_VERSION) # the version goes into libdpshim-torch.needs
+    if(DPSHIM_TORCH_SONAME AND Torch_VERSION) # the version goes into libdpshim-libtorch.needs
       set(DPSHIM_HAVE_TORCH ON)
     endif()
   endif()
 endmacro()
 
-# dpshim_add_libtorch_adapter(DIR): the target dpshim-torch, libdpshim-torch.so in DIR, and beside
-# it libdpshim-torch.needs: libtorch_cpu's soname, then the libtorch version, which libdpshim.so
+# dpshim_add_libtorch_adapter(DIR): the target dpshim-libtorch, libdpshim-libtorch.so in DIR, and beside
+# it libdpshim-libtorch.needs: libtorch_cpu's soname, then the libtorch version, which libdpshim.so
 # reads before it opens the plugin (opening it would load that libtorch).
 function(dpshim_add_libtorch_adapter dir)
-  add_library(dpshim-torch MODULE ${dpshim_source_root}/hooks/adapters/libtorch/dpshim_torch.cpp)
-  target_include_directories(dpshim-torch PRIVATE ${dpshim_source_root}/shim ${dpshim_source_root}/hooks/include)
-  target_link_libraries(dpshim-torch PRIVATE torch)
-  target_compile_definitions(dpshim-torch PRIVATE DPS_TORCH_VERSION="${Torch_VERSION}")
-  set_target_properties(dpshim-torch PROPERTIES PREFIX "lib" CXX_STANDARD 17 CXX_VISIBILITY_PRESET hidden
+  add_library(dpshim-libtorch MODULE ${dpshim_source_root}/hooks/adapters/libtorch/libtorch_adapter.cpp)
+  target_include_directories(dpshim-libtorch PRIVATE ${dpshim_source_root}/shim ${dpshim_source_root}/hooks/include)
+  target_link_libraries(dpshim-libtorch PRIVATE torch)
+  target_compile_definitions(dpshim-libtorch PRIVATE DPS_TORCH_VERSION="${Torch_VERSION}")
+  set_target_properties(dpshim-libtorch PROPERTIES PREFIX "lib" CXX_STANDARD 17 CXX_VISIBILITY_PRESET hidden
     LIBRARY_OUTPUT_DIRECTORY ${dir})
-  file(GENERATE OUTPUT ${dir}/libdpshim-torch.needs CONTENT "${DPSHIM_TORCH_SONAME}\n${Torch_VERSION}\n")
+  file(GENERATE OUTPUT ${dir}/libdpshim-libtorch.needs CONTENT "${DPSHIM_TORCH_SONAME}\n${Torch_VERSION}\n")
 endfunction()

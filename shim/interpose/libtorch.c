@@ -53,13 +53,13 @@ static int shard_setting(void)
     return v == DPS_V_optim_shard_on ? 1 : v == DPS_V_optim_shard_auto ? 2 : 0;
 }
 
-/* libdpshim-torch.needs in the plugin directory: libtorch_cpu's soname and the libtorch version
+/* libdpshim-libtorch.needs in the plugin directory: libtorch_cpu's soname and the libtorch version
  * the plugin is built for, one per line. 0; 1 where there is no such file (no adapter
  * installed); a malformed file ends the job. */
 static int read_needs(const char *dir, char *soname, char *version, size_t len)
 {
     char path[1200];
-    snprintf(path, sizeof path, "%s/libdpshim-torch.needs", dir);
+    snprintf(path, sizeof path, "%s/libdpshim-libtorch.needs", dir);
     FILE *f = fopen(path, "r");
     if (!f) return 1;
     soname[0] = version[0] = '\0';
@@ -108,7 +108,7 @@ static void start_adapter(void)
     }
     dlclose(same);
     char path[1200], err[512] = "";
-    snprintf(path, sizeof path, "%s/libdpshim-torch.so", dir);
+    snprintf(path, sizeof path, "%s/libdpshim-libtorch.so", dir);
     void *plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     char open_err[512] = "";
     if (!plugin) snprintf(open_err, sizeof open_err, "%s", dlerror());

@@ -1,5 +1,5 @@
 /* The libtorch adapter's interface: libdpshim.so defines libtorch's C++ entry points under their
- * mangled names (libtorch.c) and forwards each call to the adapter plugin, libdpshim-torch.so
+ * mangled names (libtorch.c) and forwards each call to the adapter plugin, libdpshim-libtorch.so
  * (hooks/adapters/libtorch/), loaded only in a process that has the libtorch it was built for.
  * Plain C: both sides include it.
  *
@@ -74,7 +74,7 @@ typedef void *(*dps_torch_batch_norm_handler_t)(dps_torch_batch_norm_t real, voi
                                                 const void *running_mean, const void *running_var,
                                                 bool training, double momentum, double eps,
                                                 bool cudnn_enabled);
-#define DPS_TORCH_BATCH_NORM_SYMBOL "dpshim_torch_batch_norm"
+#define DPS_TORCH_BATCH_NORM_SYMBOL "dpshim_libtorch_batch_norm"
 
 typedef enum {
 #define DPS_TORCH_ENUM(id, name, fn) DPS_TORCH_##id,
@@ -102,7 +102,7 @@ typedef struct dps_torch_config {
  * calls then run unchanged); -1 with err set where the plugin cannot start. */
 typedef int (*dps_torch_init_t)(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err,
                                 size_t errlen);
-#define DPS_TORCH_INIT_SYMBOL "dpshim_torch_init"
+#define DPS_TORCH_INIT_SYMBOL "dpshim_libtorch_init"
 
 /* libdpshim.so: what became of the adapter in this process, for the end-of-job summary: "" while
  * no entry point was called, else a sentence (it runs; libtorch is not the one it is built for;

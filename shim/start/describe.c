@@ -124,7 +124,7 @@ DPS_EXPORT int dpshim_describe(char *buf, size_t len)
         /* each part the directory should hold, or why it is not there */
         static const char *const parts[][2] = {{"mpi plugin", "libdpshim-mpi.so"},
                                                {"GPU plugin", "libdpshim-nccl.so"},
-                                               {"Python adapter", "python/dpshim_torch"}};
+                                               {"Python adapter", "python/dpshim_pytorch"}};
         add(buf, len, &o, "plugins    %s%s\n", realpath(plugins, where) ? where : plugins,
             getenv("DPSHIM_PLUGIN_DIR") ? " (DPSHIM_PLUGIN_DIR)" : "");
         for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {

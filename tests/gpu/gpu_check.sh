@@ -205,7 +205,7 @@ if want libtorch; then
         cmake -S '$ROOT/tests/gpu/libtorch' -B $LT -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_PREFIX_PATH=\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') >/dev/null &&
         cmake --build $LT -j\$(nproc) >/dev/null && mkdir -p $LT/all && ln -sf '$BUILD'/lib/dpshim/* $LT/plugins/* $LT/all/ &&
-        cat $LT/plugins/libdpshim-torch.needs"
+        cat $LT/plugins/libdpshim-libtorch.needs"
     for way in staged nccl; do
         wrap=; expect=$STAGED_PATH
         [ $way = nccl ] && wrap=$H expect=$NCCL_PATH

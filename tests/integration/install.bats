@@ -15,7 +15,7 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
 @test "the install tree: library, plugins and adapter under libdir, tools, helpers, header, package files, docs" {
     local lib=$STAGE/$(libdir) f
     for f in "$lib/libdpshim.so" "$lib/dpshim/libdpshim-mpi.so" "$lib/dpshim/libdpshim-nccl.so" \
-        "$lib/dpshim/python/dpshim_torch/__init__.py" "$lib/dpshim/python/sitecustomize.py" "$STAGE/bin/dpshim-diag" \
+        "$lib/dpshim/python/dpshim_pytorch/__init__.py" "$lib/dpshim/python/sitecustomize.py" "$STAGE/bin/dpshim-diag" \
         "$STAGE/bin/dpshim-run" \
         "$STAGE/libexec/dpshim/dpshim-bench" "$STAGE/libexec/dpshim/libdpshim-bench.so" \
         "$STAGE/libexec/dpshim/bench_torch.py" "$STAGE/include/dpshim/hooks.h" "$lib/pkgconfig/dpshim.pc" \
@@ -24,8 +24,8 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
         "$STAGE/share/man/man5/dpshim.conf.5"; do
         [ -e "$f" ] || fail "missing: $f"
     done
-    [ ! -e "$BUILD/lib/dpshim/libdpshim-torch.so" ] ||
-        { [ -e "$lib/dpshim/libdpshim-torch.so" ] && [ -e "$lib/dpshim/libdpshim-torch.needs" ]; } ||
+    [ ! -e "$BUILD/lib/dpshim/libdpshim-libtorch.so" ] ||
+        { [ -e "$lib/dpshim/libdpshim-libtorch.so" ] && [ -e "$lib/dpshim/libdpshim-libtorch.needs" ]; } ||
         fail "missing: the libtorch adapter"
     # nothing installed points back into the build tree: no run path, no package file (debug
     # information names the sources, as any build's does)
@@ -86,13 +86,13 @@ libdir() { sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$BUILD/CMakeCache.txt"; }
     cd "$BATS_TEST_TMPDIR"
     cat >share.py <<'PY'
 import sys, torch
-import dpshim_torch
+import dpshim_pytorch
 data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
 model, n = torch.nn.Linear(3, 1), 0
 for x, y in torch.utils.data.DataLoader(data, batch_size=8):
     torch.nn.functional.mse_loss(model(x), y).backward()
     n += len(x)
-print("trained on %d samples of 40 with the adapter in %s" % (n, dpshim_torch.__file__))
+print("trained on %d samples of 40 with the adapter in %s" % (n, dpshim_pytorch.__file__))
 PY
     run mpi 2 env LD_LIBRARY_PATH="$STAGE/$(libdir)" LD_PRELOAD=libdpshim.so /usr/bin/python3 share.py
     echo "$output"
@@ -146,17 +146,17 @@ CM
     assert_output --regexp "libpmix2.*libffi8.*libopenmpi3"
     refute_output --partial libtorch
     # the libtorch adapter apart, where it is built: only its package needs libtorch
-    if [ -e "$BUILD/lib/dpshim/libdpshim-torch.so" ]; then
+    if [ -e "$BUILD/lib/dpshim/libdpshim-libtorch.so" ]; then
         local torch=("$out"/dpshim-libtorch_*_*.deb)
         run dpkg-deb -f "${torch[0]}" Depends
         assert_output --regexp "dpshim \(= [0-9.]+\)"
         assert_output --regexp "libtorch1\.13"
         run dpkg-deb -c "${torch[0]}"
-        assert_output --partial " ./usr/lib/dpshim/libdpshim-torch.so"
-        assert_output --partial " ./usr/lib/dpshim/libdpshim-torch.needs"
+        assert_output --partial " ./usr/lib/dpshim/libdpshim-libtorch.so"
+        assert_output --partial " ./usr/lib/dpshim/libdpshim-libtorch.needs"
     fi
     run dpkg-deb -c "${deb[0]}"
-    for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_torch/__init__.py \
+    for f in ./usr/lib/libdpshim.so ./usr/lib/dpshim/libdpshim-mpi.so ./usr/lib/dpshim/python/dpshim_pytorch/__init__.py \
         ./usr/bin/dpshim-diag ./usr/bin/dpshim-run ./usr/libexec/dpshim/dpshim-bench; do
         assert_output --partial " $f"
     done

@@ -225,26 +225,26 @@ at_2_and_3() {
 }
 
 # with_adapter PLUGIN: one epoch of the trainer on 2 ranks, with the build's plugins but PLUGIN
-# as the libtorch adapter (libdpshim-torch.so)
+# as the libtorch adapter (libdpshim-libtorch.so)
 with_adapter() {
     local dir=$BATS_TEST_TMPDIR/plugins
     mkdir "$dir"
     ln -s "$BUILD"/lib/dpshim/* "$dir"/
-    ln -sf "$1" "$dir"/libdpshim-torch.so
+    ln -sf "$1" "$dir"/libdpshim-libtorch.so
     run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
     assert_success
 }
 
 @test "a libtorch of the adapter's soname but another version: said once, and its calls run unchanged" {
-    with_adapter "$BUILD/tests/adapter_for_0_1/libdpshim-torch.so"
-    assert_equal "$(count 'libdpshim-torch.so is built for libtorch 0.1, but this process runs libtorch ')" 2 # warning, summary
+    with_adapter "$BUILD/tests/adapter_for_0_1/libdpshim-libtorch.so"
+    assert_equal "$(count 'libdpshim-libtorch.so is built for libtorch 0.1, but this process runs libtorch ')" 2 # warning, summary
     assert_output --regexp "runs libtorch [0-9]+\.[0-9]+: its C\+\+ calls run without the adapter; build dpshim against"
     assert_output --partial "The libtorch adapter did not run"
     assert_equal "$(count 'epoch 1 trained on 100 samples')" 2 # each rank the whole epoch, as alone
 }
 
 @test "an adapter that needs functions this libtorch lacks: said once, and its calls run unchanged" {
-    with_adapter "$BUILD/tests/unfit_adapter/libdpshim-torch.so"
+    with_adapter "$BUILD/tests/unfit_adapter/libdpshim-libtorch.so"
     assert_equal "$(count 'needs functions this process')" 2 # the warning, the summary
     assert_output --partial "(another version under the same soname): its C++ calls run without the adapter"
     assert_equal "$(count 'epoch 1 trained on 100 samples')" 2
@@ -258,11 +258,11 @@ with_adapter() {
     assert_success
     assert_output --partial "no libtorch adapter is installed in $dir"
     assert_equal "$(count 'epoch 1 trained on 100 samples')" 2 # each rank the whole epoch, as alone
-    ln -s "$BUILD"/lib/dpshim/libdpshim-torch.so "$dir"/
-    printf 'libtorch_cpu.so.1.13\n' >"$dir/libdpshim-torch.needs" # the version line is missing
+    ln -s "$BUILD"/lib/dpshim/libdpshim-libtorch.so "$dir"/
+    printf 'libtorch_cpu.so.1.13\n' >"$dir/libdpshim-libtorch.needs" # the version line is missing
     run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_PLUGIN_DIR="$dir" "$T" --epochs 1
     assert_failure
-    assert_output --partial "$dir/libdpshim-torch.needs is not what a build of the libtorch adapter writes"
+    assert_output --partial "$dir/libdpshim-libtorch.needs is not what a build of the libtorch adapter writes"
     refute_output --partial "epoch 1 trained"
 }
 
@@ -277,7 +277,7 @@ with_adapter() {
         "$lt/torch_trainer" --epochs 2
     assert_success
     assert_output --partial "the libtorch adapter (libtorch "
-    assert_output --partial "in this process, from $lt/all/libdpshim-torch.so"
+    assert_output --partial "in this process, from $lt/all/libdpshim-libtorch.so"
     assert_equal "$(count 'epoch 1 trained on 50 samples')" 2
     grep '^epoch [0-9]* loss\|^weights ' <<<"$output" >job.txt
     run python3 "$SRC/tests/gpu/libtorch/same_as_alone.py" alone.txt job.txt

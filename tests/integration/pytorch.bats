@@ -117,7 +117,7 @@ print(sum(int(b.sum()) for b in torch.utils.data.DataLoader(Numbers(), batch_siz
     echo 'print("user sitecustomize ran")' >"$BATS_TEST_TMPDIR/site/sitecustomize.py"
     run mpi 2 env PYTHONPATH="$BATS_TEST_TMPDIR/site" LD_PRELOAD="$SHIM" "$PY" -c '
 import os, sys
-on_path = any(os.path.exists(os.path.join(p, "dpshim_torch", "__init__.py")) for p in sys.path)
+on_path = any(os.path.exists(os.path.join(p, "dpshim_pytorch", "__init__.py")) for p in sys.path)
 print("PYTHONPATH=%s torch=%s adapter-on-path=%s." % (os.environ.get("PYTHONPATH"), "torch" in sys.modules, on_path))'
     echo "$output"
     assert_success
@@ -131,7 +131,7 @@ print("PYTHONPATH=%s torch=%s adapter-on-path=%s." % (os.environ.get("PYTHONPATH
     # --bind-to none: at np=1 mpirun's default binding would get rank 0's placement warning
     run mpi 1 --bind-to none env LD_PRELOAD="$SHIM" sh -c 'echo "PYTHONPATH=${PYTHONPATH-unset}"'
     assert_output "PYTHONPATH=unset"
-    run mpi 1 --bind-to none env DPSHIM_ADAPTERS_PYTHON=off LD_PRELOAD="$SHIM" "$PY" -c 'import sys; print(sys.modules.get("dpshim_torch"))'
+    run mpi 1 --bind-to none env DPSHIM_ADAPTERS_PYTHON=off LD_PRELOAD="$SHIM" "$PY" -c 'import sys; print(sys.modules.get("dpshim_pytorch"))'
     assert_output "None"
 }
 

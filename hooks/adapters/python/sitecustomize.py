@@ -41,8 +41,8 @@ def _main():
     _restore_environment(here)
     sys.path.append(here)  # last: the adapter package only, never shadowing the user's modules
     try:
-        import dpshim_torch
-        dpshim_torch.install_import_hook()
+        import dpshim_pytorch
+        dpshim_pytorch.install_import_hook()
     finally:
         sys.path.remove(here)
     _chain_sitecustomize()

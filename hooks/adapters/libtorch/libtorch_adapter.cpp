@@ -932,11 +932,11 @@ std::string running_version()
 } // namespace
 
 extern "C" __attribute__((visibility("default"))) int
-dpshim_torch_init(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err, size_t errlen)
+dpshim_libtorch_init(const dps_torch_config_t *c, dps_torch_handler_t *handler, char *err, size_t errlen)
 {
     if (c->abi != DPS_TORCH_ABI) {
         std::snprintf(err, errlen,
-                      "libdpshim-torch.so speaks interface %d, libdpshim.so %d: install them together",
+                      "libdpshim-libtorch.so speaks interface %d, libdpshim.so %d: install them together",
                       DPS_TORCH_ABI, c->abi);
         return -1;
     }
@@ -949,7 +949,7 @@ dpshim_torch_init(const dps_torch_config_t *c, dps_torch_handler_t *handler, cha
     }
     if (!running.empty() && running != built) {
         std::snprintf(err, errlen,
-                      "libdpshim-torch.so is built for libtorch %s, but this process runs libtorch %s",
+                      "libdpshim-libtorch.so is built for libtorch %s, but this process runs libtorch %s",
                       built.c_str(), running.c_str());
         return 1;
     }
@@ -965,11 +965,11 @@ dpshim_torch_init(const dps_torch_config_t *c, dps_torch_handler_t *handler, cha
 }
 
 extern "C" __attribute__((visibility("default"))) void *
-dpshim_torch_batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, const void *weight,
-                        const void *bias, const void *running_mean, const void *running_var, bool training,
-                        double momentum, double eps, bool cudnn_enabled)
+dpshim_libtorch_batch_norm(dps_torch_batch_norm_t real, void *out, const void *input, const void *weight,
+                           const void *bias, const void *running_mean, const void *running_var, bool training,
+                           double momentum, double eps, bool cudnn_enabled)
 {
-    static_assert(std::is_same_v<decltype(&dpshim_torch_batch_norm), dps_torch_batch_norm_handler_t>,
+    static_assert(std::is_same_v<decltype(&dpshim_libtorch_batch_norm), dps_torch_batch_norm_handler_t>,
                   "the handler libtorch.h declares");
     return batch_norm(real, out, input, weight, bias, running_mean, running_var, training, momentum, eps,
                       cudnn_enabled);
