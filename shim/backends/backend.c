@@ -10,7 +10,6 @@
 
 #include "core/dps.h"
 #include "core/dtype.h"
-#include "device.h"
 
 static int self_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
                           int one_tensor)

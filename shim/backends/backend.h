@@ -1,85 +1,19 @@
 /* Communication backends: one table row each (backend.c). The engine picks one per job; a
- * backend that needs a foreign library (MPI, NCCL) lives in a plugin opened at first use. */
+ * backend that needs a foreign library (MPI, NCCL) lives in a plugin opened at first use. What a
+ * plugin and the library agree on is in plugin_abi/. */
 #ifndef DPS_BACKEND_H
 #define DPS_BACKEND_H
 
 #include <stddef.h>
-#include <stdint.h>
 
-typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
-
-/* The largest message on the guard's side channel, and on the file policy's. */
-#define DPS_GUARD_MSG_MAX 1024
-#define DPS_FILES_MSG_MAX 64
-
-typedef struct dps_backend {
-    const char *name;
-    /* All in place on host memory; 0 on success, -1 with last_error() set. dtype: DP_* . With
-     * DPS_RED_SUM, a weighted sum: each rank's elements multiplied by `pre` before the reduction,
-     * the result by `post` after it (dps_scale_in_place; 1: as they are). Large buffers are
-     * weighted piece by piece, each piece as it goes in or comes out, so that a weight costs no
-     * pass over memory of its own. `one_tensor`: buf is one tensor, not a bucket of several, so
-     * an algorithm whose summation order follows an element's offset in buf (a ring) gives the
-     * same bits however the framework grouped its tensors. */
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
-                     int one_tensor);
-    int (*bcast)(void *buf, size_t bytes, int root);
-    int (*barrier)(void);
-    const char *(*last_error)(void);
-    /* Before the program's own MPI_Finalize: release what the backend holds in MPI. */
-    void (*release)(void);
-    /* At exit: release, and finalize what the backend itself initialized. */
-    void (*finalize)(void);
-    /* 1 when the backend itself called MPI_Init, so the program's MPI_Init must not. */
-    int (*owns_mpi_init)(void);
-    /* The guard's side channel, apart from the data path, usable from the guard's thread while
-     * the main thread is blocked in a collective; NULL when the backend has none (self, or an
-     * MPI the program initialized without MPI_THREAD_MULTIPLE). Messages of DPS_GUARD_MSG_MAX
-     * bytes at most. */
-    int (*guard_send)(const void *msg, size_t len, int dest);
-    /* 1 and the message when one has arrived, 0 when none, -1 on error. */
-    int (*guard_poll)(void *msg, size_t len, int *src);
-    /* Collectives of the main thread on the side channel (consistency checks): element-wise
-     * minimum of n uint64 (n is the same on every rank; 1 or 2 may travel another way than
-     * more), and every rank's `bytes` bytes gathered in rank order. */
-    int (*guard_min_u64)(uint64_t *v, size_t n);
-    int (*guard_allgather)(const void *mine, void *all, size_t bytes);
-    /* The background channel: allreduce on a communicator of its own, called only from the
-     * engine's progress thread while the main thread may run the other collectives; NULL when
-     * the backend has none (then gradients are reduced synchronously). */
-    int (*allreduce_bg)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
-                        int one_tensor);
-    const char *(*last_error_bg)(void);
-    /* The file policy's channel, from any thread: rank 0 posts a message to every other rank
-     * (never blocking), the others wait for rank 0's next one, in the order posted. NULL when
-     * the backend has none (self, or MPI below MPI_THREAD_MULTIPLE). 0, or -1 on error. */
-    int (*files_post)(const void *msg, size_t len);
-    int (*files_wait)(void *msg, size_t len);
-    /* rank 0's next message where one has come: 1 (in msg), 0 where none has, -1 on error */
-    int (*files_poll)(void *msg, size_t len);
-    /* The other way: a rank tells rank 0 it has made a call (never blocking for long: a small
-     * message), and rank 0 waits for the next such message from any rank. */
-    int (*files_ack)(const void *msg, size_t len);
-    int (*files_next_ack)(void *msg, size_t len, int *src);
-    /* The job's sizes, once after the agreement, on every rank (a collective of the main thread):
-     * large all-reductions go in pieces of piece_bytes; those of shm_bytes or less through
-     * shared memory where every rank runs on one machine (0: never). */
-    void (*set_sizes)(size_t piece_bytes, size_t shm_bytes);
-    /* The wall clock (CLOCK_REALTIME) of this rank minus rank 0's, and half the best round trip
-     * as its error bound, by ping-pong with rank 0; a collective of the main thread, where
-     * measure[r] (the same table on every rank) says which ranks measure (0: offset 0). NULL
-     * when the backend cannot. 0, or -1 with last_error() set. */
-    int (*clock_offset)(const unsigned char *measure, int64_t *offset_ns, uint64_t *error_ns);
-    /* What the backend chose and measured, for logs and diagnostics ("" when nothing yet). */
-    const char *(*tuning)(void);
-} dps_backend_t;
-
-/* Plugin entry point, resolved by name in libdpshim-<name>.so. */
-typedef int (*dps_plugin_open_fn)(int expect_rank, int expect_size, dps_backend_t *out, char *err,
-                                  size_t errlen);
-#define DPS_PLUGIN_OPEN_SYMBOL "dps_plugin_open_v1"
+#include "plugin_abi/backend.h"
+#include "plugin_abi/device.h"
 
 /* Opens the named backend ("mpi"); NULL with err set on failure. */
 const dps_backend_t *dps_backend_open(const char *name, int rank, int size, char *err, size_t errlen);
+
+/* Opens libdpshim-nccl.so beside libdpshim.so: NULL with err set when it or the CUDA runtime
+ * cannot be loaded. Once per process; later calls return the same table or the same error. */
+const dps_device_t *dps_device_open(char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,5 @@
 /* Tensors in GPU memory. At the first collective with one, every rank opens the GPU plugin
- * (backends/device.h) and the ranks agree, over the host backend, on one mode for the job:
+ * (plugin_abi/device.h) and the ranks agree, over the host backend, on one mode for the job:
  * NCCL (one GPU per rank), or staged through pinned host memory and the host path (ranks that
  * share a GPU, NCCL missing somewhere, or [comm] backend = mpi). Never decided by one rank.
  *
@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/device.h"
+#include "backends/backend.h"
 #include "core/dtype.h"
 #include "common.h"
 #include "device.h"

@@ -1,8 +1,9 @@
-/* libtorch's C++ entry points (libtorch.h), defined here under their mangled names: libtorch is
- * linked without -Bsymbolic, so these definitions win for the program's calls, libtorch's own
- * and its vtables' alike. Each forwards to the adapter plugin where it runs in this process, and
- * otherwise to libtorch's definition, unchanged: a process without libtorch never calls them,
- * and one with a libtorch the plugin was not built for is told so once and runs as it would. */
+/* libtorch's C++ entry points (plugin_abi/libtorch.h), defined here under their mangled names:
+ * libtorch is linked without -Bsymbolic, so these definitions win for the program's calls,
+ * libtorch's own and its vtables' alike. Each forwards to the adapter plugin where it runs in this
+ * process, and otherwise to libtorch's definition, unchanged: a process without libtorch never
+ * calls them, and one with a libtorch the plugin was not built for is told so once and runs as it
+ * would. */
 #define _GNU_SOURCE
 #include "libtorch.h"
 
@@ -16,8 +17,8 @@
 #include "core/dps.h"
 #include "core/real.h"
 
-/* The forwarding relies on x86-64's calling convention (libtorch.h); elsewhere libtorch's C++
- * calls run without the adapter. */
+/* The forwarding relies on x86-64's calling convention (plugin_abi/libtorch.h); elsewhere
+ * libtorch's C++ calls run without the adapter. */
 #if defined(__x86_64__)
 
 static const char *const entry_names[] = {
@@ -189,7 +190,7 @@ static uintptr_t enter(dps_torch_entry_t id, const uintptr_t a[6])
 DPS_TORCH_ENTRIES(DPS_TORCH_STUB)
 #undef DPS_TORCH_STUB
 
-/* --- batch_norm: a signature of its own (libtorch.h) --- */
+/* --- batch_norm: a signature of its own (plugin_abi/libtorch.h) --- */
 
 static const char *const batch_norm_names[] = {
 #define DPS_TORCH_BN_NAME(id, name) name,

@@ -13,7 +13,7 @@
 
 #include <dpshim/hooks.h>
 
-#include "backends/device.h"
+#include "backends/backend.h"
 #include "core/dps.h"
 #include "engine/engine.h"
 #include "gpu/bind.h"

@@ -6,6 +6,7 @@ set -eu
 shim=${1:?usage: layers.sh SHIM_DIR}
 layer_of() {
     case $1 in
+    plugin_abi) echo -1 ;; # below every layer: what the library and its plugins agree on
     core) echo 0 ;;
     diag | backends | gpu | output) echo 1 ;;
     guard | files) echo 2 ;;

@@ -1,5 +1,5 @@
 // The libtorch adapter: what the PyTorch adapter does for Python scripts, for C++ programs on
-// libtorch, at the entry points libdpshim.so forwards here (shim/interpose/libtorch.h). All
+// libtorch, at the entry points libdpshim.so forwards here (shim/plugin_abi/libtorch.h). All
 // collectives go through the hook ABI, so the guard, the diagnostics and the policy apply.
 //
 //   Optimizer::add_param_group   the new group's parameters from rank 0 (dp_params)
@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "dpshim/hooks.h"
-#include "interpose/libtorch.h"
+#include "plugin_abi/libtorch.h"
 
 namespace
 {
@@ -970,7 +970,7 @@ dpshim_libtorch_batch_norm(dps_torch_batch_norm_t real, void *out, const void *i
                            double momentum, double eps, bool cudnn_enabled)
 {
     static_assert(std::is_same_v<decltype(&dpshim_libtorch_batch_norm), dps_torch_batch_norm_handler_t>,
-                  "the handler libtorch.h declares");
+                  "the handler plugin_abi/libtorch.h declares");
     return batch_norm(real, out, input, weight, bias, running_mean, running_var, training, momentum, eps,
                       cudnn_enabled);
 }

@@ -12,7 +12,7 @@
 
 #include <mpi.h>
 
-#include "backends/backend.h"
+#include "plugin_abi/backend.h"
 #include "dpshim/hooks.h"
 #include "core/dtype.h"
 #include "shm_sum.h"

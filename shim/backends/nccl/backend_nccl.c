@@ -1,4 +1,4 @@
-/* libdpshim-nccl.so: the CUDA runtime and NCCL behind dps_device_t (backends/device.h). Both
+/* libdpshim-nccl.so: the CUDA runtime and NCCL behind dps_device_t (plugin_abi/device.h). Both
  * are opened with dlopen, the program's own copies first (RTLD_NOLOAD), so the plugin builds
  * without the CUDA toolkit and a framework's libraries are shared, not loaded twice. One device
  * per process: a communication stream (non-blocking: it never waits for the legacy stream by
@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/device.h"
+#include "plugin_abi/device.h"
 #include "core/dtype.h"
 #include "cuda_api.h"
 #include "dpshim/hooks.h"

@@ -1,10 +1,10 @@
-/* The GPU plugin (libdpshim-nccl.so, backends/nccl/): the CUDA runtime and NCCL, opened with
- * dlopen, behind a few calls on plain pointers. The plugin holds this process's CUDA and NCCL
- * state (one device, one communication stream, one communicator); the engine
+/* The GPU plugin's ABI (libdpshim-nccl.so, shim/backends/nccl/): the CUDA runtime and NCCL,
+ * opened with dlopen, behind a few calls on plain pointers. The plugin holds this process's CUDA
+ * and NCCL state (one device, one communication stream, one communicator); the engine
  * (engine/device.c) decides what to call, so the logic is the same whether the calls reach a
- * GPU or the test double (tests/gpu_double/). */
-#ifndef DPS_DEVICE_H
-#define DPS_DEVICE_H
+ * GPU or the test double (tests/gpu_double/). Plain C, nothing of the shim. */
+#ifndef DPS_PLUGIN_ABI_DEVICE_H
+#define DPS_PLUGIN_ABI_DEVICE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -86,9 +86,5 @@ typedef struct dps_device {
 
 #define DPS_DEVICE_OPEN_SYMBOL "dps_device_open_v1"
 typedef int (*dps_device_open_fn)(dps_device_t *out, char *err, size_t errlen);
-
-/* Opens libdpshim-nccl.so beside libdpshim.so: NULL with err set when it or the CUDA runtime
- * cannot be loaded. Once per process; later calls return the same table or the same error. */
-const dps_device_t *dps_device_open(char *err, size_t errlen);
 
 #endif
