@@ -83,11 +83,12 @@ PYEOF
 
 # Every DPSHIM_ name that the documents and the programs' messages tell users about, with a value
 # that fits it: the README, docs/, and the string literals of the shim, the policy, the tools and
-# the adapter. Names of the public C header (its macros) and CMake options are no variables.
+# the adapter. Names of the public C header (its macros) and CMake's options and cache entries
+# are no variables.
 @test "every DPSHIM_ variable that a document or a message names is accepted" {
     local not_vars names name value
     not_vars=$( (grep -ohE 'DPSHIM_[A-Z0-9_]+' "$SRC"/hooks/include/dpshim/*.h
-                 grep -ohE 'option\(DPSHIM_[A-Z0-9_]+' "$SRC"/CMakeLists.txt | cut -d'(' -f2) | sort -u)
+                 grep -ohE '(option|set)\(DPSHIM_[A-Z0-9_]+' "$SRC"/CMakeLists.txt | cut -d'(' -f2) | sort -u)
     names=$( (cat "$SRC/README.md" "$SRC/CONTRIBUTING.md" "$SRC/CHANGELOG.md" "$SRC"/docs/*.md 2>/dev/null
               grep -rhoE '"[^"]*DPSHIM_[A-Z0-9_]*[A-Z0-9][^"]*"' "$SRC"/shim "$SRC"/policy "$SRC"/tools "$SRC"/hooks/adapters \
                   --include=*.c --include=*.py) | grep -oE 'DPSHIM_[A-Z0-9_]*[A-Z0-9]' | sort -u | grep -vxFf <(echo "$not_vars"))
