@@ -430,6 +430,15 @@ ddp_run() {
         END { if (s) print s, r, m }' <<<"$out"
 }
 
+# ratio_stats "A..." "B...": two lists of the same rounds' figures: "median(A) median(B) m lo hi",
+# m, lo and hi the median, lowest and highest of the rounds' ratios A/B.
+ratio_stats() {
+    local ratios
+    ratios=$(paste -d' ' <(xargs -n1 <<<"$1") <(xargs -n1 <<<"$2") | awk '{ print $1 / $2 }' | sort -g)
+    echo "$(xargs -n1 <<<"$1" | median) $(xargs -n1 <<<"$2" | median) $(median <<<"$ratios")" \
+        "$(head -1 <<<"$ratios") $(tail -1 <<<"$ratios")"
+}
+
 # The plain script under dpshim against the same model converted to DDP, at np=2 with the same
 # global batch: scale mode against DDP at the script's batch per rank, split mode against DDP at
 # half of it. DDP's BatchNorm keeps per-rank statistics (SyncBatchNorm needs CUDA in PyTorch
@@ -458,13 +467,9 @@ bench_ddp() {
         done
         echo "  $model ($label), script batch $batch, $steps steps timed:"
         for kind in $kinds; do
-            local shim ddp ratios peer=ddp-${kind/nosync/scale}
-            shim=$(xargs -n1 <<<"${got[$kind]}" | median)
-            ddp=$(xargs -n1 <<<"${got[$peer]}" | median)
-            ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[$peer]}") |
-                awk '{ print $1 / $2 }' | sort -g)
-            awk -v k="$kind" -v b="$batch" -v s="$shim" -v d="$ddp" -v m="$(median <<<"$ratios")" \
-                -v lo="$(head -1 <<<"$ratios")" -v hi="$(tail -1 <<<"$ratios")" 'BEGIN {
+            local shim ddp m lo hi
+            read -r shim ddp m lo hi <<<"$(ratio_stats "${got[$kind]}" "${got[ddp-${kind/nosync/scale}]}")"
+            awk -v k="$kind" -v b="$batch" -v s="$shim" -v d="$ddp" -v m="$m" -v lo="$lo" -v hi="$hi" 'BEGIN {
                 what = (k == "scale") ? sprintf("scale (%d per rank, global %d; DDP %d per rank)", b, 2 * b, b) \
                      : (k == "nosync") ? sprintf("scale, [bn] sync = off (BatchNorm per rank, as DDP)") \
                                        : sprintf("split (global %d, %d per rank; DDP %d per rank)", b, b / 2, b / 2)
@@ -496,13 +501,9 @@ bench_bn() {
                 done
             done
             for kind in scale nosync; do
-                local shim ddp ratios
-                shim=$(xargs -n1 <<<"${got[$kind]}" | median)
-                ddp=$(xargs -n1 <<<"${got[ddp]}" | median)
-                ratios=$(paste -d' ' <(xargs -n1 <<<"${got[$kind]}") <(xargs -n1 <<<"${got[ddp]}") |
-                    awk '{ print $1 / $2 }' | sort -g)
-                awk -v np="$np" -v k="$kind" -v s="$shim" -v d="$ddp" -v m="$(median <<<"$ratios")" \
-                    -v lo="$(head -1 <<<"$ratios")" -v hi="$(tail -1 <<<"$ratios")" 'BEGIN {
+                local shim ddp m lo hi
+                read -r shim ddp m lo hi <<<"$(ratio_stats "${got[$kind]}" "${got[ddp]}")"
+                awk -v np="$np" -v k="$kind" -v s="$shim" -v d="$ddp" -v m="$m" -v lo="$lo" -v hi="$hi" 'BEGIN {
                     printf "    np=%d %-27s dpshim %6.0f  DDP %6.0f  dpshim/DDP %.2f (%.2f-%.2f)\n", np,
                         (k == "scale") ? "global-batch statistics" : "[bn] sync = off (as DDP)", s, d, m, lo, hi }'
             done
