@@ -17,7 +17,8 @@ int main(int argc, char **argv)
     char err[8192];
     dpnn_ckpt_tensor_t *a, *b;
     size_t na, nb;
-    if (dpnn_ckpt_read(argv[2], &a, &na, err, sizeof err) || dpnn_ckpt_read(argv[3], &b, &nb, err, sizeof err)) {
+    if (dpnn_ckpt_read(argv[2], &a, &na, err, sizeof err) ||
+        dpnn_ckpt_read(argv[3], &b, &nb, err, sizeof err)) {
         fprintf(stderr, "dpnn-ckpt: %s\n", err);
         return 2;
     }
@@ -30,7 +31,8 @@ int main(int argc, char **argv)
     size_t differing = 0;
     for (size_t i = 0; i < na; i++) {
         if (strcmp(a[i].name, b[i].name) || a[i].count != b[i].count) {
-            fprintf(stderr, "dpnn-ckpt: tensor %zu differs in name or size (%s vs %s)\n", i, a[i].name, b[i].name);
+            fprintf(stderr, "dpnn-ckpt: tensor %zu differs in name or size (%s vs %s)\n", i, a[i].name,
+                    b[i].name);
             return 2;
         }
         for (uint64_t j = 0; j < a[i].count; j++) {

@@ -14,7 +14,8 @@ static int own_traffic(void)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (sum != size * (size - 1) / 2) {
-        fprintf(stderr, "fmnist_train_mpi: own MPI_Allreduce gave %d, expected %d\n", sum, size * (size - 1) / 2);
+        fprintf(stderr, "fmnist_train_mpi: own MPI_Allreduce gave %d, expected %d\n", sum,
+                size * (size - 1) / 2);
         return 1;
     }
     return 0;

@@ -49,7 +49,8 @@ static int tokenize(const char *p, tok_t *t)
             i += p[i + 2] ? 3 : 2;
         } else if (p[i] == '*') {
             t[n++].kind = T_STAR;
-            while (p[i] == '*') i++;
+            while (p[i] == '*')
+                i++;
         } else if (p[i] == '?') {
             t[n++].kind = T_ANY, i++;
         } else if (p[i] == '[') {
@@ -92,17 +93,30 @@ int dps_glob_match(const char *pattern, const char *path, size_t len)
         for (int k = 0; k < n; k++) {
             const char *after;
             if (HAS(cur, 2 * k)) switch (t[k].kind) {
-                case T_LIT: if (c == t[k].lit) ADD(next, 2 * (k + 1)); break;
-                case T_ANY: if (c != '/') ADD(next, 2 * (k + 1)); break;
-                case T_CLASS: if (c != '/' && class_match(t[k].cls, c, &after)) ADD(next, 2 * (k + 1)); break;
-                case T_STAR: if (c != '/') ADD(next, 2 * k); break;
-                case T_SEGS: ADD(next, c == '/' ? 2 * k : 2 * k + 1); break;
-                case T_REST: ADD(next, 2 * k); break;
+                case T_LIT:
+                    if (c == t[k].lit) ADD(next, 2 * (k + 1));
+                    break;
+                case T_ANY:
+                    if (c != '/') ADD(next, 2 * (k + 1));
+                    break;
+                case T_CLASS:
+                    if (c != '/' && class_match(t[k].cls, c, &after)) ADD(next, 2 * (k + 1));
+                    break;
+                case T_STAR:
+                    if (c != '/') ADD(next, 2 * k);
+                    break;
+                case T_SEGS:
+                    ADD(next, c == '/' ? 2 * k : 2 * k + 1);
+                    break;
+                case T_REST:
+                    ADD(next, 2 * k);
+                    break;
                 }
             if (HAS(cur, 2 * k + 1)) ADD(next, c == '/' ? 2 * k : 2 * k + 1);
         }
         closure(next, t, n);
-        for (int w = 0; w < WORDS; w++) alive |= (cur[w] = next[w]) != 0;
+        for (int w = 0; w < WORDS; w++)
+            alive |= (cur[w] = next[w]) != 0;
         if (!alive) return 0;
     }
     return HAS(cur, 2 * n);
@@ -119,7 +133,8 @@ const char *dps_glob_check(const char *g, size_t len)
             size_t j = i + 1;
             if (j < len && (g[j] == '!' || g[j] == '^')) j++;
             size_t first = j;
-            while (j < len && (g[j] != ']' || j == first)) j += g[j] == '\\' ? 2 : 1;
+            while (j < len && (g[j] != ']' || j == first))
+                j += g[j] == '\\' ? 2 : 1;
             if (j >= len) return "glob with an unclosed '['";
             i = j;
         } else if (g[i] == '*' && i + 2 < len && g[i + 1] == '*' && g[i + 2] == '*') {

@@ -100,8 +100,8 @@ static int open_cuda(void)
                                   {"cudaEventRecord", (void **)&cu.EventRecord},
                                   {"cudaEventQuery", (void **)&cu.EventQuery}};
     int gpus = 0;
-    int ok = load("DPSHIM_CUDART_LIB", libs, want, sizeof want / sizeof *want) && cu.GetDeviceCount(&gpus) == 0 &&
-             gpus > 0,
+    int ok = load("DPSHIM_CUDART_LIB", libs, want, sizeof want / sizeof *want) &&
+             cu.GetDeviceCount(&gpus) == 0 && gpus > 0,
         all;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all && !rank) printf("gpu: no GPU (or no CUDA runtime) on some rank: device buffers not measured\n");
@@ -124,9 +124,9 @@ static double best_of_5(void (*fn)(void *), void *arg)
 }
 
 typedef struct {
-    float *src;      /* this rank's values, on the host */
-    void *dev;       /* the device buffer */
-    float *host;     /* pageable or pinned host buffer */
+    float *src;  /* this rank's values, on the host */
+    void *dev;   /* the device buffer */
+    float *host; /* pageable or pinned host buffer */
     size_t n, bytes;
     dps_ncclComm_t comm;
     int nonblocking; /* comm was made with blocking = 0: its calls are polled */
@@ -177,7 +177,10 @@ static void by_hand(void *a)
     r->failed |= cu.Memcpy(r->dev, r->host, r->bytes, DPS_cudaMemcpyHostToDevice) != 0;
 }
 
-static void pause_us(long us) { nanosleep(&(struct timespec){0, us * 1000}, NULL); }
+static void pause_us(long us)
+{
+    nanosleep(&(struct timespec){0, us * 1000}, NULL);
+}
 
 /* A call on a non-blocking communicator, polled to its end as the shim's plugin polls (sleeps
  * from 2 us doubling to 500 us). */
@@ -213,7 +216,8 @@ static void nccl_direct(void *a)
 {
     run_t *r = a;
     for (int i = 0; i < r->calls; i++)
-        nccl_poll(r, nc.AllReduce(r->dev, r->dev, r->count, DPS_ncclFloat32, DPS_ncclSum, r->comm, r->stream));
+        nccl_poll(r,
+                  nc.AllReduce(r->dev, r->dev, r->count, DPS_ncclFloat32, DPS_ncclSum, r->comm, r->stream));
     settle(r);
 }
 
@@ -235,10 +239,10 @@ static dps_ncclComm_t own_comm(run_t *r, int blocking)
 {
     static const char *const libs[] = {"libnccl.so.2", "libnccl.so", NULL};
     const dps_sym_row_t want[] = {{"ncclGetUniqueId", (void **)&nc.GetUniqueId},
-                          {"ncclCommInitRankConfig", (void **)&nc.CommInitRankConfig},
-                          {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
-                          {"ncclAllReduce", (void **)&nc.AllReduce},
-                          {"ncclCommDestroy", (void **)&nc.CommDestroy}};
+                                  {"ncclCommInitRankConfig", (void **)&nc.CommInitRankConfig},
+                                  {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
+                                  {"ncclAllReduce", (void **)&nc.AllReduce},
+                                  {"ncclCommDestroy", (void **)&nc.CommDestroy}};
     int ok = load("DPSHIM_NCCL_LIB", libs, want, sizeof want / sizeof *want), all;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all) return NULL;
@@ -246,8 +250,13 @@ static dps_ncclComm_t own_comm(run_t *r, int blocking)
     memset(&id, 0, sizeof id);
     if (rank == 0 && nc.GetUniqueId(&id) != 0) memset(&id, 0, sizeof id);
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    dps_ncclConfig_t cfg = {sizeof cfg, DPS_NCCL_CONFIG_MAGIC, DPS_NCCL_CONFIG_VERSION, blocking,
-                            DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT, DPS_NCCL_CONFIG_UNDEF_INT,
+    dps_ncclConfig_t cfg = {sizeof cfg,
+                            DPS_NCCL_CONFIG_MAGIC,
+                            DPS_NCCL_CONFIG_VERSION,
+                            blocking,
+                            DPS_NCCL_CONFIG_UNDEF_INT,
+                            DPS_NCCL_CONFIG_UNDEF_INT,
+                            DPS_NCCL_CONFIG_UNDEF_INT,
                             (const char *)(uintptr_t)0};
     r->comm = NULL;
     r->nonblocking = !blocking;
@@ -264,7 +273,8 @@ static dps_ncclComm_t own_comm(run_t *r, int blocking)
 static void line(const char *what, double s, double bytes, double ref_s, const char *ref)
 {
     double f = 2.0 * (size - 1) / size;
-    printf("  %-56s %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s", what, s * 1e3, bytes / s / 1e9, f * bytes / s / 1e9);
+    printf("  %-56s %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s", what, s * 1e3, bytes / s / 1e9,
+           f * bytes / s / 1e9);
     if (ref) printf("  %.2fx %s", ref_s / s, ref);
     putchar('\n');
 }
@@ -280,10 +290,12 @@ static int alloc_run(run_t *r, size_t bytes, float **want_sum, float **pageable,
         (pinned && cu.HostAlloc((void **)pinned, r->bytes, 0)) ||
         cu.StreamCreateWithFlags(&r->stream, DPS_cudaStreamNonBlocking) ||
         cu.EventCreateWithFlags(&r->done, DPS_cudaEventDisableTiming)) {
-        fprintf(stderr, "dpshim-bench gpu: rank %d cannot allocate %zu MiB on the host and the GPU\n", rank, r->bytes >> 20);
+        fprintf(stderr, "dpshim-bench gpu: rank %d cannot allocate %zu MiB on the host and the GPU\n", rank,
+                r->bytes >> 20);
         return -1;
     }
-    for (size_t i = 0; i < r->n; i++) r->src[i] = (float)((i + (size_t)rank) % 7);
+    for (size_t i = 0; i < r->n; i++)
+        r->src[i] = (float)((i + (size_t)rank) % 7);
     return 0;
 }
 
@@ -298,8 +310,8 @@ int bench_gpu(const char *arg, int my_rank, int world)
     double bytes = (double)r.bytes;
     const char *be = getenv("DPSHIM_COMM_BACKEND");
     if (!rank)
-        printf("gpu: one f32 buffer of %zu MiB in GPU memory, np=%d, [comm] backend = %s, best of 5\n", r.bytes >> 20, size,
-               be ? be : "auto");
+        printf("gpu: one f32 buffer of %zu MiB in GPU memory, np=%d, [comm] backend = %s, best of 5\n",
+               r.bytes >> 20, size, be ? be : "auto");
 
     /* copies: pageable vs pinned host memory */
     put(&r);
@@ -308,8 +320,8 @@ int bench_gpu(const char *arg, int my_rank, int world)
     r.host = pinned;
     double pinned_s = best_of_5(copy_round_trip, &r);
     if (!rank) {
-        printf("  device -> host -> device, pageable memory %8.2f ms  %6.2f GB/s each way\n", pageable_s * 1e3,
-               2 * bytes / pageable_s / 1e9);
+        printf("  device -> host -> device, pageable memory %8.2f ms  %6.2f GB/s each way\n",
+               pageable_s * 1e3, 2 * bytes / pageable_s / 1e9);
         printf("  device -> host -> device, pinned memory   %8.2f ms  %6.2f GB/s each way  %.2fx pageable\n",
                pinned_s * 1e3, 2 * bytes / pinned_s / 1e9, pageable_s / pinned_s);
     }
@@ -346,7 +358,8 @@ int bench_gpu(const char *arg, int my_rank, int world)
         put(&r);
         nccl_direct(&r);
         same_nccl += device_equals(&r, want_sum, pageable);
-        for (r.spin = 0; r.spin <= 1; r.spin++) nccl_s[blocking][r.spin] = best_of_5(nccl_direct, &r);
+        for (r.spin = 0; r.spin <= 1; r.spin++)
+            nccl_s[blocking][r.spin] = best_of_5(nccl_direct, &r);
         r.spin = 0, r.count = 1024, r.calls = 200;
         small_s[blocking] = best_of_5(nccl_direct, &r) / r.calls;
         failed |= r.failed;
@@ -361,20 +374,25 @@ int bench_gpu(const char *arg, int my_rank, int world)
         line("by hand: copy to pinned, MPI_Allreduce, back", hand_s, bytes, 0, NULL);
         if (have_nccl) {
             line("ncclAllReduce directly: non-blocking comm, polled wait", nccl_s[0][0], bytes, 0, NULL);
-            line("  the same, waited by cudaStreamSynchronize", nccl_s[0][1], bytes, nccl_s[0][0], "the polled wait");
+            line("  the same, waited by cudaStreamSynchronize", nccl_s[0][1], bytes, nccl_s[0][0],
+                 "the polled wait");
         } else {
             printf("  ncclAllReduce called directly: NCCL did not start on every rank (not measured)\n");
         }
         if (have_nccl == 2) {
-            line("  blocking communicator, polled wait", nccl_s[1][0], bytes, nccl_s[0][0], "the non-blocking one");
+            line("  blocking communicator, polled wait", nccl_s[1][0], bytes, nccl_s[0][0],
+                 "the non-blocking one");
             line("  blocking communicator, cudaStreamSynchronize", nccl_s[1][1], bytes, nccl_s[0][0],
                  "the non-blocking one polled");
-            printf("  4 KiB ncclAllReduce: blocking communicator %.1f us per call, non-blocking and polled %.1f us (%.2fx)\n",
+            printf("  4 KiB ncclAllReduce: blocking communicator %.1f us per call, non-blocking and polled "
+                   "%.1f us (%.2fx)\n",
                    small_s[1] * 1e6, small_s[0] * 1e6, small_s[1] / small_s[0]);
         }
         line("dp_grads, device buffer", dev_s, bytes, host_s, "the host path");
         printf("  dp_grads on the device buffer vs by hand %.2fx", hand_s / dev_s);
-        if (have_nccl) printf(", vs NCCL called directly (non-blocking, polled: as the plugin) %.2fx", nccl_s[0][0] / dev_s);
+        if (have_nccl)
+            printf(", vs NCCL called directly (non-blocking, polled: as the plugin) %.2fx",
+                   nccl_s[0][0] / dev_s);
         printf("\n  results bitwise equal to the host path: dp_grads %s, by hand %s", same_dev ? "yes" : "NO",
                same_hand ? "yes" : "NO");
         if (have_nccl) printf(", NCCL %s", same_nccl == have_nccl ? "yes" : "NO");
@@ -414,7 +432,9 @@ int bench_gpu_sweep(const char *list, int my_rank, int world)
     for (char *end; *p && nsz < SWEEP_MAX; p = *end ? end + 1 : end) {
         unsigned long v = strtoul(p, &end, 10);
         if (end == p || (*end && *end != ',') || !v || v > 4096) {
-            if (!rank) fprintf(stderr, "dpshim-bench: gpu-sweep:%s: say sizes in MiB (1..4096) separated by commas\n", list);
+            if (!rank)
+                fprintf(stderr,
+                        "dpshim-bench: gpu-sweep:%s: say sizes in MiB (1..4096) separated by commas\n", list);
             return 0;
         }
         mib[nsz++] = v;
@@ -431,11 +451,14 @@ int bench_gpu_sweep(const char *list, int my_rank, int world)
     shim_device(&r);
     int have_nccl = own_comm(&r, 0) != NULL, all_same = 1, failed = 0;
     if (!rank) {
-        printf("gpu-sweep: dp_grads on one f32 buffer in GPU memory against ncclAllReduce called directly on a "
-               "communicator made as the plugin makes its own (non-blocking) and waited for as the plugin waits; np=%d, "
-               "median of %d alternating rounds%s\n", size, SWEEP_ROUNDS,
-               have_nccl ? "" : " (NCCL did not start on every rank: dp_grads alone)");
-        printf("%10s %11s %9s %11s %9s %8s %6s\n", "MiB", "dpshim ms", "busbw", "direct ms", "busbw", "ratio", "same");
+        printf(
+            "gpu-sweep: dp_grads on one f32 buffer in GPU memory against ncclAllReduce called directly on a "
+            "communicator made as the plugin makes its own (non-blocking) and waited for as the plugin "
+            "waits; np=%d, "
+            "median of %d alternating rounds%s\n",
+            size, SWEEP_ROUNDS, have_nccl ? "" : " (NCCL did not start on every rank: dp_grads alone)");
+        printf("%10s %11s %9s %11s %9s %8s %6s\n", "MiB", "dpshim ms", "busbw", "direct ms", "busbw", "ratio",
+               "same");
     }
     double f = 2.0 * (size - 1) / size;
     for (size_t k = 0; k < nsz; k++) {
@@ -464,16 +487,17 @@ int bench_gpu_sweep(const char *list, int my_rank, int world)
         failed |= r.failed;
         all_same &= same;
         if (!rank && have_nccl)
-            printf("%10zu %11.2f %9.2f %11.2f %9.2f %8.2f %6s\n", mib[k], ts * 1e3, f * bytes / ts / 1e9, td * 1e3,
-                   f * bytes / td / 1e9, td / ts, same ? "yes" : "NO");
+            printf("%10zu %11.2f %9.2f %11.2f %9.2f %8.2f %6s\n", mib[k], ts * 1e3, f * bytes / ts / 1e9,
+                   td * 1e3, f * bytes / td / 1e9, td / ts, same ? "yes" : "NO");
         else if (!rank)
-            printf("%10zu %11.2f %9.2f %11s %9s %8s %6s\n", mib[k], ts * 1e3, f * bytes / ts / 1e9, "-", "-", "-",
-                   same ? "yes" : "NO");
+            printf("%10zu %11.2f %9.2f %11s %9s %8s %6s\n", mib[k], ts * 1e3, f * bytes / ts / 1e9, "-", "-",
+                   "-", same ? "yes" : "NO");
     }
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (!rank)
-        printf("  ratio = direct time / dpshim time (1.00: no cost; above 1: dpshim faster); busbw in GB/s%s\n",
-               failed ? "; a CUDA or NCCL call FAILED" : "");
+        printf(
+            "  ratio = direct time / dpshim time (1.00: no cost; above 1: dpshim faster); busbw in GB/s%s\n",
+            failed ? "; a CUDA or NCCL call FAILED" : "");
     if (have_nccl) nc.CommDestroy(r.comm);
     r.n = full;
     cu.Free(r.dev);
@@ -486,10 +510,12 @@ int bench_gpu_overlap(int my_rank, int world)
     rank = my_rank, size = world;
     if (!open_cuda()) return 1;
     size_t sz[200], nt = bench_resnet50(sz), n = 0;
-    for (size_t i = 0; i < nt; i++) n += sz[i];
+    for (size_t i = 0; i < nt; i++)
+        n += sz[i];
     run_t ra = {0}, rb = {0};
     float *want_a, *want_b;
-    if (alloc_run(&ra, n * sizeof(float), &want_a, NULL, NULL) || alloc_run(&rb, n * sizeof(float), &want_b, NULL, NULL))
+    if (alloc_run(&ra, n * sizeof(float), &want_a, NULL, NULL) ||
+        alloc_run(&rb, n * sizeof(float), &want_b, NULL, NULL))
         MPI_Abort(MPI_COMM_WORLD, 1);
     int dev = 0;
     cu.GetDevice(&dev);
@@ -523,16 +549,21 @@ int bench_gpu_overlap(int my_rank, int world)
     MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!rank) {
         double hidden = (off - on) / comm;
-        printf("gpu-overlap: ResNet-50's 161 tensors (%.1f MiB) in GPU memory, np=%d, simulated backward of %.2f ms "
+        printf("gpu-overlap: ResNet-50's 161 tensors (%.1f MiB) in GPU memory, np=%d, simulated backward of "
+               "%.2f ms "
                "(sleeps: the GPU computes nothing meanwhile), best of 5:\n",
                (double)n * sizeof(float) / (1 << 20), size, comm * 1e3);
         printf("  reduction alone                        %8.2f ms\n", comm * 1e3);
         printf("  backward, then dp_grads                %8.2f ms\n", off * 1e3);
-        printf("  backward with dp_grad_ready per tensor %8.2f ms  (bound: %.2f ms, the longer of the two)\n", on * 1e3,
-               comm * 1e3);
-        printf("  hidden behind backward: %.0f%% of the reduction ((off - on) / reduction alone), speedup %.2fx; "
-               "results bitwise equal: %s\n", 100 * (hidden < 0 ? 0 : hidden > 1 ? 1 : hidden), off / on,
-               all_same ? "yes" : "NO");
+        printf("  backward with dp_grad_ready per tensor %8.2f ms  (bound: %.2f ms, the longer of the two)\n",
+               on * 1e3, comm * 1e3);
+        printf("  hidden behind backward: %.0f%% of the reduction ((off - on) / reduction alone), speedup "
+               "%.2fx; "
+               "results bitwise equal: %s\n",
+               100 * (hidden < 0   ? 0
+                      : hidden > 1 ? 1
+                                   : hidden),
+               off / on, all_same ? "yes" : "NO");
     }
     cu.Free(ra.dev), cu.Free(rb.dev);
     free(want_a), free(want_b), free(ra.src), free(rb.src);

@@ -886,7 +886,8 @@ static void print_problems(const job_t *j)
         failed |= rd[r].st.failure[0] != 0;
     printf("problems: %s%s%s%s\n", j->missing ? "ranks without files (see above); " : "",
            desync ? "the ranks made different numbers of collectives (a desync); " : "",
-           nothing ? "nothing was distributed; " : "", j->missing || desync || failed || nothing ? "" : "none");
+           nothing ? "nothing was distributed; " : "",
+           j->missing || desync || failed || nothing ? "" : "none");
     if (nothing) printf("  %s\n", rd[0].st.nothing_shared);
     for (int r = 0; r < j->size; r++)
         if (rd[r].st.failure[0]) printf("  rank %d: %s\n", r, rd[r].st.failure);

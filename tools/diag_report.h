@@ -11,13 +11,13 @@ int dps_diag_report(const char *dir, const char *trace_out, const char *svg_out)
 
 /* One step of a trainer, from rank 0's files (the window between its first and last step end). */
 typedef struct dps_step_profile {
-    int size;          /* ranks of the profiled job */
-    double steps;      /* steps in the window */
-    double step_s;     /* wall time per step */
-    double compute_s;  /* of which outside collectives (the main thread's exposed waits) */
-    double comm_s;     /* of which inside collectives */
-    double wait_s;     /* of that, waiting for the last rank to arrive */
-    double bytes;      /* all-reduced and broadcast bytes per step (both threads) */
+    int size;           /* ranks of the profiled job */
+    double steps;       /* steps in the window */
+    double step_s;      /* wall time per step */
+    double compute_s;   /* of which outside collectives (the main thread's exposed waits) */
+    double comm_s;      /* of which inside collectives */
+    double wait_s;      /* of that, waiting for the last rank to arrive */
+    double bytes;       /* all-reduced and broadcast bytes per step (both threads) */
     double collectives; /* collectives moving data per step */
 } dps_step_profile_t;
 

@@ -38,7 +38,8 @@ extern const char *dpshim_policy_value(const char *section, const char *key) __a
 
 static void fill(float *b, size_t n, int rank)
 {
-    for (size_t i = 0; i < n; i++) b[i] = (float)((i + (size_t)rank) % 7);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (float)((i + (size_t)rank) % 7);
 }
 
 /* ResNet-50's parameter tensors (torchvision layout): conv1 and its BatchNorm, four stages of
@@ -74,7 +75,8 @@ static double grads_weight(void)
 
 static void weigh(float *x, size_t n, double w)
 {
-    for (size_t i = 0; w != 1.0 && i < n; i++) x[i] = (float)((double)x[i] * w);
+    for (size_t i = 0; w != 1.0 && i < n; i++)
+        x[i] = (float)((double)x[i] * w);
 }
 
 static int by_time(const void *a, const void *b)
@@ -94,11 +96,13 @@ static double last_shim_s;
 static int run_set(const char *set, size_t *sz, size_t nt, int row)
 {
     size_t n = 0;
-    for (size_t i = 0; i < nt; i++) n += sz[i];
+    for (size_t i = 0; i < nt; i++)
+        n += sz[i];
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *src = malloc(n * sizeof *src);
     fill(src, n, rank);
     dp_tensor t[200];
-    for (size_t i = 0, off = 0; i < nt; off += sz[i++]) t[i] = (dp_tensor){b + off, sz[i], DP_F32, DP_HOST, "bench"};
+    for (size_t i = 0, off = 0; i < nt; off += sz[i++])
+        t[i] = (dp_tensor){b + off, sz[i], DP_F32, DP_HOST, "bench"};
     memcpy(b, src, n * sizeof *b);
     dp_grads(t, nt); /* first use: opens the backend and measures the piece size */
     /* the check: one call each on the same data */
@@ -124,7 +128,8 @@ static int run_set(const char *set, size_t *sz, size_t nt, int row)
         plain[rep] = (MPI_Wtime() - t0) / calls;
         MPI_Barrier(MPI_COMM_WORLD);
         t0 = MPI_Wtime();
-        for (int c = 0; c < calls; c++) dp_grads(t, nt);
+        for (int c = 0; c < calls; c++)
+            dp_grads(t, nt);
         shim[rep] = (MPI_Wtime() - t0) / calls;
         MPI_Allreduce(MPI_IN_PLACE, &plain[rep], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         MPI_Allreduce(MPI_IN_PLACE, &shim[rep], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -143,17 +148,22 @@ static int run_set(const char *set, size_t *sz, size_t nt, int row)
     double bytes = (double)n * sizeof(float), f = 2.0 * (size - 1) / size;
     if (!rank && row) {
         printf("%12.0f %10.3f %9.3f %9.3f %10.3f %9.3f %9.3f %7.2f %6s\n", bytes, tp * 1e3, bytes / tp / 1e9,
-               f * bytes / tp / 1e9, ts * 1e3, bytes / ts / 1e9, f * bytes / ts / 1e9, tp / ts, all_same ? "yes" : "NO");
+               f * bytes / tp / 1e9, ts * 1e3, bytes / ts / 1e9, f * bytes / ts / 1e9, tp / ts,
+               all_same ? "yes" : "NO");
     } else if (!rank) {
-        printf("%s: %zu tensor(s), %.1f MiB, np=%d, MPI initialized by the %s, median of %d alternating rounds:\n", set,
-               nt, bytes / (1 << 20), size, world, ROUNDS);
-        printf("  plain, one MPI_Allreduce per tensor %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", tp * 1e3,
-               bytes / tp / 1e9, f * bytes / tp / 1e9);
-        printf("  dpshim dp_grads (%s)%*s %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n", w == 1.0 ? "sum" : "mean",
-               w == 1.0 ? 12 : 11, "", ts * 1e3, bytes / ts / 1e9, f * bytes / ts / 1e9);
-        printf("  speedup plain/shim %.2fx, results bitwise equal: %s; memcpy on one core %.2f GB/s (plain busbw %.0f%%, "
-               "shim busbw %.0f%% of it)\n", tp / ts, all_same ? "yes" : "NO", bytes / mc / 1e9,
-               100 * (f * bytes / tp) / (bytes / mc), 100 * (f * bytes / ts) / (bytes / mc));
+        printf("%s: %zu tensor(s), %.1f MiB, np=%d, MPI initialized by the %s, median of %d alternating "
+               "rounds:\n",
+               set, nt, bytes / (1 << 20), size, world, ROUNDS);
+        printf("  plain, one MPI_Allreduce per tensor %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n",
+               tp * 1e3, bytes / tp / 1e9, f * bytes / tp / 1e9);
+        printf("  dpshim dp_grads (%s)%*s %8.2f ms  algbw %6.2f GB/s  busbw %6.2f GB/s\n",
+               w == 1.0 ? "sum" : "mean", w == 1.0 ? 12 : 11, "", ts * 1e3, bytes / ts / 1e9,
+               f * bytes / ts / 1e9);
+        printf("  speedup plain/shim %.2fx, results bitwise equal: %s; memcpy on one core %.2f GB/s (plain "
+               "busbw %.0f%%, "
+               "shim busbw %.0f%% of it)\n",
+               tp / ts, all_same ? "yes" : "NO", bytes / mc / 1e9, 100 * (f * bytes / tp) / (bytes / mc),
+               100 * (f * bytes / ts) / (bytes / mc));
     }
     free(a), free(b), free(src);
     return all_same;
@@ -165,7 +175,8 @@ static void sleep_until(const struct timespec *start, double ns)
     struct timespec d = *start;
     long long at = (long long)d.tv_nsec + (long long)ns;
     d.tv_sec += (time_t)(at / 1000000000), d.tv_nsec = (long)(at % 1000000000);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &d, NULL) != 0) {}
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &d, NULL) != 0) {
+    }
 }
 
 /* One simulated step: backward announces tensors last to first, dp_grads ends it. */
@@ -189,7 +200,8 @@ double bench_backward_step(dp_tensor *t, size_t nt, size_t total, double compute
 static int run_overlap(void)
 {
     size_t sz[200], nt = bench_resnet50(sz), n = 0;
-    for (size_t i = 0; i < nt; i++) n += sz[i];
+    for (size_t i = 0; i < nt; i++)
+        n += sz[i];
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *src = malloc(n * sizeof *src);
     fill(src, n, rank);
     dp_tensor ta[200], tb[200];
@@ -217,14 +229,16 @@ static int run_overlap(void)
     int same = memcmp(a, b, n * sizeof *a) == 0, all_same;
     MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!rank) {
-        printf("overlap: ResNet-50's 161 tensors (%.1f MiB), np=%d, simulated backward of %.2f ms (sleeps, as a CPU "
-               "waiting for GPU kernels), best of 5:\n", (double)n * sizeof(float) / (1 << 20), size, comm * 1e3);
+        printf("overlap: ResNet-50's 161 tensors (%.1f MiB), np=%d, simulated backward of %.2f ms (sleeps, "
+               "as a CPU "
+               "waiting for GPU kernels), best of 5:\n",
+               (double)n * sizeof(float) / (1 << 20), size, comm * 1e3);
         printf("  reduction alone                        %8.2f ms\n", comm * 1e3);
         printf("  backward, then dp_grads                %8.2f ms\n", off * 1e3);
-        printf("  backward with dp_grad_ready per tensor %8.2f ms  (bound: %.2f ms, the longer of the two)\n", on * 1e3,
-               comm * 1e3);
-        printf("  speedup from overlap %.2fx (at most %.2fx), results bitwise equal: %s\n", off / on, off / comm,
-               all_same ? "yes" : "NO");
+        printf("  backward with dp_grad_ready per tensor %8.2f ms  (bound: %.2f ms, the longer of the two)\n",
+               on * 1e3, comm * 1e3);
+        printf("  speedup from overlap %.2fx (at most %.2fx), results bitwise equal: %s\n", off / on,
+               off / comm, all_same ? "yes" : "NO");
     }
     free(a), free(b), free(src);
     return all_same;
@@ -274,10 +288,14 @@ __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **ar
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (!strcmp(world, "program")) world = "program (MPI_Init)";
-    else if (!strcmp(world, "program-mt")) world = "program (MPI_Init_thread, MPI_THREAD_MULTIPLE)";
-    else if (!strcmp(world, "shim")) world = "shim (at the first hook)";
-    else world = "shim, in a Python process with torch";
+    if (!strcmp(world, "program"))
+        world = "program (MPI_Init)";
+    else if (!strcmp(world, "program-mt"))
+        world = "program (MPI_Init_thread, MPI_THREAD_MULTIPLE)";
+    else if (!strcmp(world, "shim"))
+        world = "shim (at the first hook)";
+    else
+        world = "shim, in a Python process with torch";
     const char *set = argc > 1 ? argv[1] : "sweep";
     size_t sz[200], nt = 0;
     int ok = 1;
@@ -291,10 +309,12 @@ __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **ar
         ok = bench_gpu_overlap(rank, size);
     } else if (!strcmp(set, "sweep")) {
         if (!rank)
-            printf("all-reduce of one f32 buffer, np=%d, MPI initialized by the %s, median of %d alternating rounds "
+            printf("all-reduce of one f32 buffer, np=%d, MPI initialized by the %s, median of %d alternating "
+                   "rounds "
                    "(GB/s: algbw = bytes/time, busbw = algbw*2(n-1)/n)\n"
-                   "%12s %10s %9s %9s %10s %9s %9s %7s %6s\n", size, world, ROUNDS, "bytes", "plain ms", "algbw", "busbw",
-                   "dpshim ms", "algbw", "busbw", "ratio", "same");
+                   "%12s %10s %9s %9s %10s %9s %9s %7s %6s\n",
+                   size, world, ROUNDS, "bytes", "plain ms", "algbw", "busbw", "dpshim ms", "algbw", "busbw",
+                   "ratio", "same");
         double t_small = 0, t_large = 0, n_large = 0;
         for (size_t bytes = 4; bytes <= (256u << 20); bytes *= 4) {
             sz[0] = bytes / sizeof(float), nt = 1;
@@ -307,18 +327,24 @@ __attribute__((visibility("default"))) int dpshim_bench_main(int argc, char **ar
         if (!rank && size > 1) {
             double alpha = t_small / (2.0 * (size - 1)), f = 2.0 * (size - 1) / size;
             double bw = f * n_large / (t_large - 2.0 * (size - 1) * alpha);
-            printf("model inputs (ring fit of the dpshim column): --alpha-us %.3f --bw-gbs %.3f\n", alpha * 1e6, bw / 1e9);
+            printf("model inputs (ring fit of the dpshim column): --alpha-us %.3f --bw-gbs %.3f\n",
+                   alpha * 1e6, bw / 1e9);
         }
     } else {
-        if (!strcmp(set, "resnet50")) nt = bench_resnet50(sz);
-        else if (!strcmp(set, "small")) for (nt = 0; nt < 161; nt++) sz[nt] = 256;
+        if (!strcmp(set, "resnet50"))
+            nt = bench_resnet50(sz);
+        else if (!strcmp(set, "small"))
+            for (nt = 0; nt < 161; nt++)
+                sz[nt] = 256;
         else {
             char *end;
             unsigned long mib = strtoul(set, &end, 10);
             if (*end || !mib || mib > 4096) {
                 if (!rank)
-                    fprintf(stderr, "dpshim-bench: %s: say sweep, resnet50, small, overlap, gpu[:MiB], "
-                                    "gpu-sweep[:MiB,...], gpu-overlap or a size in MiB (1..4096)\n", set);
+                    fprintf(stderr,
+                            "dpshim-bench: %s: say sweep, resnet50, small, overlap, gpu[:MiB], "
+                            "gpu-sweep[:MiB,...], gpu-overlap or a size in MiB (1..4096)\n",
+                            set);
                 if (ours) MPI_Finalize();
                 return 2;
             }

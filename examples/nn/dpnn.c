@@ -21,9 +21,9 @@ typedef enum { L_DENSE, L_BN, L_RELU } layer_kind_t;
 typedef struct layer {
     layer_kind_t kind;
     size_t in, out;
-    float *w, *b;   /* dense: weights [in][out] and bias; BN: gamma and beta */
-    float *gw, *gb; /* their gradients */
-    float *vw, *vb; /* momentum */
+    float *w, *b;        /* dense: weights [in][out] and bias; BN: gamma and beta */
+    float *gw, *gb;      /* their gradients */
+    float *vw, *vb;      /* momentum */
     float *rmean, *rvar; /* BN running statistics */
     double *istd;        /* BN: 1/sqrt(var + eps) of the last training batch */
     float *xhat;         /* BN: normalized input of the last training batch */
@@ -52,7 +52,10 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static double rng_uniform(uint64_t *s) { return ((rng_next(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double rng_uniform(uint64_t *s)
+{
+    return ((rng_next(s) >> 11) + 0.5) * 0x1.0p-53;
+}
 
 static double rng_normal(uint64_t *s)
 {
@@ -60,7 +63,10 @@ static double rng_normal(uint64_t *s)
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586476925 * v);
 }
 
-static float *zalloc(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+static float *zalloc(size_t n)
+{
+    return calloc(n ? n : 1, sizeof(float));
+}
 
 static void add_param(dpnn_model_t *m, float *data, size_t n, const char *name)
 {
@@ -73,7 +79,10 @@ static void add_grad(dpnn_model_t *m, float *data, size_t n, const char *name)
 }
 
 static const char *const names[][6] = {
-#define N(i) {"fc" #i ".w", "fc" #i ".b", "bn" #i ".gamma", "bn" #i ".beta", "bn" #i ".mean", "bn" #i ".var"}
+#define N(i)                                                                                                 \
+    {                                                                                                        \
+        "fc" #i ".w", "fc" #i ".b", "bn" #i ".gamma", "bn" #i ".beta", "bn" #i ".mean", "bn" #i ".var"       \
+    }
     N(0), N(1), N(2), N(3), N(4), N(5), N(6), N(7), N(8),
 #undef N
 };
@@ -104,7 +113,8 @@ dpnn_model_t *dpnn_create(const dpnn_config_t *cfg)
         d->w = zalloc(in * out), d->gw = zalloc(in * out), d->vw = zalloc(in * out);
         d->b = zalloc(out), d->gb = zalloc(out), d->vb = zalloc(out);
         double sd = sqrt(2.0 / (double)in); /* He initialization for ReLU */
-        for (size_t i = 0; i < in * out; i++) d->w[i] = (float)(sd * rng_normal(&init_state));
+        for (size_t i = 0; i < in * out; i++)
+            d->w[i] = (float)(sd * rng_normal(&init_state));
         add_param(m, d->w, in * out, names[h][0]);
         add_param(m, d->b, out, names[h][1]);
         add_grad(m, d->gw, in * out, names[h][0]);
@@ -116,7 +126,8 @@ dpnn_model_t *dpnn_create(const dpnn_config_t *cfg)
                 bn->b = zalloc(out), bn->gb = zalloc(out), bn->vb = zalloc(out);
                 bn->rmean = zalloc(out), bn->rvar = zalloc(out);
                 bn->istd = calloc(out, sizeof(double));
-                for (size_t c = 0; c < out; c++) bn->w[c] = 1.0f, bn->rvar[c] = 1.0f;
+                for (size_t c = 0; c < out; c++)
+                    bn->w[c] = 1.0f, bn->rvar[c] = 1.0f;
                 add_param(m, bn->w, out, names[h][2]);
                 add_param(m, bn->b, out, names[h][3]);
                 add_param(m, bn->rmean, out, names[h][4]);
@@ -144,7 +155,10 @@ void dpnn_free(dpnn_model_t *m)
     free(m);
 }
 
-uint64_t dpnn_steps(const dpnn_model_t *m) { return m->steps; }
+uint64_t dpnn_steps(const dpnn_model_t *m)
+{
+    return m->steps;
+}
 
 static int ensure_capacity(dpnn_model_t *m, size_t n)
 {
@@ -166,7 +180,8 @@ static void gather(dpnn_model_t *m, const dpnn_data_t *d, const uint64_t *idx, s
 {
     for (size_t i = 0; i < n; i++) {
         const uint8_t *px = d->pixels + idx[i] * d->dim;
-        for (size_t k = 0; k < d->dim; k++) m->input[i * d->dim + k] = px[k] * (1.0f / 255.0f);
+        for (size_t k = 0; k < d->dim; k++)
+            m->input[i * d->dim + k] = px[k] * (1.0f / 255.0f);
     }
 }
 
@@ -179,7 +194,8 @@ static void dense_forward(const layer_t *l, const float *x, size_t n)
             float a = x[i * l->in + k];
             if (a == 0.0f) continue; /* inputs and ReLU outputs are often zero */
             const float *w = l->w + k * l->out;
-            for (size_t j = 0; j < l->out; j++) y[j] += a * w[j];
+            for (size_t j = 0; j < l->out; j++)
+                y[j] += a * w[j];
         }
     }
 }
@@ -189,16 +205,19 @@ static void dense_backward(const layer_t *l, const float *x, float *dx, size_t n
 {
     for (size_t i = 0; i < n; i++) {
         const float *dy = l->dact + i * l->out;
-        for (size_t j = 0; j < l->out; j++) l->gb[j] += dy[j];
+        for (size_t j = 0; j < l->out; j++)
+            l->gb[j] += dy[j];
         for (size_t k = 0; k < l->in; k++) {
             float a = x[i * l->in + k];
             float *gw = l->gw + k * l->out;
             const float *w = l->w + k * l->out;
             if (a != 0.0f)
-                for (size_t j = 0; j < l->out; j++) gw[j] += a * dy[j];
+                for (size_t j = 0; j < l->out; j++)
+                    gw[j] += a * dy[j];
             if (dx) {
                 float s = 0.0f;
-                for (size_t j = 0; j < l->out; j++) s += dy[j] * w[j];
+                for (size_t j = 0; j < l->out; j++)
+                    s += dy[j] * w[j];
                 dx[i * l->in + k] = s;
             }
         }
@@ -286,10 +305,15 @@ static void forward(dpnn_model_t *m, size_t n, int train)
         layer_t *l = &m->L[i];
         const float *x = layer_input(m, i);
         switch (l->kind) {
-        case L_DENSE: dense_forward(l, x, n); break;
-        case L_BN: bn_forward(l, x, n, train); break;
+        case L_DENSE:
+            dense_forward(l, x, n);
+            break;
+        case L_BN:
+            bn_forward(l, x, n, train);
+            break;
         case L_RELU:
-            for (size_t j = 0; j < n * l->out; j++) l->act[j] = x[j] > 0.0f ? x[j] : 0.0f;
+            for (size_t j = 0; j < n * l->out; j++)
+                l->act[j] = x[j] > 0.0f ? x[j] : 0.0f;
             break;
         }
     }
@@ -306,9 +330,11 @@ static double loss_and_grad(dpnn_model_t *m, const uint8_t *labels, const uint64
         const float *z = out->act + i * K;
         float *g = out->dact + i * K;
         float mx = z[0];
-        for (size_t k = 1; k < K; k++) mx = z[k] > mx ? z[k] : mx;
+        for (size_t k = 1; k < K; k++)
+            mx = z[k] > mx ? z[k] : mx;
         double den = 0.0;
-        for (size_t k = 0; k < K; k++) den += exp((double)(z[k] - mx));
+        for (size_t k = 0; k < K; k++)
+            den += exp((double)(z[k] - mx));
         unsigned y = labels[idx[i]];
         for (size_t k = 0; k < K; k++) {
             double p = exp((double)(z[k] - mx)) / den;
@@ -339,10 +365,15 @@ static void backward(dpnn_model_t *m, size_t n)
         layer_t *l = &m->L[i];
         float *dx = i > 0 ? m->L[i - 1].dact : NULL;
         switch (l->kind) {
-        case L_DENSE: dense_backward(l, layer_input(m, i), dx, n); break;
-        case L_BN: bn_backward(l, dx, n); break;
+        case L_DENSE:
+            dense_backward(l, layer_input(m, i), dx, n);
+            break;
+        case L_BN:
+            bn_backward(l, dx, n);
+            break;
         case L_RELU:
-            for (size_t j = 0; j < n * l->out; j++) dx[j] = l->act[j] > 0.0f ? l->dact[j] : 0.0f;
+            for (size_t j = 0; j < n * l->out; j++)
+                dx[j] = l->act[j] > 0.0f ? l->dact[j] : 0.0f;
             break;
         }
         if (l->gw) announce(l);
@@ -356,8 +387,10 @@ static void sgd(dpnn_model_t *m)
         layer_t *l = &m->L[i];
         if (!l->gw) continue;
         size_t nw = l->kind == L_DENSE ? l->in * l->out : l->out;
-        for (size_t j = 0; j < nw; j++) l->vw[j] = mu * l->vw[j] + l->gw[j], l->w[j] -= lr * l->vw[j];
-        for (size_t j = 0; j < l->out; j++) l->vb[j] = mu * l->vb[j] + l->gb[j], l->b[j] -= lr * l->vb[j];
+        for (size_t j = 0; j < nw; j++)
+            l->vw[j] = mu * l->vw[j] + l->gw[j], l->w[j] -= lr * l->vw[j];
+        for (size_t j = 0; j < l->out; j++)
+            l->vb[j] = mu * l->vb[j] + l->gb[j], l->b[j] -= lr * l->vb[j];
     }
 }
 
@@ -388,7 +421,8 @@ int dpnn_train_epoch(dpnn_model_t *m, const dpnn_data_t *d, size_t batch, uint64
                      dpnn_epoch_stats_t *stats)
 {
     if (batch == 0 || ensure_perm(m, d->n) != 0) return -1;
-    for (size_t i = 0; i < d->n; i++) m->perm[i] = i;
+    for (size_t i = 0; i < d->n; i++)
+        m->perm[i] = i;
     for (size_t i = d->n; i > 1; i--) { /* Fisher-Yates */
         size_t j = (size_t)(rng_next(&m->shuffle_state) % i);
         uint64_t t = m->perm[i - 1];
@@ -416,7 +450,8 @@ double dpnn_evaluate(dpnn_model_t *m, const dpnn_data_t *d, size_t batch)
     if (batch == 0 || ensure_perm(m, batch) != 0 || ensure_capacity(m, batch) != 0) return -1.0;
     for (size_t s = 0; s < d->n; s += batch) {
         size_t b = d->n - s < batch ? d->n - s : batch;
-        for (size_t i = 0; i < b; i++) m->bidx[i] = s + i;
+        for (size_t i = 0; i < b; i++)
+            m->bidx[i] = s + i;
         size_t k = dp_batch ? dp_batch(m->bidx, b) : b;
         gather(m, d, m->bidx, k);
         forward(m, k, 0);
@@ -424,7 +459,8 @@ double dpnn_evaluate(dpnn_model_t *m, const dpnn_data_t *d, size_t batch)
         for (size_t i = 0; i < k; i++) {
             const float *z = out->act + i * out->out;
             size_t best = 0;
-            for (size_t c = 1; c < out->out; c++) best = z[c] > z[best] ? c : best;
+            for (size_t c = 1; c < out->out; c++)
+                best = z[c] > z[best] ? c : best;
             v[0] += best == d->labels[m->bidx[i]];
         }
         v[1] += (double)k;
@@ -449,8 +485,8 @@ int dpnn_save(const dpnn_model_t *m, const char *path, char *err, size_t errlen)
     for (size_t i = 0; ok && i < m->nparams; i++) {
         const dp_tensor *t = &m->params[i];
         uint32_t nl = (uint32_t)strlen(t->name);
-        ok = fwrite(&nl, 4, 1, f) == 1 && fwrite(t->name, nl, 1, f) == 1 &&
-             fwrite(&t->count, 8, 1, f) == 1 && fwrite(t->data, sizeof(float), t->count, f) == t->count;
+        ok = fwrite(&nl, 4, 1, f) == 1 && fwrite(t->name, nl, 1, f) == 1 && fwrite(&t->count, 8, 1, f) == 1 &&
+             fwrite(t->data, sizeof(float), t->count, f) == t->count;
     }
     if (fclose(f) != 0) ok = 0;
     if (!ok) {
@@ -462,7 +498,8 @@ int dpnn_save(const dpnn_model_t *m, const char *path, char *err, size_t errlen)
 
 void dpnn_ckpt_free(dpnn_ckpt_tensor_t *t, size_t n)
 {
-    for (size_t i = 0; t && i < n; i++) free(t[i].data);
+    for (size_t i = 0; t && i < n; i++)
+        free(t[i].data);
     free(t);
 }
 
@@ -511,7 +548,8 @@ int dpnn_load(dpnn_model_t *m, const char *path, char *err, size_t errlen)
     int ok = n == m->nparams;
     for (size_t i = 0; ok && i < n; i++)
         ok = strcmp(t[i].name, m->params[i].name) == 0 && t[i].count == m->params[i].count;
-    for (size_t i = 0; ok && i < n; i++) memcpy(m->params[i].data, t[i].data, t[i].count * sizeof(float));
+    for (size_t i = 0; ok && i < n; i++)
+        memcpy(m->params[i].data, t[i].data, t[i].count * sizeof(float));
     dpnn_ckpt_free(t, n);
     if (!ok) {
         snprintf(err, errlen, "%s does not match this model's layers", path);

@@ -37,8 +37,8 @@ dpnn_model_t *dpnn_create(const dpnn_config_t *cfg);
 void dpnn_free(dpnn_model_t *m);
 
 typedef struct dpnn_epoch_stats {
-    double loss;     /* mean cross-entropy over the epoch's samples */
-    uint64_t steps;  /* optimizer steps taken in the epoch */
+    double loss;    /* mean cross-entropy over the epoch's samples */
+    uint64_t steps; /* optimizer steps taken in the epoch */
 } dpnn_epoch_stats_t;
 
 /* One epoch of shuffled mini-batch SGD; stops early once the model has taken max_steps steps

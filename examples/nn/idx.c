@@ -27,8 +27,8 @@ static uint32_t be32(const unsigned char *b)
 }
 
 /* Reads an IDX file of unsigned bytes with `ndim` dimensions into *data_p. */
-static int read_idx(const char *path, uint32_t magic, int ndim, uint32_t *dims, uint8_t **data_p,
-                    char *err, size_t errlen)
+static int read_idx(const char *path, uint32_t magic, int ndim, uint32_t *dims, uint8_t **data_p, char *err,
+                    size_t errlen)
 {
     gzFile f = gzopen(path, "rb");
     if (!f) {
@@ -38,8 +38,8 @@ static int read_idx(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
     unsigned char hdr[16];
     size_t hlen = 4 + 4 * (size_t)ndim, total = 1;
     if (gz_read_all(f, hdr, hlen) != 0 || be32(hdr) != magic) {
-        snprintf(err, errlen, "%s is not an IDX file of %d-dimensional bytes (bad or truncated header)",
-                 path, ndim);
+        snprintf(err, errlen, "%s is not an IDX file of %d-dimensional bytes (bad or truncated header)", path,
+                 ndim);
         gzclose(f);
         return -1;
     }
@@ -54,7 +54,8 @@ static int read_idx(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
     }
     uint8_t *data = malloc(total);
     if (!data || gz_read_all(f, data, total) != 0) {
-        snprintf(err, errlen, "%s: %s", path, data ? "truncated: fewer bytes than its header says" : "out of memory");
+        snprintf(err, errlen, "%s: %s", path,
+                 data ? "truncated: fewer bytes than its header says" : "out of memory");
         free(data);
         gzclose(f);
         return -1;

@@ -9,9 +9,10 @@
 #include <errno.h>
 #include <stdarg.h>
 
-#define SYS_REAL(type, name) \
-    static type name##_p;    \
-    if (!__atomic_load_n(&name##_p, __ATOMIC_RELAXED)) __atomic_store_n(&name##_p, (type)dlsym(RTLD_NEXT, #name), __ATOMIC_RELAXED)
+#define SYS_REAL(type, name)                                                                                 \
+    static type name##_p;                                                                                    \
+    if (!__atomic_load_n(&name##_p, __ATOMIC_RELAXED))                                                       \
+    __atomic_store_n(&name##_p, (type)dlsym(RTLD_NEXT, #name), __ATOMIC_RELAXED)
 
 typedef int (*fflush_fn)(FILE *);
 typedef FILE *(*fopen_fn)(const char *, const char *);
@@ -19,7 +20,10 @@ typedef int (*fclose_fn)(FILE *);
 typedef int (*fputc_fn)(int, FILE *);
 typedef int (*vfprintf_fn)(FILE *, const char *, va_list);
 
-int dps_sys_flush_all(void) { return dps_sys_fflush(NULL); }
+int dps_sys_flush_all(void)
+{
+    return dps_sys_fflush(NULL);
+}
 
 int dps_sys_fflush(FILE *f)
 {

@@ -69,10 +69,13 @@ static void item_text(const item_t *it, char *buf, size_t len)
 {
     const dps_policy_t *p = &dps_g.policy;
     char src[1100];
-    if (it->kind == ITEM_HOOKS) hooks_text(p, buf, len);
-    else if (it->kind == ITEM_LIBRARY) snprintf(buf, len, "%s", LIBRARY_TEXT);
+    if (it->kind == ITEM_HOOKS)
+        hooks_text(p, buf, len);
+    else if (it->kind == ITEM_LIBRARY)
+        snprintf(buf, len, "%s", LIBRARY_TEXT);
     else
-        snprintf(buf, len, "%.40s (%.48s)", dps_policy_text(p, it->key), dps_policy_source(p, it->key, src, sizeof src));
+        snprintf(buf, len, "%.40s (%.48s)", dps_policy_text(p, it->key),
+                 dps_policy_source(p, it->key, src, sizeof src));
 }
 
 static uint64_t item_checksum(const item_t *it)
@@ -145,7 +148,8 @@ static void report_item(const item_t *it, const char *texts, int size)
         return;
     }
     DPS_ERROR("%s differs between the ranks; it must be the same on every rank (it shapes the collectives "
-              "or their arithmetic):", name);
+              "or their arithmetic):",
+              name);
     for (int r = 0; r < size; r++) {
         const char *v = texts + (size_t)r * ITEM_TEXT;
         int first = 1;
@@ -167,8 +171,10 @@ static _Noreturn void report_differences(const dps_backend_t *be, const item_t *
     unsigned char *texts = calloc(nbad, slot);
     if (texts) {
         for (size_t i = 0; i < nbad; i++)
-            item_text(&items[bad[i]], (char *)texts + i * slot + (size_t)dps_g.eff_rank * ITEM_TEXT, ITEM_TEXT);
-        if (be->allreduce(texts, nbad * slot, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0) free(texts), texts = NULL;
+            item_text(&items[bad[i]], (char *)texts + i * slot + (size_t)dps_g.eff_rank * ITEM_TEXT,
+                      ITEM_TEXT);
+        if (be->allreduce(texts, nbad * slot, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0)
+            free(texts), texts = NULL;
     }
     char names[512] = "";
     for (size_t i = 0; i < nbad; i++) {
@@ -179,7 +185,8 @@ static _Noreturn void report_differences(const dps_backend_t *be, const item_t *
     }
     DPS_ERROR("the ranks differ in %s: the job was not started. Set these alike on every rank (a per-host "
               "environment, a module file or a policy file that differs between nodes does this; "
-              "dpshim-diag config shows where each value comes from)", names);
+              "dpshim-diag config shows where each value comes from)",
+              names);
     /* rank 0's list first: the launcher ends the job at the first exit */
     if (dps_g.eff_rank != 0) sleep(2);
     dps_run_before_fatal_exit();
@@ -194,7 +201,8 @@ static char *gather_hosts(const dps_backend_t *be)
 {
     char *table = calloc((size_t)dps_g.eff_size, DPS_GUARD_HOST);
     if (!table) return NULL;
-    snprintf(table + (size_t)dps_g.eff_rank * DPS_GUARD_HOST, DPS_GUARD_HOST, "%s", dps_guard_host(dps_g.eff_rank));
+    snprintf(table + (size_t)dps_g.eff_rank * DPS_GUARD_HOST, DPS_GUARD_HOST, "%s",
+             dps_guard_host(dps_g.eff_rank));
     if (be->allreduce(table, (size_t)dps_g.eff_size * DPS_GUARD_HOST, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0) {
         free(table);
         return NULL;
@@ -213,7 +221,8 @@ static void measure_clocks(const dps_backend_t *be, const char *hosts)
     uint64_t error = 0;
     if (any && be->clock_offset && be->clock_offset(measure, &offset, &error) == 0) {
         dps_diag_set_clock(offset, error);
-        DPS_INFO("wall clock %+.3f ms from rank 0's (within %.3f ms)", (double)offset * 1e-6, (double)error * 1e-6);
+        DPS_INFO("wall clock %+.3f ms from rank 0's (within %.3f ms)", (double)offset * 1e-6,
+                 (double)error * 1e-6);
     } else if (!any && measure) {
         dps_diag_set_clock(0, 0); /* one host: one clock */
     } else if (any) {
@@ -231,14 +240,17 @@ static void check_local_size(const char *hosts, const char *hook)
     if (!hosts || dps_g.eff_size != dps_g.size) return;
     const char *mine = hosts + (size_t)dps_g.rank * DPS_GUARD_HOST;
     int on_host = 0;
-    for (int r = 0; r < dps_g.size; r++) on_host += strcmp(hosts + (size_t)r * DPS_GUARD_HOST, mine) == 0;
+    for (int r = 0; r < dps_g.size; r++)
+        on_host += strcmp(hosts + (size_t)r * DPS_GUARD_HOST, mine) == 0;
     if (on_host != dps_g.local_size)
-        dps_fatal("%s: the launcher gives this rank local rank %d of %d (from %s, launcher %s), but %d rank(s) of the "
-                  "job run on this host (%s) by their host names: the GPU binding and the shared-memory sums would "
-                  "be wrong. Check the launch line (a Slurm step with another task layout than the job's, or a "
-                  "hand-set variable), or start with mpirun",
-                  hook, dps_g.local_rank, dps_g.local_size, dps_g.local_source ? dps_g.local_source : "?",
-                  dps_g.launcher, on_host, mine);
+        dps_fatal(
+            "%s: the launcher gives this rank local rank %d of %d (from %s, launcher %s), but %d rank(s) of "
+            "the "
+            "job run on this host (%s) by their host names: the GPU binding and the shared-memory sums would "
+            "be wrong. Check the launch line (a Slurm step with another task layout than the job's, or a "
+            "hand-set variable), or start with mpirun",
+            hook, dps_g.local_rank, dps_g.local_size, dps_g.local_source ? dps_g.local_source : "?",
+            dps_g.launcher, on_host, mine);
 }
 
 void dps_engine_agree(const dps_backend_t *be, const char *hook)
@@ -266,15 +278,17 @@ void dps_engine_agree(const dps_backend_t *be, const char *hook)
     if (auto_overlap) {
         dps_g.overlap = v[2 * n + DECIDE_OVERLAP] != 0;
         if (dps_g.eff_rank == 0)
-            DPS_INFO("[comm] overlap = auto, for the job: %s", dps_g.overlap ? "on (every rank has a core to spare)"
-                                                                            : "off (some rank has no core to spare)");
+            DPS_INFO("[comm] overlap = auto, for the job: %s", dps_g.overlap
+                                                                   ? "on (every rank has a core to spare)"
+                                                                   : "off (some rank has no core to spare)");
     }
     if (auto_desync) {
         dps_guard_set_desync((int)v[2 * n + DECIDE_DESYNC]);
         if (dps_g.eff_rank == 0)
-            DPS_INFO("[guard] desync = auto, for the job: %s", v[2 * n + DECIDE_DESYNC] == DPS_V_guard_desync_full
-                                                                   ? "full (every rank runs the PyTorch adapter)"
-                                                                   : "step");
+            DPS_INFO("[guard] desync = auto, for the job: %s",
+                     v[2 * n + DECIDE_DESYNC] == DPS_V_guard_desync_full
+                         ? "full (every rank runs the PyTorch adapter)"
+                         : "step");
     }
     char *hosts = gather_hosts(be);
     if (hosts) dps_guard_set_hosts(hosts);

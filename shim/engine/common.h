@@ -39,6 +39,9 @@ int dps_ready_make_room(dps_ready_t *r, size_t n);
  * dps_ready_make_room for n). */
 int dps_ready_complete(dps_ready_t *r, const dp_tensor *t, size_t n, size_t *m_p);
 /* Announced and not yet completed by dp_grads. */
-static inline int dps_ready_outstanding(const dps_ready_t *r) { return r->npending + r->nhanded > 0; }
+static inline int dps_ready_outstanding(const dps_ready_t *r)
+{
+    return r->npending + r->nhanded > 0;
+}
 
 #endif

@@ -36,7 +36,7 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
     s->overlap = DPS_POLICY_ENUM(p, comm, overlap) == DPS_V_comm_overlap_on;
     s->compress_dtype = DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_fp16   ? DP_F16
                         : DPS_POLICY_ENUM(p, comm, compress) == DPS_V_comm_compress_bf16 ? DP_BF16
-                                                                        : -1;
+                                                                                         : -1;
     dps_e.be = s->eff_size == 1 ? &dps_backend_self : NULL;
     if (s->eff_size > 1) {
         dps_files_set_channel(&files_channel);
@@ -58,7 +58,8 @@ static int open_backend(const char *hook, int fatal)
     if (!dps_e.be) {
         char err[1024];
         dps_guard_mark_t mark = dps_guard_opening(hook);
-        const dps_backend_t *be = dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
+        const dps_backend_t *be =
+            dps_backend_open(dps_e.be_name, dps_g.eff_rank, dps_g.eff_size, err, sizeof err);
         if (!be) {
             if (fatal) dps_fatal("%s: %s", hook, err);
             DPS_WARN("%s: %s", hook, err);
@@ -84,10 +85,12 @@ const dps_backend_t *dps_comm(const char *hook)
     if (DPS_UNLIKELY(dps_e.scope_depth)) {
         if (dps_g.eff_rank == 0)
             DPS_WARN_ONCE("%s inside rank-0 scope '%s': it acts as world size 1 here (no other rank "
-                          "takes part), so it cannot block", hook, dps_e.scope_name ? dps_e.scope_name : "");
+                          "takes part), so it cannot block",
+                          hook, dps_e.scope_name ? dps_e.scope_name : "");
         else
             DPS_WARN_ONCE("%s inside rank-0 scope '%s' on a rank that should skip its body; it "
-                          "acts as world size 1 here", hook, dps_e.scope_name ? dps_e.scope_name : "");
+                          "acts as world size 1 here",
+                          hook, dps_e.scope_name ? dps_e.scope_name : "");
         return NULL;
     }
     /* the first process of the rank's tree to reach a collective holds the rank's place (claim.c):
@@ -95,18 +98,21 @@ const dps_backend_t *dps_comm(const char *hook)
     int forked = atomic_load_explicit(&dps_g.forked, memory_order_relaxed);
     if (DPS_UNLIKELY(forked || (!__atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE) && !dps_claim_rank()))) {
         if (dps_g.role == DPS_ROLE_RANK && !forked)
-            dps_fatal("%s in rank %d's process %d, but its child %d took the rank's place in the job by calling a "
-                      "hook first: the job can have one process per rank. Launch the trainer itself (mpirun ... "
-                      "env LD_PRELOAD=libdpshim.so ./trainer), and let a program that starts other programs call "
-                      "its first hook before it starts them", hook, dps_g.rank, (int)getpid(), dps_rank_owner());
+            dps_fatal(
+                "%s in rank %d's process %d, but its child %d took the rank's place in the job by calling a "
+                "hook first: the job can have one process per rank. Launch the trainer itself (mpirun ... "
+                "env LD_PRELOAD=libdpshim.so ./trainer), and let a program that starts other programs call "
+                "its first hook before it starts them",
+                hook, dps_g.rank, (int)getpid(), dps_rank_owner());
         DPS_WARN_ONCE("%s called in process %d, a child of rank %d's process, which holds the rank's place: "
-                      "children never enter collectives, so it acts as world size 1 here", hook, (int)getpid(),
-                      dps_g.rank);
+                      "children never enter collectives, so it acts as world size 1 here",
+                      hook, (int)getpid(), dps_g.rank);
         return NULL;
     }
     if (DPS_UNLIKELY(dps_e.released)) {
         DPS_WARN_ONCE("%s after the program's MPI_Finalize: no collective is possible any more; "
-                      "it acts as world size 1", hook);
+                      "it acts as world size 1",
+                      hook);
         return NULL;
     }
     const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
@@ -124,7 +130,9 @@ static const dps_backend_t *files_backend(void)
 {
     if (dps_e.scope_depth || dps_e.released) return NULL;
     const dps_backend_t *be = __atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE);
-    return be && be->files_post && be->files_wait && be->files_poll && be->files_ack && be->files_next_ack ? be : NULL;
+    return be && be->files_post && be->files_wait && be->files_poll && be->files_ack && be->files_next_ack
+               ? be
+               : NULL;
 }
 
 static int files_post(const void *msg, size_t len)
@@ -194,7 +202,8 @@ void dps_engine_join_at_exit(void)
 {
     const char *l = dps_g.launcher;
     if (dps_e.be || dps_e.released || dps_g.eff_size == 1 || dps_g.role != DPS_ROLE_RANK ||
-        atomic_load(&dps_g.forked) || DPS_POLICY_ENUM(&dps_g.policy, guard, exit_barrier) != DPS_V_guard_exit_barrier_on ||
+        atomic_load(&dps_g.forked) ||
+        DPS_POLICY_ENUM(&dps_g.policy, guard, exit_barrier) != DPS_V_guard_exit_barrier_on ||
         !strcmp(l, "torchrun") || !strcmp(l, "singleton"))
         return;
     DPS_DEBUG("exit before the first collective: joining the others at the exit barrier");

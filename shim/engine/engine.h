@@ -69,13 +69,17 @@ typedef struct dps_weight {
 /* GRADS: an all-reduce that [comm] compress may send in half precision. BARRIER: no data. */
 typedef enum { DPS_FUSE_ALLREDUCE, DPS_FUSE_GRADS, DPS_FUSE_BCAST, DPS_FUSE_BARRIER } dps_fuse_t;
 /* A tensor's name for messages. */
-static inline const char *dps_tensor_name(const dp_tensor *t) { return t->name ? t->name : "unnamed"; }
+static inline const char *dps_tensor_name(const dp_tensor *t)
+{
+    return t->name ? t->name : "unnamed";
+}
 
 /* The elements of t[0..n) (for the guard's fingerprints). */
 static inline uint64_t dps_total_count(const dp_tensor *t, size_t n)
 {
     uint64_t c = 0;
-    for (size_t i = 0; i < n; i++) c += t[i].count;
+    for (size_t i = 0; i < n; i++)
+        c += t[i].count;
     return c;
 }
 
@@ -84,8 +88,8 @@ static inline uint64_t dps_total_count(const dp_tensor *t, size_t n)
  * [comm] bucket_mb; tensors of a bucket's size or more go to the backend in place. Returns 0, or
  * -1 after logging. The hook ABI (hook_abi.c) decides what goes here and what to the GPU path
  * (device.c), which stages through here where it must. */
-int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                   dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
+int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                   dps_weight_t w, dps_redop_t op);
 
 /* The same for gradients on the backend's background channel, from the progress thread only:
  * no guard position (the main thread waiting in dp_grads is the guarded one), and a failure is

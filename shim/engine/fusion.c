@@ -13,11 +13,12 @@
  * background channel. Each lane has its own bucket, so both can pack at once. */
 typedef struct lane {
     int background;
-    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor);
+    int (*allreduce)(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                     int one_tensor);
     const char *(*last_error)(void);
     unsigned char *bucket;
-    uint64_t seq;          /* background collectives so far (the main lane's are the guard's) */
-    char *err;             /* background: where a failure is described for the waiting thread */
+    uint64_t seq; /* background collectives so far (the main lane's are the guard's) */
+    char *err;    /* background: where a failure is described for the waiting thread */
     size_t errlen;
 } lane_t;
 
@@ -31,9 +32,12 @@ static int in_place(const dp_tensor *t, int32_t rd, size_t es, size_t room)
 static float load_float(const unsigned char *src, int32_t dtype, uint64_t j)
 {
     switch (dtype) {
-    case DP_F16: return dps_f16_to_f32(((const uint16_t *)src)[j]);
-    case DP_BF16: return dps_bf16_to_f32(((const uint16_t *)src)[j]);
-    default: return ((const float *)src)[j];
+    case DP_F16:
+        return dps_f16_to_f32(((const uint16_t *)src)[j]);
+    case DP_BF16:
+        return dps_bf16_to_f32(((const uint16_t *)src)[j]);
+    default:
+        return ((const float *)src)[j];
     }
 }
 
@@ -50,7 +54,8 @@ static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t 
     const unsigned char *src = (const unsigned char *)t->data + off * es;
     float *f = (float *)dst;
     if (kind != DPS_FUSE_BCAST && (rd == DP_F16 || rd == DP_BF16)) { /* [comm] compress */
-        for (uint64_t j = 0; j < k; j++) store_half(dst, rd, j, (float)dps_scaled(load_float(src, t->dtype, j), pre));
+        for (uint64_t j = 0; j < k; j++)
+            store_half(dst, rd, j, (float)dps_scaled(load_float(src, t->dtype, j), pre));
         return;
     }
     if (kind == DPS_FUSE_BCAST || (t->dtype != DP_F16 && t->dtype != DP_BF16)) {
@@ -58,7 +63,8 @@ static void pack(unsigned char *dst, const dp_tensor *t, uint64_t off, uint64_t 
         if (kind != DPS_FUSE_BCAST) dps_scale_in_place(dst, k, t->dtype, pre); /* just written: in cache */
         return;
     }
-    for (uint64_t j = 0; j < k; j++) f[j] = (float)dps_scaled(load_float(src, t->dtype, j), pre); /* halves in f32 */
+    for (uint64_t j = 0; j < k; j++)
+        f[j] = (float)dps_scaled(load_float(src, t->dtype, j), pre); /* halves in f32 */
 }
 
 /* Bucket -> tensor elements [off, off+k), the reduced values times `post`. */
@@ -75,8 +81,10 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
     if ((rd == DP_F16 || rd == DP_BF16) && rd != t->dtype) { /* compressed */
         for (uint64_t j = 0; j < k; j++) {
             float x = (float)dps_scaled(load_float(src, rd, j), post);
-            if (t->dtype == DP_F32) ((float *)dst)[j] = x;
-            else store_half(dst, t->dtype, j, x);
+            if (t->dtype == DP_F32)
+                ((float *)dst)[j] = x;
+            else
+                store_half(dst, t->dtype, j, x);
         }
         return;
     }
@@ -85,7 +93,8 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
         dps_scale_in_place(dst, k, t->dtype, post); /* just written: in cache */
         return;
     }
-    for (uint64_t j = 0; j < k; j++) store_half(dst, t->dtype, j, (float)dps_scaled(f[j], post)); /* from f32 */
+    for (uint64_t j = 0; j < k; j++)
+        store_half(dst, t->dtype, j, (float)dps_scaled(f[j], post)); /* from f32 */
 }
 
 /* One collective on buf (one tensor, or a bucket); a reduction weights what goes in by `pre` and
@@ -100,11 +109,14 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
         int rc = L->allreduce(buf, count, dtype, op, pre, post, one_tensor);
         ++L->seq;
         dps_diag_background(hook, bytes, t0, dps_diag_now(), L->seq, dps_e.step);
-        if (rc != 0) snprintf(L->err, L->errlen, "%s (background reduction #%llu): %s", hook,
-                              (unsigned long long)L->seq, L->last_error());
+        if (rc != 0)
+            snprintf(L->err, L->errlen, "%s (background reduction #%llu): %s", hook,
+                     (unsigned long long)L->seq, L->last_error());
         return rc;
     }
-    int coll = kind == DPS_FUSE_BARRIER ? DPS_COLL_BARRIER : kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
+    int coll = kind == DPS_FUSE_BARRIER ? DPS_COLL_BARRIER
+               : kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST
+                                        : DPS_COLL_ALLREDUCE;
     dps_guard_enter(hook, coll, dtype, count);
     uint64_t t0 = dps_diag_now();
     int rc = coll == DPS_COLL_BARRIER ? be->barrier()
@@ -116,7 +128,8 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
         char what[600], where[96];
         dps_guard_where(where, sizeof where);
         snprintf(what, sizeof what, "%s (%s): %s%s", hook, where, be->last_error(),
-                 strstr(be->last_error(), "TRUNCATE") ? " (ranks are calling different collectives: a desync)" : "");
+                 strstr(be->last_error(), "TRUNCATE") ? " (ranks are calling different collectives: a desync)"
+                                                      : "");
         dps_guard_failed(what);
     }
     dps_guard_leave();
@@ -138,7 +151,8 @@ static int alone(const dp_tensor *t, size_t n, size_t i, dps_fuse_t kind, int32_
 {
     if (rd != t[i].dtype || t[i].count > room) return 0;
     size_t j = i + 1;
-    while (j < n && !t[j].count) j++;
+    while (j < n && !t[j].count)
+        j++;
     return j == n || bucket_dtype(&t[j], kind) != rd || in_place(&t[j], rd, es, room) ||
            t[i].count + t[j].count > room;
 }
@@ -180,16 +194,18 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
                 i++, off = 0;
                 continue;
             }
-            if (bucket_dtype(y, kind) != rd || (off == 0 && in_place(y, rd, es, room) && used))
-                break;
+            if (bucket_dtype(y, kind) != rd || (off == 0 && in_place(y, rd, es, room) && used)) break;
             uint64_t k = y->count - off < room - used ? y->count - off : room - used;
             pack(bucket + used * es, y, off, k, kind, pre, rd);
             used += k, off += k;
         }
-        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0)) return -1; /* packing and unpacking weigh */
+        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0))
+            return -1; /* packing and unpacking weigh */
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
-            if (k) unpack(&t[j], first_off, bucket + done * es, k, kind, rd, post); /* an empty tensor may have no data */
+            if (k)
+                unpack(&t[j], first_off, bucket + done * es, k, kind, rd,
+                       post); /* an empty tensor may have no data */
             done += k, first_off += k;
             if (first_off == t[j].count) j++, first_off = 0;
         }
@@ -202,8 +218,8 @@ int dps_barrier(const char *hook, const dps_backend_t *be)
     return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0);
 }
 
-int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                   dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
+int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                   dps_weight_t w, dps_redop_t op)
 {
     dps_guard_tensors(t, n);
     return fuse(&main_lane, hook, be, t, n, kind, w, op);

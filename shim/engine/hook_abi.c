@@ -13,16 +13,29 @@
 #include "progress.h"
 #include "shard.h"
 
-DPS_EXPORT int dp_abi_version(void) { return DPSHIM_HOOK_ABI_VERSION; }
-DPS_EXPORT int dp_rank(void) { return dps_g.rank; }
-DPS_EXPORT int dp_world_size(void) { return dps_g.size; }
-DPS_EXPORT int dp_local_rank(void) { return dps_g.local_rank; }
+DPS_EXPORT int dp_abi_version(void)
+{
+    return DPSHIM_HOOK_ABI_VERSION;
+}
+DPS_EXPORT int dp_rank(void)
+{
+    return dps_g.rank;
+}
+DPS_EXPORT int dp_world_size(void)
+{
+    return dps_g.size;
+}
+DPS_EXPORT int dp_local_rank(void)
+{
+    return dps_g.local_rank;
+}
 
 /* The hooks' own lists could not grow: say so, since this rank now misses a collective the
  * others enter (the guard then names it). */
 static int no_memory(const char *hook, size_t n)
 {
-    DPS_ERROR("%s: out of memory tracking %zu gradient tensors; this rank cannot take part in the reduction", hook, n);
+    DPS_ERROR("%s: out of memory tracking %zu gradient tensors; this rank cannot take part in the reduction",
+              hook, n);
     return -1;
 }
 
@@ -37,8 +50,8 @@ static int null_list(const char *hook, const void *p, size_t n)
 /* A collective of the hooks on t[0..n): where every tensor is in host memory (the common case,
  * known at a glance) the host path, else the host's tensors then the GPU's, the same order on
  * every rank; every tensor is checked before the first collective, GPU ones too. */
-static int collective(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                      dps_weight_t w, dps_redop_t op)
+static int collective(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                      dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     dp_tensor *host, *device;
     size_t nhost, ndevice;
@@ -67,7 +80,8 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
     if (null_list("dp_from_owners", t, n) || null_list("dp_from_owners", owner, n)) return -1;
     for (size_t i = 0; i < n; i++)
         if (owner[i] < 0 || owner[i] >= dps_g.size) {
-            DPS_ERROR("dp_from_owners: tensor %zu (%s) names owner %d, outside the job's ranks 0..%d; nothing was sent",
+            DPS_ERROR("dp_from_owners: tensor %zu (%s) names owner %d, outside the job's ranks 0..%d; "
+                      "nothing was sent",
                       i, dps_tensor_name(&t[i]), owner[i], dps_g.size - 1);
             return -1;
         }
@@ -101,7 +115,8 @@ static int seed_(uint64_t *seed)
 static uint64_t note_batch(uint64_t n, uint64_t *start_p)
 {
     uint64_t start = 0, share = n;
-    if (dps_g.split_mode && dps_g.eff_size > 1) dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
+    if (dps_g.split_mode && dps_g.eff_size > 1)
+        dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
     dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
     *start_p = start;
     return share;
@@ -125,9 +140,11 @@ static size_t whole_batch_(uint64_t n)
     return note_batch(n * (uint64_t)dps_g.eff_size, &start);
 }
 
-_Static_assert((int)DPS_UNEVEN_PAD == (int)DPS_V_data_uneven_pad && (int)DPS_UNEVEN_DROP == (int)DPS_V_data_uneven_drop &&
-                   (int)DPS_UNEVEN_JOIN == (int)DPS_V_data_uneven_join,
-               "[data] uneven must list its values in dps_uneven_t's order: dps_g.uneven is passed on as it is");
+_Static_assert(
+    (int)DPS_UNEVEN_PAD == (int)DPS_V_data_uneven_pad &&
+        (int)DPS_UNEVEN_DROP == (int)DPS_V_data_uneven_drop &&
+        (int)DPS_UNEVEN_JOIN == (int)DPS_V_data_uneven_join,
+    "[data] uneven must list its values in dps_uneven_t's order: dps_g.uneven is passed on as it is");
 
 static size_t epoch_(uint64_t *idx, size_t n)
 {
@@ -139,7 +156,8 @@ static size_t epoch_(uint64_t *idx, size_t n)
         DPS_ERROR("dp_epoch: out of memory");
         return n;
     }
-    size_t keep = dps_epoch_shard(idx, n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven, scratch);
+    size_t keep =
+        dps_epoch_shard(idx, n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven, scratch);
     free(scratch);
     return keep;
 }
@@ -246,17 +264,24 @@ static int grads_weighted(const char *hook, dp_tensor *t, size_t n, dps_weight_t
     return 0;
 }
 
-static int grads_(dp_tensor *t, size_t n) { return grads_weighted("dp_grads", t, n, grad_weight()); }
+static int grads_(dp_tensor *t, size_t n)
+{
+    return grads_weighted("dp_grads", t, n, grad_weight());
+}
 
 /* The adapter's, for a step whose loss sums over the batch (reduction='sum'): each rank's
  * gradient is a sum over its share, so the global one is their plain sum, whatever [comm] reduce
  * says. Its own name in the collective record, so the desync check sees a rank that averages
  * where another sums. */
-static int grads_summed_(dp_tensor *t, size_t n) { return grads_weighted("dp_grads(sum)", t, n, DPS_UNWEIGHTED); }
+static int grads_summed_(dp_tensor *t, size_t n)
+{
+    return grads_weighted("dp_grads(sum)", t, n, DPS_UNWEIGHTED);
+}
 
 static int bn_stats_(dp_tensor *sum, dp_tensor *sumsq, uint64_t *count)
 {
-    if (null_list("dp_bn_stats", sum, 1) || null_list("dp_bn_stats", sumsq, 1) || null_list("dp_bn_stats", count, 1))
+    if (null_list("dp_bn_stats", sum, 1) || null_list("dp_bn_stats", sumsq, 1) ||
+        null_list("dp_bn_stats", count, 1))
         return -1;
     if (!dps_g.bn_sync) return 0;
     const dps_backend_t *be = dps_comm("dp_bn_stats");
@@ -290,7 +315,8 @@ static int metric_(double *v, size_t n, int op)
     dp_tensor t = {v, n, DP_F64, DP_HOST, "metric"};
     int rc = collective("dp_metric", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, redop_of(op));
     if (rc == 0 && op == DP_MEAN)
-        for (size_t i = 0; i < n; i++) v[i] /= dps_g.eff_size;
+        for (size_t i = 0; i < n; i++)
+            v[i] /= dps_g.eff_size;
     return rc;
 }
 
@@ -298,8 +324,8 @@ static int hook_allreduce_(const char *where, dp_tensor *t, int op)
 {
     const dps_backend_t *be = dps_comm(where);
     if (!be) return 0;
-    return collective(where, be, t, 1, DPS_FUSE_ALLREDUCE, (dps_weight_t){op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, 0},
-                     redop_of(op));
+    return collective(where, be, t, 1, DPS_FUSE_ALLREDUCE,
+                      (dps_weight_t){op == DP_MEAN ? 1.0 / dps_g.eff_size : 1.0, 0}, redop_of(op));
 }
 
 static int hook_barrier_(const char *where)
@@ -332,7 +358,8 @@ static int step_end_(uint64_t step)
     dps_diag_step(step);
     if (dps_ready_outstanding(&ready) || dps_device_outstanding())
         DPS_WARN_ONCE("step %llu ended with gradients announced by dp_grad_ready but never reduced "
-                      "by dp_grads", (unsigned long long)step);
+                      "by dp_grads",
+                      (unsigned long long)step);
     return 0;
 }
 
@@ -358,19 +385,21 @@ static _Noreturn void two_at_once(const char *hook, void *other)
 {
     const char *busy = atomic_load(&inside_hook);
     if (other == &thread_marker)
-        dps_fatal("%s was called from inside %s on the same thread (%d): a hook must not be re-entered (from a "
-                  "signal handler, or a callback run inside a hook); nothing was reduced",
-                  hook, busy ? busy : "another hook", my_tid());
-    dps_fatal("%s was called by thread %d while thread %d is inside %s: the hooks must be called by one thread "
-              "at a time (the training thread); two at once would mix their tensors and give wrong results",
-              hook, my_tid(), atomic_load(&inside_tid), busy ? busy : "another hook");
+        dps_fatal(
+            "%s was called from inside %s on the same thread (%d): a hook must not be re-entered (from a "
+            "signal handler, or a callback run inside a hook); nothing was reduced",
+            hook, busy ? busy : "another hook", my_tid());
+    dps_fatal(
+        "%s was called by thread %d while thread %d is inside %s: the hooks must be called by one thread "
+        "at a time (the training thread); two at once would mix their tensors and give wrong results",
+        hook, my_tid(), atomic_load(&inside_tid), busy ? busy : "another hook");
 }
 
 static void enter(const char *hook)
 {
     void *none = NULL;
-    while (DPS_UNLIKELY(!atomic_compare_exchange_strong_explicit(&inside_thread, &none, &thread_marker,
-                                                                 memory_order_acquire, memory_order_relaxed))) {
+    while (DPS_UNLIKELY(!atomic_compare_exchange_strong_explicit(
+        &inside_thread, &none, &thread_marker, memory_order_acquire, memory_order_relaxed))) {
         /* a fork child inherits the parent's state, whoever was inside then: it starts afresh */
         if (atomic_load_explicit(&dps_g.forked, memory_order_relaxed) && none != &thread_marker) {
             atomic_store(&inside_thread, &thread_marker);
@@ -382,32 +411,39 @@ static void enter(const char *hook)
     atomic_store_explicit(&inside_tid, my_tid(), memory_order_relaxed);
 }
 
-static void leave(void) { atomic_store_explicit(&inside_thread, NULL, memory_order_release); }
+static void leave(void)
+{
+    atomic_store_explicit(&inside_thread, NULL, memory_order_release);
+}
 
 
 /* The exported hooks (and the declarative hooks' actions): each body above, entered by one
  * thread at a time. A declarative hook is named by its `where`. */
-#define ONE_AT_A_TIME(ret, hook, name, body, params, args) \
-    ret hook params                                        \
-    {                                                      \
-        enter(name);                                       \
-        ret r = body args;                                 \
-        leave();                                           \
-        return r;                                          \
+#define ONE_AT_A_TIME(ret, hook, name, body, params, args)                                                   \
+    ret hook params                                                                                          \
+    {                                                                                                        \
+        enter(name);                                                                                         \
+        ret r = body args;                                                                                   \
+        leave();                                                                                             \
+        return r;                                                                                            \
     }
-DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor *t, size_t n), (t, n))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_from_owners, "dp_from_owners", from_owners_, (dp_tensor *t, size_t n, const int32_t *owner), (t, n, owner))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_seed, "dp_seed", seed_, (uint64_t *seed), (seed))
-DPS_EXPORT ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t *idx, size_t n), (idx, n))
-DPS_EXPORT ONE_AT_A_TIME(size_t, dpshim_batch_whole, "dp_batch", whole_batch_, (uint64_t n), (n))
-DPS_EXPORT ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t *idx, size_t n), (idx, n))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_grads, "dp_grads", grads_, (dp_tensor *t, size_t n), (t, n))
-DPS_EXPORT ONE_AT_A_TIME(int, dpshim_grads_summed, "dp_grads(sum)", grads_summed_, (dp_tensor *t, size_t n), (t, n))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_bn_stats, "dp_bn_stats", bn_stats_, (dp_tensor *sum, dp_tensor *sumsq, uint64_t *count), (sum, sumsq, count))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_metric, "dp_metric", metric_, (double *v, size_t n, int op), (v, n, op))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_scope_begin, "dp_scope_begin", scope_begin_, (const char *name), (name))
-DPS_EXPORT ONE_AT_A_TIME(int, dp_scope_end, "dp_scope_end", scope_end_, (void), ())
-DPS_EXPORT ONE_AT_A_TIME(int, dp_step_end, "dp_step_end", step_end_, (uint64_t step), (step))
-ONE_AT_A_TIME(int, dps_hook_allreduce, where, hook_allreduce_, (const char *where, dp_tensor *t, int op), (where, t, op))
-ONE_AT_A_TIME(int, dps_hook_barrier, where, hook_barrier_, (const char *where), (where))
+DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor * t, size_t n), (t, n)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_from_owners, "dp_from_owners", from_owners_,
+                  (dp_tensor * t, size_t n, const int32_t *owner), (t, n, owner)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_seed, "dp_seed", seed_, (uint64_t * seed), (seed)) DPS_EXPORT
+    ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t * idx, size_t n), (idx, n)) DPS_EXPORT
+    ONE_AT_A_TIME(size_t, dpshim_batch_whole, "dp_batch", whole_batch_, (uint64_t n), (n)) DPS_EXPORT
+    ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t * idx, size_t n), (idx, n)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_grads, "dp_grads", grads_, (dp_tensor * t, size_t n), (t, n)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dpshim_grads_summed, "dp_grads(sum)", grads_summed_, (dp_tensor * t, size_t n),
+                  (t, n)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_bn_stats, "dp_bn_stats", bn_stats_,
+                  (dp_tensor * sum, dp_tensor *sumsq, uint64_t *count), (sum, sumsq, count)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_metric, "dp_metric", metric_, (double *v, size_t n, int op), (v, n, op)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_scope_begin, "dp_scope_begin", scope_begin_, (const char *name), (name)) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_scope_end, "dp_scope_end", scope_end_, (void), ()) DPS_EXPORT
+    ONE_AT_A_TIME(int, dp_step_end, "dp_step_end", step_end_, (uint64_t step), (step))
+        ONE_AT_A_TIME(int, dps_hook_allreduce, where, hook_allreduce_,
+                      (const char *where, dp_tensor *t, int op), (where, t, op))
+            ONE_AT_A_TIME(int, dps_hook_barrier, where, hook_barrier_, (const char *where), (where))

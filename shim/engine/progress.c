@@ -30,7 +30,8 @@ static struct {
     group_t *g;
     size_t ng, cap_g, next; /* groups submitted, and the next one to reduce */
     char err[1024];         /* the first failure; the queue stops there */
-} queue = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
+} queue = {
+    .lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
 
 static void *progress_main(void *arg)
 {

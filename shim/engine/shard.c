@@ -17,9 +17,12 @@ uint64_t dps_epoch_count(uint64_t n, int rank, int size, dps_uneven_t uneven)
 {
     uint64_t s = (uint64_t)size;
     switch (uneven) {
-    case DPS_UNEVEN_PAD: return n ? (n + s - 1) / s : 0;
-    case DPS_UNEVEN_DROP: return n / s;
-    case DPS_UNEVEN_JOIN: return n / s + ((uint64_t)rank < n % s);
+    case DPS_UNEVEN_PAD:
+        return n ? (n + s - 1) / s : 0;
+    case DPS_UNEVEN_DROP:
+        return n / s;
+    case DPS_UNEVEN_JOIN:
+        return n / s + ((uint64_t)rank < n % s);
     }
     return 0;
 }
@@ -32,7 +35,8 @@ uint64_t dps_epoch_shard(uint64_t *idx, uint64_t n, int rank, int size, dps_unev
      * The in-place gather is safe otherwise: output j reads position rank + j*size >= j. */
     uint64_t head = n < s ? n : s;
     if (uneven == DPS_UNEVEN_PAD)
-        for (uint64_t i = 0; i < head; i++) scratch[i] = idx[i];
+        for (uint64_t i = 0; i < head; i++)
+            scratch[i] = idx[i];
     for (uint64_t j = 0; j < keep; j++) {
         uint64_t p = (uint64_t)rank + j * s;
         idx[j] = p < n ? idx[p] : scratch[(p - n) % head];

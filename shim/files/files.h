@@ -43,29 +43,42 @@ typedef enum {
 } dps_file_action_t;
 
 /* The kinds of gated call; the leader's and a follower's n-th calls must be of one kind. */
-#define DPS_FILE_OPS(X)                                                                          \
-    X(OPEN_WRITE, "open for writing") X(OPEN_READ, "open for reading") X(LOOKUP, "lookup")       \
-    X(RENAME, "rename") X(UNLINK, "unlink") X(MKDIR, "mkdir") X(RMDIR, "rmdir") X(LINK, "link")  \
-    X(SYMLINK, "symlink") X(TRUNCATE, "truncate") X(CHMOD, "chmod") X(CLOSE, "close")             \
-    X(SYNC, "fsync") X(FLUSH, "fflush")
+/* One kind per line: clang-format 14 does not settle on one layout for this list. */
+/* clang-format off */
+#define DPS_FILE_OPS(X) \
+    X(OPEN_WRITE, "open for writing") \
+    X(OPEN_READ, "open for reading") \
+    X(LOOKUP, "lookup") \
+    X(RENAME, "rename") \
+    X(UNLINK, "unlink") \
+    X(MKDIR, "mkdir") \
+    X(RMDIR, "rmdir") \
+    X(LINK, "link") \
+    X(SYMLINK, "symlink") \
+    X(TRUNCATE, "truncate") \
+    X(CHMOD, "chmod") \
+    X(CLOSE, "close") \
+    X(SYNC, "fsync") \
+    X(FLUSH, "fflush")
+/* clang-format on */
 typedef enum {
 #define DPS_FILE_OP_ENUM(id, text) DPS_FOP_##id,
     DPS_FILE_OPS(DPS_FILE_OP_ENUM)
 #undef DPS_FILE_OP_ENUM
-    DPS_FOP_COUNT
+        DPS_FOP_COUNT
 } dps_file_op_t;
 
 typedef struct dps_redirect {
     dps_file_action_t action;
     dps_file_op_t op;
-    const char *path; /* what the real call gets */
-    int flags;        /* open flags the real call gets */
-    int gated;        /* the path matches [files] rank0_only (or was learned, see rename) */
-    int sink;         /* FOLLOW, an open that writes: the sink, until dps_files_done */
-    int rc0, err0;    /* FOLLOW: rank 0's outcome (0 or -1, and its errno) */
-    uint32_t path0;   /* FOLLOW: the key of rank 0's path (its first, for rename and link) */
-    uint64_t seq;     /* FOLLOW: the number of rank 0's call; UINT64_MAX where none was taken */
-    const char *orig; /* the program's path */
+    const char *path;  /* what the real call gets */
+    int flags;         /* open flags the real call gets */
+    int gated;         /* the path matches [files] rank0_only (or was learned, see rename) */
+    int sink;          /* FOLLOW, an open that writes: the sink, until dps_files_done */
+    int rc0, err0;     /* FOLLOW: rank 0's outcome (0 or -1, and its errno) */
+    uint32_t path0;    /* FOLLOW: the key of rank 0's path (its first, for rename and link) */
+    uint64_t seq;      /* FOLLOW: the number of rank 0's call; UINT64_MAX where none was taken */
+    const char *orig;  /* the program's path */
     const char *first; /* rename and link: the first path, whose key rank 0 posts */
     int first_dirfd;
     int dirfd;

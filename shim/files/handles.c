@@ -30,10 +30,10 @@ typedef struct handle {
     uint64_t id;    /* the number of the open on the file channel; UINT64_MAX: none (unpaired) */
     dev_t dev;
     ino_t ino;
-    char *path;  /* the program's path, absolute where known: messages and the channel's key */
-    off_t end;   /* rank 0: how far the program wrote (the end of its furthest write) */
-    int err;     /* rank 0: the errno of the first write that failed; 0 while none did */
-    int dropped; /* stand-in: bytes past the bound were counted, not kept */
+    char *path;            /* the program's path, absolute where known: messages and the channel's key */
+    off_t end;             /* rank 0: how far the program wrote (the end of its furthest write) */
+    int err;               /* rank 0: the errno of the first write that failed; 0 while none did */
+    int dropped;           /* stand-in: bytes past the bound were counted, not kept */
     uint64_t stream_calls; /* stdio write calls on its stream so far */
 } handle_t;
 
@@ -119,10 +119,15 @@ void dps_files_opened(const dps_redirect_t *r, int fd)
     pthread_mutex_lock(&handles_lock);
     int i = slot_of(fd);
     if (i >= 0) release(i); /* closed behind the shim's back */
-    for (i = 0; i < MAX_HANDLES && atomic_load(&handles[i].fd) >= 0; i++) {}
+    for (i = 0; i < MAX_HANDLES && atomic_load(&handles[i].fd) >= 0; i++) {
+    }
     if (i < MAX_HANDLES && path) {
-        handles[i] = (handle_t){.fd = -1, .sink = r->action == DPS_FILE_FOLLOW, .id = r->seq,
-                                .dev = st.st_dev, .ino = st.st_ino, .path = path};
+        handles[i] = (handle_t){.fd = -1,
+                                .sink = r->action == DPS_FILE_FOLLOW,
+                                .id = r->seq,
+                                .dev = st.st_dev,
+                                .ino = st.st_ino,
+                                .path = path};
         atomic_fetch_add(&dps_files_handles, 1);
         atomic_store_explicit(&handles[i].fd, fd, memory_order_release);
         path = NULL;
@@ -133,7 +138,8 @@ void dps_files_opened(const dps_redirect_t *r, int fd)
         free(path);
         /* the same on every rank (they open the same files), so close stays paired */
         DPS_WARN_ONCE("[files] more than %d gated files open at once: %s is written without a bound on the "
-                      "other ranks' memory and closed without rank 0's outcome", MAX_HANDLES, abs);
+                      "other ranks' memory and closed without rank 0's outcome",
+                      MAX_HANDLES, abs);
     }
     errno = saved;
 }
@@ -152,7 +158,8 @@ int dps_files_handle_kind(int fd)
 static size_t iov_total(const struct iovec *iov, int n)
 {
     size_t t = 0;
-    for (int k = 0; k < n; k++) t += iov[k].iov_len;
+    for (int k = 0; k < n; k++)
+        t += iov[k].iov_len;
     return t;
 }
 
@@ -209,7 +216,8 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
             if (first)
                 DPS_INFO("[files] the stand-in for %s keeps its first %lld MiB in memory; what this rank "
                          "writes past that is counted, not kept (reading it back here gives zeros; rank "
-                         "0's file is whole)", handles[i].path, (long long)(dps_files_standin_bytes >> 20));
+                         "0's file is whole)",
+                         handles[i].path, (long long)(dps_files_standin_bytes >> 20));
             pthread_mutex_unlock(&handles_lock);
         }
     }
@@ -292,8 +300,10 @@ int dps_files_fd_end(dps_fdcall_t *c, int rc, int err)
         int carried = c->id == UINT64_MAX ? failed_write : 0;
         pthread_mutex_lock(&handles_lock);
         if (rc < 0 || failed_write)
-            note_short(r->buf, c->end, rc < 0 ? err : failed_write, rc < 0 ? dps_files_op_name(r->op) : "write");
-        else if (r->op == DPS_FOP_CLOSE) forget_short(r->buf);
+            note_short(r->buf, c->end, rc < 0 ? err : failed_write,
+                       rc < 0 ? dps_files_op_name(r->op) : "write");
+        else if (r->op == DPS_FOP_CLOSE)
+            forget_short(r->buf);
         pthread_mutex_unlock(&handles_lock);
         errno = rc < 0 ? err : carried;
         dps_files_post(r, rc == 0 && !carried);
@@ -316,11 +326,12 @@ int dps_files_exit_check(void)
     for (size_t k = 0; k < nshorts; k++) {
         struct stat st;
         if (dps_sys_stat(shorts[k].path, &st) != 0 || st.st_size >= shorts[k].end) continue;
-        DPS_ERROR("[files] %s is %lld bytes, short of the %lld the program wrote to it: its %s failed (%s) on "
-                  "rank 0, the only rank that writes it. Make room for one copy where it lies and run "
-                  "again; this rank exits %d",
-                  shorts[k].path, (long long)st.st_size, (long long)shorts[k].end, shorts[k].where,
-                  strerror(shorts[k].err), DPS_EXIT_IO);
+        DPS_ERROR(
+            "[files] %s is %lld bytes, short of the %lld the program wrote to it: its %s failed (%s) on "
+            "rank 0, the only rank that writes it. Make room for one copy where it lies and run "
+            "again; this rank exits %d",
+            shorts[k].path, (long long)st.st_size, (long long)shorts[k].end, shorts[k].where,
+            strerror(shorts[k].err), DPS_EXIT_IO);
         left++;
     }
     pthread_mutex_unlock(&handles_lock);

@@ -23,7 +23,8 @@ int dps_gpu_count(void)
 
 DPS_STARTUP void dps_gpu_bind(dps_state_t *s)
 {
-    if (s->role != DPS_ROLE_RANK || s->local_size < 2 || DPS_POLICY_ENUM(&s->policy, gpu, bind) != DPS_V_gpu_bind_auto)
+    if (s->role != DPS_ROLE_RANK || s->local_size < 2 ||
+        DPS_POLICY_ENUM(&s->policy, gpu, bind) != DPS_V_gpu_bind_auto)
         return;
     /* a rank that exec'd itself (a wrapper script, dpshim-diag bench) was bound before: binding
      * again would take its one device for the node's list */

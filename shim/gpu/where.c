@@ -11,7 +11,11 @@
 
 /* cuPointerGetAttribute(data, attribute, pointer) and the values cuda.h gives them */
 typedef int (*pointer_attr_fn)(void *, int, unsigned long long);
-enum { CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9, CU_MEMORYTYPE_DEVICE = 2 };
+enum {
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_MEMORYTYPE_DEVICE = 2
+};
 
 static _Atomic(pointer_attr_fn) attr_fn;
 /* dl_iterate_phdr's count of objects loaded so far when the driver was last found missing */

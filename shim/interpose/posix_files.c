@@ -23,17 +23,16 @@
 #include "files/files.h"
 #include "files_channel.h"
 
-#define BYPASS() \
-    (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim)
+#define BYPASS() (DPS_LIKELY(!atomic_load_explicit(&dps_files_on, memory_order_relaxed)) || dps_in_shim)
 
 /* The variadic mode exists only with O_CREAT or O_TMPFILE. */
-#define OPEN_MODE(flags)                                                            \
-    mode_t mode = 0;                                                                \
-    if (((flags) & O_CREAT) || ((flags) & O_TMPFILE) == O_TMPFILE) {                \
-        va_list ap;                                                                 \
-        va_start(ap, flags);                                                        \
-        mode = (mode_t)va_arg(ap, int);                                             \
-        va_end(ap);                                                                 \
+#define OPEN_MODE(flags)                                                                                     \
+    mode_t mode = 0;                                                                                         \
+    if (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE) {                                             \
+        va_list ap;                                                                                          \
+        va_start(ap, flags);                                                                                 \
+        mode = (mode_t)va_arg(ap, int);                                                                      \
+        va_end(ap);                                                                                          \
     }
 
 DPS_REAL_DECLARE(int, close, (int));
@@ -79,7 +78,8 @@ static size_t dyn_symbols(const uint32_t *hash, const uint32_t *gnu)
     for (uint32_t b = 0; b < nbuckets; b++)
         if (buckets[b] > last) last = buckets[b];
     if (last < offset) return offset;
-    while (!(chain[last - offset] & 1)) last++;
+    while (!(chain[last - offset] & 1))
+        last++;
     return last + 1;
 }
 
@@ -97,15 +97,21 @@ static int look_for_hooks(struct dl_phdr_info *info, size_t size, void *found)
         const ElfW(Sym) *sym = NULL;
         const char *str = NULL;
         const uint32_t *hash = NULL, *gnu = NULL;
-        for (const ElfW(Dyn) *d = (const void *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr); d->d_tag != DT_NULL; d++) {
-            if (d->d_tag == DT_SYMTAB) sym = dyn_ptr(info, d->d_un.d_ptr);
-            else if (d->d_tag == DT_STRTAB) str = dyn_ptr(info, d->d_un.d_ptr);
-            else if (d->d_tag == DT_HASH) hash = dyn_ptr(info, d->d_un.d_ptr);
-            else if (d->d_tag == DT_GNU_HASH) gnu = dyn_ptr(info, d->d_un.d_ptr);
+        for (const ElfW(Dyn) *d = (const void *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+             d->d_tag != DT_NULL; d++) {
+            if (d->d_tag == DT_SYMTAB)
+                sym = dyn_ptr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_STRTAB)
+                str = dyn_ptr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_HASH)
+                hash = dyn_ptr(info, d->d_un.d_ptr);
+            else if (d->d_tag == DT_GNU_HASH)
+                gnu = dyn_ptr(info, d->d_un.d_ptr);
         }
         size_t n = sym && str ? dyn_symbols(hash, gnu) : 0;
         for (size_t k = 1; k < n; k++)
-            if (sym[k].st_shndx == SHN_UNDEF && !strncmp(str + sym[k].st_name, "dp_", 3)) return *(int *)found = 1;
+            if (sym[k].st_shndx == SHN_UNDEF && !strncmp(str + sym[k].st_name, "dp_", 3))
+                return *(int *)found = 1;
     }
     return 0;
 }
@@ -113,8 +119,8 @@ static int look_for_hooks(struct dl_phdr_info *info, size_t size, void *found)
 void dps_files_start_channel(void)
 {
     if (DPS_LIKELY(__atomic_load_n(&dps_e.be, __ATOMIC_ACQUIRE) != NULL) || dps_g.role != DPS_ROLE_RANK ||
-        dps_g.eff_size < 2 || atomic_load_explicit(&dps_g.forked, memory_order_relaxed) || dps_e.scope_depth ||
-        dps_e.released)
+        dps_g.eff_size < 2 || atomic_load_explicit(&dps_g.forked, memory_order_relaxed) ||
+        dps_e.scope_depth || dps_e.released)
         return;
     int saved = errno;
     dps_in_shim++;
@@ -128,7 +134,8 @@ void dps_files_start_channel(void)
         }
         if (__atomic_load_n(&refers_to_hooks, __ATOMIC_RELAXED) < 0) goto out;
     }
-    DPS_DEBUG("[files] a gated file call before the first collective: opening the backend for rank 0's outcomes");
+    DPS_DEBUG(
+        "[files] a gated file call before the first collective: opening the backend for rank 0's outcomes");
     dps_comm("the first gated file call"); /* claims the place where it is free; fatal where it cannot open */
 out:
     dps_in_shim--;
@@ -139,62 +146,62 @@ out:
 #define LEADERS_RESULT(r) ((r).rc0 ? (errno = (r).err0, -1) : 0)
 
 /* An open-family body: CALL(path, flags) is the real call. errno as the real call leaves it. */
-#define OPEN_BODY(dirfd_, path_, flags_, CALL)                                      \
-    do {                                                                            \
-        if (BYPASS()) return CALL(path_, flags_);                                   \
-        int saved_ = errno;                                                         \
-        dps_redirect_t r_;                                                          \
-        dps_in_shim++;                                                              \
-        dps_files_open(&r_, dirfd_, path_, flags_);                                 \
-        dps_in_shim--;                                                              \
-        errno = saved_;                                                             \
-        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                  \
-        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
-        int fd_ = CALL(r_.path, r_.flags);                                          \
-        if (dps_files_done(&r_, fd_ >= 0)) {                                        \
-            dps_files_opened(&r_, fd_);                                             \
-            return fd_;                                                             \
-        }                                                                           \
-        DPS_REAL(close)(fd_);                                                       \
-        return LEADERS_RESULT(r_);                                                  \
+#define OPEN_BODY(dirfd_, path_, flags_, CALL)                                                               \
+    do {                                                                                                     \
+        if (BYPASS()) return CALL(path_, flags_);                                                            \
+        int saved_ = errno;                                                                                  \
+        dps_redirect_t r_;                                                                                   \
+        dps_in_shim++;                                                                                       \
+        dps_files_open(&r_, dirfd_, path_, flags_);                                                          \
+        dps_in_shim--;                                                                                       \
+        errno = saved_;                                                                                      \
+        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                                           \
+        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_);               \
+        int fd_ = CALL(r_.path, r_.flags);                                                                   \
+        if (dps_files_done(&r_, fd_ >= 0)) {                                                                 \
+            dps_files_opened(&r_, fd_);                                                                      \
+            return fd_;                                                                                      \
+        }                                                                                                    \
+        DPS_REAL(close)(fd_);                                                                                \
+        return LEADERS_RESULT(r_);                                                                           \
     } while (0)
 
 /* A body for calls that change or look up one path (op): a follower's change returns rank 0's
  * result without being made; its lookup is made after rank 0's. */
-#define PATH_BODY(op_, dirfd_, path_, CALL)                                         \
-    do {                                                                            \
-        if (BYPASS()) return CALL(path_);                                           \
-        int saved_ = errno;                                                         \
-        dps_redirect_t r_;                                                          \
-        dps_in_shim++;                                                              \
-        dps_files_path(&r_, op_, dirfd_, path_);                                    \
-        dps_in_shim--;                                                              \
-        errno = saved_;                                                             \
-        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                  \
-        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_); \
-        int rc_ = CALL(r_.path);                                                    \
-        return dps_files_done(&r_, rc_ == 0) ? rc_ : LEADERS_RESULT(r_);            \
+#define PATH_BODY(op_, dirfd_, path_, CALL)                                                                  \
+    do {                                                                                                     \
+        if (BYPASS()) return CALL(path_);                                                                    \
+        int saved_ = errno;                                                                                  \
+        dps_redirect_t r_;                                                                                   \
+        dps_in_shim++;                                                                                       \
+        dps_files_path(&r_, op_, dirfd_, path_);                                                             \
+        dps_in_shim--;                                                                                       \
+        errno = saved_;                                                                                      \
+        if (r_.action != DPS_FILE_PASS) dps_files_start_channel();                                           \
+        if (r_.action == DPS_FILE_FOLLOW && !dps_files_follow(&r_)) return LEADERS_RESULT(r_);               \
+        int rc_ = CALL(r_.path);                                                                             \
+        return dps_files_done(&r_, rc_ == 0) ? rc_ : LEADERS_RESULT(r_);                                     \
     } while (0)
 #define MODIFY_BODY(op_, dirfd_, path_, CALL) PATH_BODY(DPS_FOP_##op_, dirfd_, path_, CALL)
 
 /* rename and link: rank 0's alone when either path is gated. */
-#define PAIR_BODY(op_, fda, a, fdb, b, CALL)                                        \
-    do {                                                                            \
-        if (BYPASS()) return CALL(a, b);                                            \
-        int saved_ = errno;                                                         \
-        dps_redirect_t ra_, rb_;                                                    \
-        dps_in_shim++;                                                              \
-        dps_files_pair(&ra_, &rb_, DPS_FOP_##op_, fda, a, fdb, b);                  \
-        dps_in_shim--;                                                              \
-        errno = saved_;                                                             \
-        if (rb_.action != DPS_FILE_PASS) dps_files_start_channel();                 \
-        if (rb_.action == DPS_FILE_FOLLOW) {                                        \
-            dps_files_follow_pair(&ra_, &rb_);                                      \
-            return LEADERS_RESULT(rb_);                                             \
-        }                                                                           \
-        int rc_ = CALL(ra_.path, rb_.path);                                         \
-        dps_files_done(&rb_, rc_ == 0);                                             \
-        return rc_;                                                                 \
+#define PAIR_BODY(op_, fda, a, fdb, b, CALL)                                                                 \
+    do {                                                                                                     \
+        if (BYPASS()) return CALL(a, b);                                                                     \
+        int saved_ = errno;                                                                                  \
+        dps_redirect_t ra_, rb_;                                                                             \
+        dps_in_shim++;                                                                                       \
+        dps_files_pair(&ra_, &rb_, DPS_FOP_##op_, fda, a, fdb, b);                                           \
+        dps_in_shim--;                                                                                       \
+        errno = saved_;                                                                                      \
+        if (rb_.action != DPS_FILE_PASS) dps_files_start_channel();                                          \
+        if (rb_.action == DPS_FILE_FOLLOW) {                                                                 \
+            dps_files_follow_pair(&ra_, &rb_);                                                               \
+            return LEADERS_RESULT(rb_);                                                                      \
+        }                                                                                                    \
+        int rc_ = CALL(ra_.path, rb_.path);                                                                  \
+        dps_files_done(&rb_, rc_ == 0);                                                                      \
+        return rc_;                                                                                          \
     } while (0)
 
 DPS_REAL_DECLARE(int, open, (const char *, int, ...));
@@ -243,14 +250,16 @@ DPS_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
 /* creat(p, m) is open(p, O_CREAT|O_WRONLY|O_TRUNC, m); a sink needs the open form. */
 DPS_EXPORT int creat(const char *path, mode_t mode)
 {
-#define CALL(p, f) ((f) == (O_CREAT | O_WRONLY | O_TRUNC) ? DPS_REAL(creat)(p, mode) : DPS_REAL(open)(p, f, mode))
+#define CALL(p, f)                                                                                           \
+    ((f) == (O_CREAT | O_WRONLY | O_TRUNC) ? DPS_REAL(creat)(p, mode) : DPS_REAL(open)(p, f, mode))
     OPEN_BODY(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, CALL);
 #undef CALL
 }
 
 DPS_EXPORT int creat64(const char *path, mode_t mode)
 {
-#define CALL(p, f) ((f) == (O_CREAT | O_WRONLY | O_TRUNC) ? DPS_REAL(creat64)(p, mode) : DPS_REAL(open64)(p, f, mode))
+#define CALL(p, f)                                                                                           \
+    ((f) == (O_CREAT | O_WRONLY | O_TRUNC) ? DPS_REAL(creat64)(p, mode) : DPS_REAL(open64)(p, f, mode))
     OPEN_BODY(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, CALL);
 #undef CALL
 }

@@ -68,18 +68,21 @@ static void explain(char *out, size_t cap)
     dps_ffi_hooks_summary(&declared, &sites);
     const char *torch = dps_torch_adapter_state();
     ADD("; %s; no call of the hook ABI (dp_grads, dp_batch, dp_epoch) shared out work",
-        dps_g.python_adapter         ? "the PyTorch adapter in this Python process"
+        dps_g.python_adapter          ? "the PyTorch adapter in this Python process"
         : dps_torch_adapter_running() ? torch
                                       : "no adapter");
     if (declared) ADD("; %d [hook] declaration(s) of the policy, bound at %d call site(s)", declared, sites);
     ADD(". ");
     if (dps_g.python_adapter && dps_e.whole_batches)
-        ADD("The script only evaluated or ran inference (%llu DataLoader batches under torch.no_grad() or with its "
-            "models in eval mode): evaluation runs whole on every rank, so that each prints what it prints alone; "
+        ADD("The script only evaluated or ran inference (%llu DataLoader batches under torch.no_grad() or "
+            "with its "
+            "models in eval mode): evaluation runs whole on every rank, so that each prints what it prints "
+            "alone; "
             "[data] eval = sharded shares it out for scripts that reduce their own metrics.",
             (unsigned long long)dps_e.whole_batches);
     else if (dps_g.python_adapter)
-        ADD("The PyTorch adapter shares out work once the script imports torch and trains (a backward pass, a "
+        ADD("The PyTorch adapter shares out work once the script imports torch and trains (a backward pass, "
+            "a "
             "DataLoader's batches); evaluation and inference run whole on every rank.");
     else if (found_lib(&f, "libtorch_python.so"))
         ADD("PyTorch runs in this process without the adapter: set [adapters] python = auto.");
@@ -89,7 +92,8 @@ static void explain(char *out, size_t cap)
     else if (found_lib(&f, "libtorch_cpu.so") && torch[0])
         ADD("The libtorch adapter did not run: %s.", torch);
     else if (found_lib(&f, "libtorch_cpu.so"))
-        ADD("No libtorch optimizer's step, backward pass or sampler was called, where the libtorch adapter acts; "
+        ADD("No libtorch optimizer's step, backward pass or sampler was called, where the libtorch adapter "
+            "acts; "
             "a program with an update of its own calls the hook ABI (dpshim/hooks.h).");
     else if (declared && !sites)
         ADD("No [hook] declaration was bound: check their symbol = against the program's (nm -D).");
@@ -97,7 +101,8 @@ static void explain(char *out, size_t cap)
         ADD("No framework called the hook ABI and no [hook] declaration of the policy did; a Python script "
             "needs [adapters] python = auto.");
     if (!dps_e.whole_batches)
-        ADD(" If the launched command only starts the trainer (a shell line, a wrapper such as /usr/bin/time), "
+        ADD(" If the launched command only starts the trainer (a shell line, a wrapper such as "
+            "/usr/bin/time), "
             "launch the trainer itself.");
 #undef ADD
 }
@@ -105,7 +110,8 @@ static void explain(char *out, size_t cap)
 int dps_check_something_shared(void)
 {
     int mode = DPS_POLICY_ENUM(&dps_g.policy, guard, nothing_shared);
-    if (dps_g.size < 2 || mode == DPS_V_guard_nothing_shared_off || dps_e.shared_work || dps_e.aside) return 0;
+    if (dps_g.size < 2 || mode == DPS_V_guard_nothing_shared_off || dps_e.shared_work || dps_e.aside)
+        return 0;
     char why[1024], head[128];
     explain(why, sizeof why);
     snprintf(head, sizeof head, "nothing was distributed in this job of %d ranks", dps_g.size);
@@ -113,12 +119,14 @@ int dps_check_something_shared(void)
     int error = mode == DPS_V_guard_nothing_shared_error;
     if (dps_g.rank != 0) return error; /* once for the job */
     if (error)
-        DPS_ERROR("%s: no gradient was averaged and no batch or epoch was shared out. %s [guard] nothing_shared = "
-                  "error: every rank exits %d",
-                  head, why, DPS_EXIT_CONFIG);
+        DPS_ERROR(
+            "%s: no gradient was averaged and no batch or epoch was shared out. %s [guard] nothing_shared = "
+            "error: every rank exits %d",
+            head, why, DPS_EXIT_CONFIG);
     else
-        DPS_WARN("%s: no gradient was averaged and no batch or epoch was shared out, so every rank ran the whole "
-                 "program by itself. %s",
-                 head, why);
+        DPS_WARN(
+            "%s: no gradient was averaged and no batch or epoch was shared out, so every rank ran the whole "
+            "program by itself. %s",
+            head, why);
     return error;
 }

@@ -64,7 +64,8 @@ void dps_summary_at_exit(void)
     ADD(", %.1f s: %llu steps, %llu collectives, %.1f MB reduced per rank", (double)me->wall_ns * 1e-9,
         (unsigned long long)me->steps, (unsigned long long)me->collectives, (double)me->bytes / 1e6);
     if (me->collectives)
-        ADD("; in collectives %.1f%% of the wall time (waiting there for the last rank to arrive: %.1f%%; means of "
+        ADD("; in collectives %.1f%% of the wall time (waiting there for the last rank to arrive: %.1f%%; "
+            "means of "
             "the ranks)",
             100 * in_coll, 100 * waiting);
     char who[128];
@@ -78,12 +79,15 @@ void dps_summary_at_exit(void)
         ADD("; figures of %d of %d ranks (%s)", heard, dps_g.size,
             !barrier && DPS_POLICY_ENUM(&dps_g.policy, guard, exit_barrier) == DPS_V_guard_exit_barrier_off
                 ? "[guard] exit_barrier = off"
-            : !barrier ? "no exit barrier: the ranks never talked" : "the others left without a word or are still running");
+            : !barrier ? "no exit barrier: the ranks never talked"
+                       : "the others left without a word or are still running");
     if (dps_e.aside) ADD("; dpshim stepped aside: the script distributes itself (%s)", dps_e.aside_why);
     if (!dps_e.shared_work && !dps_e.aside) ADD("; no work was shared out (see the warning above)");
     const char *dir = dps_diag_dir();
-    if (dir) ADD("; more: dpshim-diag report %s", dir);
-    else ADD("; more: [diag] dir = DIR keeps per-rank figures and traces for dpshim-diag report DIR");
+    if (dir)
+        ADD("; more: dpshim-diag report %s", dir);
+    else
+        ADD("; more: [diag] dir = DIR keeps per-rank figures and traces for dpshim-diag report DIR");
 #undef ADD
     DPS_NOTE("SUMMARY", "%s", line);
 }

@@ -35,11 +35,13 @@ int main(int argc, char **argv)
     snprintf(tmp, sizeof tmp, "%s.tmp", argv[2]);
     for (long i = 0; i < n; i++) {
         int fd = open(load ? tmp : argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0 || write(fd, buf, sizeof buf) != sizeof buf || close(fd) != 0) return fail("save", argv[2], i);
+        if (fd < 0 || write(fd, buf, sizeof buf) != sizeof buf || close(fd) != 0)
+            return fail("save", argv[2], i);
         if (!load) continue;
         if (rename(tmp, argv[2]) != 0) return fail("rename", argv[2], i);
         fd = open(argv[2], O_RDONLY);
-        if (fd < 0 || read(fd, back, sizeof back) != sizeof back || close(fd) != 0) return fail("load", argv[2], i);
+        if (fd < 0 || read(fd, back, sizeof back) != sizeof back || close(fd) != 0)
+            return fail("load", argv[2], i);
     }
     clock_gettime(CLOCK_MONOTONIC, &b);
     printf("%.1f\n", ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / (double)n);

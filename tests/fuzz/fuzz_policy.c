@@ -12,7 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dps_policy_t p;
     dps_error_t e;
     dps_policy_init(&p);
-    if (dps_policy_parse(&p, (const char *)data, size, "fuzz.conf", &e) != 0 && !memchr(e.msg, '\0', sizeof e.msg))
+    if (dps_policy_parse(&p, (const char *)data, size, "fuzz.conf", &e) != 0 &&
+        !memchr(e.msg, '\0', sizeof e.msg))
         __builtin_trap(); /* an error message must be a terminated string */
     dps_policy_free(&p);
 

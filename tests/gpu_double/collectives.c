@@ -110,7 +110,8 @@ static void describe(const seg_desc_t *d, char *buf, size_t len)
 {
     if (d->kind == COLL_ALLREDUCE)
         snprintf(buf, len, "collective #%llu AllReduce(count=%llu, %s, %s)", (unsigned long long)d->coll,
-                 (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), d->scaled ? "premulsum" : op_name(d->op));
+                 (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype),
+                 d->scaled ? "premulsum" : op_name(d->op));
     else
         snprintf(buf, len, "collective #%llu Broadcast(count=%llu, %s, root=%d)", (unsigned long long)d->coll,
                  (unsigned long long)d->count, dps_dbl_dtype_name(d->dtype), d->root);
@@ -394,7 +395,8 @@ static int coll_check_enqueue(const char *name, const void *send, void *recv, si
             err = NCCL_INVALID_ARGUMENT;
         }
         if (!err && bdev != c->dev) {
-            dps_dbl_nccl_error("%s : sendbuff allocated on device %d mismatchs with NCCL device %d", name, bdev, c->dev);
+            dps_dbl_nccl_error("%s : sendbuff allocated on device %d mismatchs with NCCL device %d", name,
+                               bdev, c->dev);
             err = NCCL_INVALID_ARGUMENT;
         }
     }
@@ -406,15 +408,18 @@ static int coll_check_enqueue(const char *name, const void *send, void *recv, si
             err = NCCL_INVALID_ARGUMENT;
         }
         if (!err && bdev != c->dev) {
-            dps_dbl_nccl_error("%s : recvbuff allocated on device %d mismatchs with NCCL device %d", name, bdev, c->dev);
+            dps_dbl_nccl_error("%s : recvbuff allocated on device %d mismatchs with NCCL device %d", name,
+                               bdev, c->dev);
             err = NCCL_INVALID_ARGUMENT;
         }
     }
     /* NCCL launches on the communicator's device: a stream of another one is no valid handle there */
     int sdev = dps_dbl_stream_device(stream);
     if (!err && count && sdev != c->dev) {
-        dps_dbl_nccl_error("Cuda failure 400 'invalid resource handle' (a stream of device %d on the communicator "
-                           "of device %d)", sdev, c->dev);
+        dps_dbl_nccl_error(
+            "Cuda failure 400 'invalid resource handle' (a stream of device %d on the communicator "
+            "of device %d)",
+            sdev, c->dev);
         err = NCCL_CUDA_ERROR;
     }
     coll_t *heap = !err && count ? malloc(sizeof *heap) : NULL;

@@ -100,7 +100,7 @@ typedef struct comm {
     const char *call_name; /* what it called */
     int dead;              /* under comms_lock: aborted or destroyed; the handle must not be used */
     int finalized;         /* ncclCommFinalize was called */
-    int has_pending; /* under mu: a collective of a non-blocking comm, launched at the next poll */
+    int has_pending;       /* under mu: a collective of a non-blocking comm, launched at the next poll */
     dps_dbl_work_t pending;
     void *pending_stream;
 } comm_t;

@@ -36,19 +36,19 @@ enum {
 
 /* Every switch, read once from the environment at first use: name, variable, default. */
 #define DPS_DBL_ENV(X)                                                                                       \
-    X(devices, "GPU_DOUBLE_DEVICES", 1)                                                                   \
-    X(no_driver, "GPU_DOUBLE_NO_DRIVER", 0)                                                               \
-    X(delay_ms, "GPU_DOUBLE_DELAY_MS", 0)                                                                 \
-    X(stall_rank, "GPU_DOUBLE_STALL_RANK", -1)                                                            \
-    X(stall_at, "GPU_DOUBLE_STALL_AT", 1)                                                                 \
-    X(async_error_rank, "GPU_DOUBLE_ASYNC_ERROR_RANK", -1)                                                \
-    X(async_error_at, "GPU_DOUBLE_ASYNC_ERROR_AT", 1)                                                     \
-    X(async_error_late, "GPU_DOUBLE_ASYNC_ERROR_LATE", 0)                                                 \
-    X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)                                                    \
-    X(abort_ms, "GPU_DOUBLE_ABORT_MS", 0)                                                                 \
-    X(one_device, "GPU_DOUBLE_ONE_DEVICE", 0)                                                             \
-    X(slow_rank, "GPU_DOUBLE_SLOW_RANK", -1)                                                              \
-    X(slow_ms, "GPU_DOUBLE_SLOW_MS", 0)                                                                   \
+    X(devices, "GPU_DOUBLE_DEVICES", 1)                                                                      \
+    X(no_driver, "GPU_DOUBLE_NO_DRIVER", 0)                                                                  \
+    X(delay_ms, "GPU_DOUBLE_DELAY_MS", 0)                                                                    \
+    X(stall_rank, "GPU_DOUBLE_STALL_RANK", -1)                                                               \
+    X(stall_at, "GPU_DOUBLE_STALL_AT", 1)                                                                    \
+    X(async_error_rank, "GPU_DOUBLE_ASYNC_ERROR_RANK", -1)                                                   \
+    X(async_error_at, "GPU_DOUBLE_ASYNC_ERROR_AT", 1)                                                        \
+    X(async_error_late, "GPU_DOUBLE_ASYNC_ERROR_LATE", 0)                                                    \
+    X(init_fail_rank, "GPU_DOUBLE_INIT_FAIL_RANK", -1)                                                       \
+    X(abort_ms, "GPU_DOUBLE_ABORT_MS", 0)                                                                    \
+    X(one_device, "GPU_DOUBLE_ONE_DEVICE", 0)                                                                \
+    X(slow_rank, "GPU_DOUBLE_SLOW_RANK", -1)                                                                 \
+    X(slow_ms, "GPU_DOUBLE_SLOW_MS", 0)                                                                      \
     X(call_us, "GPU_DOUBLE_CALL_US", 100)
 
 typedef struct dps_dbl_conf {
@@ -84,9 +84,9 @@ int dps_dbl_driver_begin(void);
 
 /* The prologue of a runtime call: its trace line, then the error it must return at once (no
  * driver, a forked child). Declares `err` for the rest of the call. */
-#define DPS_DBL_RT_ENTER(...)                  \
-    dps_dbl_trace(__VA_ARGS__);                \
-    int err = dps_dbl_rt_begin();              \
+#define DPS_DBL_RT_ENTER(...)                                                                                \
+    dps_dbl_trace(__VA_ARGS__);                                                                              \
+    int err = dps_dbl_rt_begin();                                                                            \
     if (err) return dps_dbl_rt_end(err)
 
 /* A detached thread with every signal blocked: it never keeps the process alive or takes the

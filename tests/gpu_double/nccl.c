@@ -89,7 +89,8 @@ comm_t *dps_dbl_comm_get(void *h)
 {
     pthread_mutex_lock(&comms_lock);
     for (comm_t *d = dead_comms; d; d = d->next)
-        if (d == h) crash("gpu double: NCCL communicator %p used after ncclCommAbort or ncclCommDestroy freed it", h);
+        if (d == h)
+            crash("gpu double: NCCL communicator %p used after ncclCommAbort or ncclCommDestroy freed it", h);
     comm_t *c = comms;
     while (c && c != h)
         c = c->next;
@@ -585,8 +586,10 @@ static void finalize_run(comm_t *c)
     pthread_mutex_unlock(&c->mu);
     int w = c->joined && c->step ? dps_dbl_wait_ranks(c, WAIT_DONE, c->step) : 0;
     if (w > 0)
-        dps_dbl_comm_fail(c, NCCL_REMOTE_ERROR, "test double: rank %d failed or aborted before it finished reading "
-                          "this rank's data", w - 1);
+        dps_dbl_comm_fail(c, NCCL_REMOTE_ERROR,
+                          "test double: rank %d failed or aborted before it finished reading "
+                          "this rank's data",
+                          w - 1);
     int busy = NCCL_IN_PROGRESS;
     if (!w) atomic_compare_exchange_strong(&c->async, &busy, NCCL_OK);
 }

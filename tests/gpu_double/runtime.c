@@ -177,10 +177,11 @@ static int context_here(void)
     int first = atomic_load(&first_context);
     if (conf.one_device && phys != first && !atomic_load(&has_context[phys])) {
         char msg[256];
-        int n = snprintf(msg, sizeof msg,
-                         "gpu double: a CUDA call on device %d (physical %d) would make a second context in a "
-                         "process that works on physical GPU %d (GPU_DOUBLE_ONE_DEVICE)\n",
-                         dev, phys, first);
+        int n =
+            snprintf(msg, sizeof msg,
+                     "gpu double: a CUDA call on device %d (physical %d) would make a second context in a "
+                     "process that works on physical GPU %d (GPU_DOUBLE_ONE_DEVICE)\n",
+                     dev, phys, first);
         ssize_t w = write(2, msg, (size_t)n);
         (void)w;
         dps_dbl_trace("second context refused: device %d (physical %d), first %d", dev, phys, first);

@@ -482,7 +482,8 @@ static void allreduce_check(const char *what, void *comm, void *stream, int dtyp
     void *ds = dev_alloc(bytes), *dr = in_place ? ds : dev_alloc(bytes);
     h2d(ds, mine, bytes);
     int rc = ncclAllReduce(ds, dr, count, dtype, op, comm, stream), blocking = comm_blocking;
-    CHECK(blocking ? rc == 0 : rc == 7, "%s: enqueue %d on a %sblocking comm", what, rc, blocking ? "" : "non-");
+    CHECK(blocking ? rc == 0 : rc == 7, "%s: enqueue %d on a %sblocking comm", what, rc,
+          blocking ? "" : "non-");
     if (rc == 7)
         CHECK(ncclAllReduce(ds, dr, count, dtype, op, comm, stream) == 4 && ncclRedOpDestroy(op, comm) == 4,
               "%s: calls while one is in progress are refused", what);
@@ -691,7 +692,8 @@ static void case_nonblocking(int rank, int nranks)
     for (double t0 = now_s(); st != 0 && now_s() - t0 < 5; usleep(1000))
         ncclCommGetAsyncError(comm, &st);
     CHECK(st == 0, "init completed: %d", st);
-    CHECK(launched(ncclAllReduce(d, d, 4, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, d, 4, NCCL_F32, SUM, comm, stream), comm) == 0 &&
+              cudaStreamSynchronize(stream) == 0,
           "works");
     CHECK(ncclCommDestroy(comm) == 0, "destroy");
 }
@@ -704,9 +706,11 @@ static void case_stall(int rank, int nranks)
     CHECK(cudaStreamCreateWithFlags(&stream, 1) == 0, "stream");
     float *d = dev_alloc(64);
     CHECK(cudaMemset(d, 0, 64) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0 &&
+              cudaStreamSynchronize(stream) == 0,
           "first");
-    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0, "second: enqueued, the host is free");
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0,
+          "second: enqueued, the host is free");
     usleep(100 * 1000);
     CHECK(cudaStreamQuery(stream) == 600, "rank %d: the second collective hangs", rank);
     int st = -1;
@@ -736,7 +740,8 @@ static void case_exit_stalled(int rank, int nranks)
     CHECK(cudaStreamCreateWithFlags(&stream, 1) == 0, "stream");
     float *d = dev_alloc(64);
     CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0, "enqueue");
-    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0, "and one queued behind it");
+    CHECK(launched(ncclAllReduce(d, d, 16, NCCL_F32, SUM, comm, stream), comm) == 0,
+          "and one queued behind it");
     usleep(50 * 1000);
     CHECK(cudaStreamQuery(stream) == 600, "stalled");
     pid_t pid = fork();
@@ -761,7 +766,8 @@ static void case_async_error(int rank, int nranks)
     float *d = dev_alloc(16), *r = dev_alloc(16);
     h2d(d, one, 16);
     CHECK(cudaMemset(r, 0, 16) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
-    CHECK(launched(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, r, 4, NCCL_F32, SUM, comm, stream), comm) == 0 &&
+              cudaStreamSynchronize(stream) == 0,
           "first");
     CHECK(cudaMemset(r, 0, 16) == 0 && cudaDeviceSynchronize() == 0, "memset (legacy stream), then sync");
     /* in progress on this non-blocking comm; its failure may already show at the first poll */
@@ -834,7 +840,8 @@ static void case_trace(int rank, int nranks)
     float v = 2.5f, *d = dev_alloc(4);
     h2d(d, &v, 4);
     CHECK(cudaEventRecord(ev, NULL) == 0 && cudaStreamWaitEvent(stream, ev, 0) == 0, "record, wait");
-    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream), comm) == 0 && cudaStreamSynchronize(stream) == 0,
+    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream), comm) == 0 &&
+              cudaStreamSynchronize(stream) == 0,
           "one rank");
     d2h(&v, d, 4);
     CHECK(v == 2.5f, "one rank's sum %g", v);

@@ -30,7 +30,10 @@ static const char *action_name(dps_file_action_t a)
 static int cur_rank; /* the rank configured last */
 
 /* What a gated call does on the configured rank (of 4). */
-static dps_file_action_t gated_action(void) { return cur_rank == 0 ? DPS_FILE_LEAD : DPS_FILE_FOLLOW; }
+static dps_file_action_t gated_action(void)
+{
+    return cur_rank == 0 ? DPS_FILE_LEAD : DPS_FILE_FOLLOW;
+}
 
 /* "<root>/rest" into a static ring of buffers, so several can be used in one call. */
 static const char *at(const char *rest)
@@ -305,7 +308,8 @@ static void expect_open(int dirfd, const char *path, int flags, dps_file_action_
     CHECK(r.action == action, "open %s flags %#x: %s, want %s", path, flags, action_name(r.action),
           action_name(action));
     CHECK(r.op == op, "open %s flags %#x: op %d, want %d", path, flags, (int)r.op, (int)op);
-    CHECK(r.path == path && r.flags == flags, "open %s flags %#x: became '%s' %#x", path, flags, r.path, r.flags);
+    CHECK(r.path == path && r.flags == flags, "open %s flags %#x: became '%s' %#x", path, flags, r.path,
+          r.flags);
 }
 
 static void expect_modify(const char *path, dps_file_action_t action)
@@ -403,7 +407,8 @@ static void test_follower_alone(void)
     int fd = open(r.path, r.flags);
     dps_files_done(&r, fd >= 0);
     char buf[8] = "";
-    CHECK(fd >= 0 && read(fd, buf, 3) == 3 && strcmp(buf, "old") == 0, "the sink reads '%s', want 'old'", buf);
+    CHECK(fd >= 0 && read(fd, buf, 3) == 3 && strcmp(buf, "old") == 0, "the sink reads '%s', want 'old'",
+          buf);
     CHECK(pwrite(fd, "new", 3, 0) == 3, "write to the sink");
     close(fd);
     CHECK(file_is_text("m.ckpt", "old"), "a follower's write reached m.ckpt");
@@ -450,12 +455,16 @@ static int queue_wait(void *msg, size_t len, const char *what)
 {
     (void)what;
     if (queue.head == queue.tail) return -1;
-    memcpy(msg, queue.msg[queue.head % 64], len < queue.len[queue.head % 64] ? len : queue.len[queue.head % 64]);
+    memcpy(msg, queue.msg[queue.head % 64],
+           len < queue.len[queue.head % 64] ? len : queue.len[queue.head % 64]);
     queue.head++;
     return 0;
 }
 
-static int queue_poll(void *msg, size_t len) { return queue_wait(msg, len, "poll") == 0; }
+static int queue_poll(void *msg, size_t len)
+{
+    return queue_wait(msg, len, "poll") == 0;
+}
 
 /* The followers' acknowledgements, and rank 0 taking them (none waits here: one process). */
 static int acks_sent, acks_taken;
@@ -490,8 +499,8 @@ static void test_channel_writes(void)
     uint64_t id = r.seq;
     CHECK(id != UINT64_MAX, "the open that writes has a number");
     dps_files_post_write(id, 0, 4096, 4096, 0);
-    dps_files_post_write(id, 4096, 4096, 1000, 0);      /* short: the disk filled */
-    dps_files_post_write(id, 5096, 3096, -1, EINTR);    /* retried: no failure */
+    dps_files_post_write(id, 4096, 4096, 1000, 0);   /* short: the disk filled */
+    dps_files_post_write(id, 5096, 3096, -1, EINTR); /* retried: no failure */
     dps_files_post_write(id, 5096, 3096, -1, ENOSPC);
     dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/w"); /* rank 0's next call */
     dps_files_done(&r, 1);
@@ -555,7 +564,8 @@ static void test_channel(void)
     dps_files_done(&r, 1);
     configure_main(1);
     dps_files_path(&r, DPS_FOP_LOOKUP, AT_FDCWD, "ckpt/sub");
-    CHECK(dps_files_follow(&r) == 1 && dps_files_done(&r, 1) == 1 && acks_sent == 1, "lookup: %d acks", acks_sent);
+    CHECK(dps_files_follow(&r) == 1 && dps_files_done(&r, 1) == 1 && acks_sent == 1, "lookup: %d acks",
+          acks_sent);
     test_channel_writes();
     dps_files_set_channel(NULL);
 }
@@ -583,7 +593,8 @@ static void child_basename_only(int rank)
     char want[32];
     snprintf(want, sizeof want, "d1/out.rank%d.log", rank);
     expect_name(AT_FDCWD, "d1/out.log", want);
-    expect_open(AT_FDCWD, "./d1/../d1/m.ckpt", O_WRONLY | O_CREAT | O_TRUNC, gated_action(), DPS_FOP_OPEN_WRITE);
+    expect_open(AT_FDCWD, "./d1/../d1/m.ckpt", O_WRONLY | O_CREAT | O_TRUNC, gated_action(),
+                DPS_FOP_OPEN_WRITE);
 }
 
 /* Globs that name system paths themselves gate nothing there. */

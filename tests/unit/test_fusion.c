@@ -84,11 +84,13 @@ static int stub_reduce(char kind, void *buf, size_t count, int dtype, dps_redop_
     dps_scale_in_place(buf, count, dtype, post);
     return 0;
 }
-static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
+static int stub_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                          int one_tensor)
 {
     return stub_reduce('a', buf, count, dtype, op, pre, post, one_tensor);
 }
-static int stub_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post, int one_tensor)
+static int stub_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
+                             int one_tensor)
 {
     return stub_reduce('g', buf, count, dtype, op, pre, post, one_tensor);
 }
@@ -132,7 +134,10 @@ static void reset(void)
 /* --- helpers ------------------------------------------------------------------------------- */
 
 /* A rank's own weight: applied to what it sends, before the reduction. */
-static dps_weight_t per_rank(double scale) { return (dps_weight_t){scale, 1}; }
+static dps_weight_t per_rank(double scale)
+{
+    return (dps_weight_t){scale, 1};
+}
 
 static dp_tensor tensor(void *data, uint64_t count, int32_t dtype, const char *name)
 {
@@ -228,8 +233,8 @@ static void test_shared_weight(void)
     if (ncalls != 3) return;
     CHECK(calls[0].buf == a && calls[0].pre == 1.0 && calls[0].post == scale && calls[1].buf == e &&
               calls[1].pre == 1.0 && calls[1].post == scale,
-          "a and e in place: pre %g %g post %g %g, want 1 and the weight", calls[0].pre, calls[1].pre, calls[0].post,
-          calls[1].post);
+          "a and e in place: pre %g %g post %g %g, want 1 and the weight", calls[0].pre, calls[1].pre,
+          calls[0].post, calls[1].post);
     CHECK(calls[2].buf != h && calls[2].pre == 1.0 && calls[2].post == 1.0,
           "h (f16, reduced in f32) is packed and weighted at unpack, not by the backend");
     CHECK(same_bits(calls[0].data, orig[0], 3 * 4) && same_bits(calls[1].data, orig[1], 20 * 4),
@@ -264,7 +269,8 @@ static void test_planning(void)
     const double scale = 0.5;
     reset();
     uint64_t seq = dps_guard_seq();
-    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0,
+          "dps_fused failed");
     /* a b c and d's first element fill a bucket of 16; the rest of d; e in place (>= 8, half a
      * bucket), which also closes the bucket before it; f and g */
     CHECK(ncalls == 4, "%zu calls, want 4", ncalls);
@@ -281,12 +287,12 @@ static void test_planning(void)
     /* a tensor in place is weighted by the backend, piece by piece (no pass of its own); a bucket
      * was weighted while packed */
     CHECK(calls[2].pre == scale && calls[0].pre == 1.0 && calls[1].pre == 1.0 && calls[3].pre == 1.0,
-          "weights handed to the backend: %g %g %g %g, want 1 1 %g 1", calls[0].pre, calls[1].pre, calls[2].pre,
-          calls[3].pre, scale);
+          "weights handed to the backend: %g %g %g %g, want 1 1 %g 1", calls[0].pre, calls[1].pre,
+          calls[2].pre, calls[3].pre, scale);
     /* only a tensor alone may take an algorithm whose order follows the offset (the ring) */
     CHECK(calls[2].one_tensor && !calls[0].one_tensor && !calls[1].one_tensor && !calls[3].one_tensor,
-          "one_tensor flags %d %d %d %d, want 0 0 1 0", calls[0].one_tensor, calls[1].one_tensor, calls[2].one_tensor,
-          calls[3].one_tensor);
+          "one_tensor flags %d %d %d %d, want 0 0 1 0", calls[0].one_tensor, calls[1].one_tensor,
+          calls[2].one_tensor, calls[3].one_tensor);
     CHECK(calls[0].buf == calls[1].buf && calls[1].buf == calls[3].buf, "the buckets are not one buffer");
     for (int k = 0; k < N; k++)
         CHECK((unsigned char *)calls[0].buf < (unsigned char *)t[k].data ||
@@ -332,14 +338,16 @@ static void test_half_bucket(void)
     for (int k = 0; k < 5; k++)
         fill(&t[k], k);
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 5, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls == 5, "%zu calls, want 5", ncalls);
     if (ncalls != 5) return;
     /* a, c and x would each be alone in a bucket (the next tensor goes in place or has another
      * dtype): they go as they are, no copy */
     CHECK(calls[0].count == 7 && calls[0].buf == a, "a: alone in its bucket (b goes in place), not in place");
     CHECK(calls[1].count == 8 && calls[1].buf == b, "b: in place");
-    CHECK(calls[2].count == 7 && calls[2].dtype == DP_F32 && calls[2].buf == c, "c: alone (x is f64), not in place");
+    CHECK(calls[2].count == 7 && calls[2].dtype == DP_F32 && calls[2].buf == c,
+          "c: alone (x is f64), not in place");
     CHECK(calls[3].count == 3 && calls[3].dtype == DP_F64 && calls[3].buf == x, "x: alone, not in place");
     CHECK(calls[4].count == 4 && calls[4].dtype == DP_F64 && calls[4].buf == y, "y: in place");
     for (int j = 0; j < 4; j++)
@@ -364,7 +372,8 @@ static void test_dtype_change(void)
     uint16_t h0[3], bf0[4]; /* as rounded to their type by fill */
     memcpy(h0, h, sizeof h), memcpy(bf0, bf, sizeof bf);
     reset();
-    CHECK(dps_fused_host("dp_metric", &stub, t, N, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_metric", &stub, t, N, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     static const struct {
         size_t count;
         int dtype;
@@ -401,7 +410,8 @@ static void test_half_types(void)
     memcpy(h0, h, sizeof h), memcpy(bf0, bf, sizeof bf);
     const double scale = 1.0 / 3.0;
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 2, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 2, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0,
+          "dps_fused failed");
     /* 40 + 5 halves as f32, 16 a bucket: 16, 16, 8 + 5 */
     CHECK(ncalls == 3, "%zu calls, want 3", ncalls);
     for (size_t i = 0; i < ncalls; i++)
@@ -441,7 +451,8 @@ static void test_scale_zero(void)
                      tensor(b, 7, DP_F64, "b"), tensor(bigd, 4, DP_F64, "bigd"),
                      tensor(h, 7, DP_F16, "h"), tensor(bf, 7, DP_BF16, "bf")};
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 6, DPS_FUSE_GRADS, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 6, DPS_FUSE_GRADS, per_rank(0.0), DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls >= 4 && calls[1].buf == big && calls[3].buf == bigd,
           "big and bigd were not reduced in place");
     /* exact +0: no NaN, no infinity, no -0 */
@@ -469,7 +480,8 @@ static void test_scale_one_and_ops(void)
     dp_tensor t[] = {tensor(a, 4, DP_F32, "a"), tensor(big, 12, DP_F32, "big")};
     for (int op = DPS_RED_MIN; op <= DPS_RED_MAX; op++) {
         reset();
-        CHECK(dps_fused_host("dp_metric", &stub, t, 2, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, (dps_redop_t)op) == 0,
+        CHECK(dps_fused_host("dp_metric", &stub, t, 2, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, (dps_redop_t)op) ==
+                  0,
               "dps_fused failed");
         CHECK(ncalls == 2 && calls[0].op == (dps_redop_t)op && calls[1].op == (dps_redop_t)op,
               "op %d not passed on", op);
@@ -501,7 +513,8 @@ static void test_integers(void)
     uint8_t c0[5];
     memcpy(a0, a, sizeof a), memcpy(b0, b, sizeof b), memcpy(c0, c, sizeof c), memcpy(big0, big, sizeof big);
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 4, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 4, DPS_FUSE_GRADS, per_rank(0.5), DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls == 4, "%zu calls, want 4", ncalls);
     if (ncalls == 4) {
         CHECK(calls[0].dtype == DP_I32 && same_bits(calls[0].data, a0, sizeof a0), "a was scaled");
@@ -543,7 +556,8 @@ static void test_broadcast(void)
     reset();
     uint64_t seq = dps_guard_seq();
     /* the scale never applies to a broadcast (0 would zero every float) */
-    CHECK(dps_fused_host("dp_params", &stub, t, N, DPS_FUSE_BCAST, per_rank(0.0), DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_params", &stub, t, N, DPS_FUSE_BCAST, per_rank(0.0), DPS_RED_SUM) == 0,
+          "dps_fused failed");
     /* every dtype its own bucket (f16 and bf16 included: bytes are not widened), big in place */
     CHECK(ncalls == N, "%zu calls, want %d", ncalls, N);
     CHECK(guard_calls(seq) == ncalls, "the guard saw %llu collectives", (unsigned long long)guard_calls(seq));
@@ -567,7 +581,8 @@ static void test_broadcast(void)
     float p0[10], q0[10];
     memcpy(p0, p, sizeof p), memcpy(q0, q, sizeof q);
     reset();
-    CHECK(dps_fused_host("dp_params", &stub, pq, 4, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_params", &stub, pq, 4, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls == 2 && calls[0].count == 64 && calls[1].count == 16, "%zu calls: %zu, %zu bytes", ncalls,
           ncalls ? calls[0].count : 0, ncalls > 1 ? calls[1].count : 0);
     for (int j = 0; j < 10; j++) {
@@ -597,9 +612,10 @@ static void test_compress(int32_t cd)
     float a[3], big[40], e[5];
     double d[2];
     int32_t i[2];
-    uint16_t o[3], own[20], small[3]; /* the other half type; the compression's own type, in place and packed */
-    dp_tensor t[] = {tensor(a, 3, DP_F32, "a"), tensor(d, 2, DP_F64, "d"), tensor(i, 2, DP_I32, "i"),
-                     tensor(e, 5, DP_F32, "e"), tensor(o, 3, other, "o"),  tensor(big, 40, DP_F32, "big"),
+    uint16_t o[3], own[20],
+        small[3]; /* the other half type; the compression's own type, in place and packed */
+    dp_tensor t[] = {tensor(a, 3, DP_F32, "a"),  tensor(d, 2, DP_F64, "d"),    tensor(i, 2, DP_I32, "i"),
+                     tensor(e, 5, DP_F32, "e"),  tensor(o, 3, other, "o"),     tensor(big, 40, DP_F32, "big"),
                      tensor(own, 20, cd, "own"), tensor(small, 3, cd, "small")};
     enum { N = sizeof t / sizeof *t };
     for (int k = 0; k < N; k++)
@@ -609,8 +625,8 @@ static void test_compress(int32_t cd)
         memcpy(orig[k], t[k].data, t[k].count * dps_dtype_size(t[k].dtype));
     const double scale = 0.5;
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0, "%s: dps_fused failed",
-          cn);
+    CHECK(dps_fused_host("dp_grads", &stub, t, N, DPS_FUSE_GRADS, per_rank(scale), DPS_RED_SUM) == 0,
+          "%s: dps_fused failed", cn);
     /* a | d | i | e o big[0..24) (32 halves) | big[24..40) | own in place (20 >= 16) | small */
     static const struct {
         size_t count;
@@ -622,7 +638,8 @@ static void test_compress(int32_t cd)
               "%s: call %zu: count %zu dtype %d", cn, c, calls[c].count, calls[c].dtype);
     if (ncalls == 7) {
         CHECK(calls[3].buf != big && calls[4].buf != big, "%s: an f32 tensor went in place", cn);
-        CHECK(calls[6].buf == small, "%s: a small tensor of the compressed type, alone in its bucket, was copied", cn);
+        CHECK(calls[6].buf == small,
+              "%s: a small tensor of the compressed type, alone in its bucket, was copied", cn);
         CHECK(calls[5].buf == own, "%s: a tensor of the compressed type was not reduced in place", cn);
         /* sent: the scaled value rounded to the half type */
         float a0 = ((float *)orig[0])[1];
@@ -670,10 +687,12 @@ static void test_compress(int32_t cd)
     for (int k = 0; k < N; k++)
         fill(&t[k], k);
     reset();
-    CHECK(dps_fused_host("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_metric", &stub, t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].dtype == DP_F32, "%s: a plain all-reduce was compressed", cn);
     reset();
-    CHECK(dps_fused_host("dp_params", &stub, &t[5], 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_params", &stub, &t[5], 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].count == 160 && calls[0].buf == big, "%s: a broadcast was compressed", cn);
     dps_g.compress_dtype = -1;
 }
@@ -690,17 +709,21 @@ static void test_zero_counts(void)
                      tensor(b, 2, DP_F32, "b"),       tensor(unused, 0, DP_I32, "z3"),
                      tensor(c, 8, DP_F32, "c"),       tensor(NULL, 0, DP_U8, "z4")};
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 8, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 8, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     /* the empty f64 and i32 tensors do not split the f32 bucket */
     CHECK(ncalls == 2 && calls[0].count == 5 && calls[0].dtype == DP_F32 && calls[1].buf == c, "%zu calls",
           ncalls);
     CHECK(a[2] == 12 && b[0] == 16 && b[1] == 20 && c[7] == 8 && unused[0] == 9,
           "results of the non-empty tensors");
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 0, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty list");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 0, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "empty list");
     dp_tensor empty[] = {tensor(NULL, 0, DP_F32, "z"), tensor(NULL, 0, DP_BF16, "z")};
-    CHECK(dps_fused_host("dp_grads", &stub, empty, 2, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty tensors");
-    CHECK(dps_fused_host("dp_params", &stub, empty, 2, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "empty broadcast");
+    CHECK(dps_fused_host("dp_grads", &stub, empty, 2, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "empty tensors");
+    CHECK(dps_fused_host("dp_params", &stub, empty, 2, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "empty broadcast");
     CHECK(ncalls == 0, "%zu calls for nothing", ncalls);
 }
 
@@ -720,8 +743,8 @@ static void test_background(void)
     char err[256] = "";
     reset();
     uint64_t seq = dps_guard_seq();
-    CHECK(dps_fused_background("dp_grad_ready", &stub, t, 2, per_rank(0.25), err, sizeof err) == 0, "background: %s",
-          err);
+    CHECK(dps_fused_background("dp_grad_ready", &stub, t, 2, per_rank(0.25), err, sizeof err) == 0,
+          "background: %s", err);
     CHECK(ncalls == 2 && calls[0].kind == 'g' && calls[1].kind == 'g' && calls[1].buf == b,
           "background: %zu calls on the wrong channel", ncalls);
     CHECK(guard_calls(seq) == 0, "the background lane moved the guard");
@@ -836,7 +859,8 @@ static void big_bucket(void)
                      tensor(a, ELEMS, DP_F32, "a")};
     fill(&t[0], 0);
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 3, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     /* 1 MiB bucket, half is 512 KiB: b (256 KiB - 4) is packed with c, a (256 KiB) goes in place */
     CHECK(ncalls == 2, "%zu calls, want 2", ncalls);
     if (ncalls == 2) {
@@ -855,7 +879,8 @@ static void bucket_256(void)
     for (int k = 0; k < 60; k++)
         v[k][0] = (float)k, t[k] = tensor(v[k], 1, DP_F32, "v");
     reset();
-    CHECK(dps_fused_host("dp_grads", &stub, t, 60, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0, "dps_fused failed");
+    CHECK(dps_fused_host("dp_grads", &stub, t, 60, DPS_FUSE_GRADS, DPS_UNWEIGHTED, DPS_RED_SUM) == 0,
+          "dps_fused failed");
     CHECK(ncalls == 1 && calls[0].count == 60, "%zu calls", ncalls);
     for (int k = 0; k < 60; k++)
         CHECK(v[k][0] == (float)(k * NRANKS), "v[%d] = %g", k, v[k][0]);

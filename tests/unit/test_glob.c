@@ -4,8 +4,14 @@
 #include "check.h"
 #include "glob.h"
 
-static void yes(const char *g, const char *p) { CHECK(dps_glob_match(g, p, strlen(p)), "'%s' should match '%s'", g, p); }
-static void no(const char *g, const char *p) { CHECK(!dps_glob_match(g, p, strlen(p)), "'%s' should not match '%s'", g, p); }
+static void yes(const char *g, const char *p)
+{
+    CHECK(dps_glob_match(g, p, strlen(p)), "'%s' should match '%s'", g, p);
+}
+static void no(const char *g, const char *p)
+{
+    CHECK(!dps_glob_match(g, p, strlen(p)), "'%s' should not match '%s'", g, p);
+}
 
 int main(void)
 {

@@ -142,7 +142,8 @@ static void test_stuck_at_5000(void)
           DPS_EXIT_GUARD, NO_REPORT);
     CHECK(strstr(err, "guard: dp_grads collective #1 (after step 0) has waited") != NULL,
           "no headline in:\n%.2000s", err);
-    CHECK(strstr(err, ": in dp_grads (all-reduce f32 x 1000), collective #1 after step 0") != NULL && strstr(err, "rank 0 (") != NULL,
+    CHECK(strstr(err, ": in dp_grads (all-reduce f32 x 1000), collective #1 after step 0") != NULL &&
+              strstr(err, "rank 0 (") != NULL,
           "rank 0 missing from the table");
     CHECK(strstr(err, "rank 4999: in dp_grads (all-reduce f32 x 1000), collective #1 after step 0") != NULL,
           "rank 4999 missing from the table");
@@ -205,8 +206,9 @@ static void test_stuck_without_channel(void)
           "no warning that the guard is limited:\n%s", err);
     CHECK(strstr(err, "ERROR guard: dp_grads collective #1 (after step 0) has waited") != NULL,
           "no headline:\n%s", err);
-    CHECK(strstr(err, "rank 0 (") != NULL && strstr(err, "): in dp_grads (all-reduce f32 x 1000), collective #1 after step 0, waiting") !=
-              NULL,
+    CHECK(strstr(err, "rank 0 (") != NULL &&
+              strstr(err, "): in dp_grads (all-reduce f32 x 1000), collective #1 after step 0, waiting") !=
+                  NULL,
           "no position of this rank:\n%s", err);
     CHECK(strstr(err, "without MPI_THREAD_MULTIPLE") != NULL,
           "does not say why the others are not listed:\n%s", err);

@@ -88,13 +88,15 @@ static void test_env(void)
 {
     dps_policy_t p;
     dps_error_t e;
-    char *env1[] = {"PATH=/bin", "DPSHIM_COMM_BUCKET_MB=8", "DPSHIM_DATA_MODE= scale ", "DPSHIM_POLICY=x", NULL};
+    char *env1[] = {"PATH=/bin", "DPSHIM_COMM_BUCKET_MB=8", "DPSHIM_DATA_MODE= scale ", "DPSHIM_POLICY=x",
+                    NULL};
     dps_policy_init(&p);
     CHECK(dps_policy_apply_env(&p, env1, &e) == 0, "env rejected: %s", e.msg);
     CHECK(dps_policy_num(&p, DPS_P_comm_bucket_mb) == 8, "env bucket");
     CHECK(DPS_POLICY_ENUM(&p, data, mode) == DPS_V_data_mode_scale, "env mode");
     char src[64];
-    CHECK(strcmp(dps_policy_source(&p, DPS_P_data_mode, src, sizeof src), "env DPSHIM_DATA_MODE") == 0, "%s", src);
+    CHECK(strcmp(dps_policy_source(&p, DPS_P_data_mode, src, sizeof src), "env DPSHIM_DATA_MODE") == 0, "%s",
+          src);
     char *env2[] = {"DPSHIM_COMM_BUCKETMB=8", NULL};
     CHECK(dps_policy_apply_env(&p, env2, &e) == -1, "unknown env accepted");
     CHECK(strstr(e.msg, "did you mean 'DPSHIM_COMM_BUCKET_MB'") != NULL, "%s", e.msg);
@@ -113,13 +115,16 @@ static void test_table(void)
         dps_policy_init(&p);
         uint64_t init_num = dps_policy_num(&p, (dps_key_id_t)i); /* what start-up takes unparsed */
         CHECK(dps_policy_set_value(&p, (dps_key_id_t)i, dps_keys[i].def, strlen(dps_keys[i].def),
-                                   DPS_SRC_DEFAULT, 0, &e) == 0, "default of %s: %s", dps_keys[i].key, e.msg);
+                                   DPS_SRC_DEFAULT, 0, &e) == 0,
+              "default of %s: %s", dps_keys[i].key, e.msg);
         CHECK(dps_policy_num(&p, (dps_key_id_t)i) == init_num, "default of %s: parsed %llu, table %llu",
-              dps_keys[i].key, (unsigned long long)dps_policy_num(&p, (dps_key_id_t)i), (unsigned long long)init_num);
+              dps_keys[i].key, (unsigned long long)dps_policy_num(&p, (dps_key_id_t)i),
+              (unsigned long long)init_num);
         dps_policy_free(&p);
         for (int j = 0; j < i; j++) {
             char a[64], b[64];
-            CHECK(strcmp(dps_policy_env_name((dps_key_id_t)i, a, 64), dps_policy_env_name((dps_key_id_t)j, b, 64)),
+            CHECK(strcmp(dps_policy_env_name((dps_key_id_t)i, a, 64),
+                         dps_policy_env_name((dps_key_id_t)j, b, 64)),
                   "env name clash %s", a);
         }
     }

@@ -94,8 +94,8 @@ static void sleep_on(_Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t s
     atomic_fetch_add(sleepers, 1); /* seq_cst, as the store and load in wake(): one of us sees the other */
     if (atomic_load(c) == seen) {
         struct timespec limit = {0, 100000000};
-        if (syscall(SYS_futex, low_word(c), FUTEX_WAIT, (uint32_t)seen, &limit, NULL, 0) != 0 && errno != EAGAIN &&
-            errno != EINTR && errno != ETIMEDOUT)
+        if (syscall(SYS_futex, low_word(c), FUTEX_WAIT, (uint32_t)seen, &limit, NULL, 0) != 0 &&
+            errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT)
             sched_yield(); /* no futex here: waiting goes on as before */
     }
     atomic_fetch_sub(sleepers, 1);
@@ -110,7 +110,8 @@ static void wake(_Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t v)
 /* Spins briefly (a peer on another core answers within a microsecond), then yields the core, then
  * sleeps; where the ranks outnumber their cores, sleeps at once (the rank waited for may need this
  * core). */
-static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t at_least)
+static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, _Atomic uint32_t *sleepers,
+                         uint64_t at_least)
 {
     uint64_t v, since = 0;
     for (unsigned spins = 0; (v = atomic_load_explicit(c, memory_order_acquire)) < at_least; spins++) {
@@ -121,8 +122,10 @@ static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, _Atomic ui
             continue;
         }
         if (s->spins && !since) since = now_ns();
-        if (s->spins && now_ns() - since < AWAKE_NS) sched_yield();
-        else sleep_on(c, sleepers, v);
+        if (s->spins && now_ns() - since < AWAKE_NS)
+            sched_yield();
+        else
+            sleep_on(c, sleepers, v);
     }
     return v;
 }

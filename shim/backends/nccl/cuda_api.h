@@ -31,9 +31,19 @@ typedef int dps_ncclRedOp_t;
 #define DPS_ncclInProgress 7
 #define DPS_ncclRemoteError 6
 #define DPS_NCCL_UNIQUE_ID_BYTES 128
-typedef struct { char internal[DPS_NCCL_UNIQUE_ID_BYTES]; } dps_ncclUniqueId;
-enum { DPS_ncclInt8 = 0, DPS_ncclUint8 = 1, DPS_ncclInt32 = 2, DPS_ncclInt64 = 4, DPS_ncclFloat16 = 6,
-       DPS_ncclFloat32 = 7, DPS_ncclFloat64 = 8, DPS_ncclBfloat16 = 9 };
+typedef struct {
+    char internal[DPS_NCCL_UNIQUE_ID_BYTES];
+} dps_ncclUniqueId;
+enum {
+    DPS_ncclInt8 = 0,
+    DPS_ncclUint8 = 1,
+    DPS_ncclInt32 = 2,
+    DPS_ncclInt64 = 4,
+    DPS_ncclFloat16 = 6,
+    DPS_ncclFloat32 = 7,
+    DPS_ncclFloat64 = 8,
+    DPS_ncclBfloat16 = 9
+};
 enum { DPS_ncclSum = 0, DPS_ncclMax = 2, DPS_ncclMin = 3 };
 #define DPS_ncclScalarHostImmediate 1
 

@@ -14,7 +14,8 @@
 #include <cstdio>
 #include <string>
 
-namespace {
+namespace
+{
 
 struct Images : torch::data::datasets::Dataset<Images> {
     Images(size_t n, double shift, torch::Dtype dtype) : n_(n), shift_(shift), dtype_(dtype) {}
@@ -26,8 +27,9 @@ struct Images : torch::data::datasets::Dataset<Images> {
         auto a = x.accessor<double, 3>();
         for (int r = 0; r < 8; r++)
             for (int c = 0; c < 8; c++)
-                a[0][r][c] = 2.0 + std::sin(t + 0.5 * r) * std::cos(0.8 * t - 0.3 * c) +
-                             (label ? 0.6 : -0.6) * std::exp(-0.2 * ((r - 3.5) * (r - 3.5) + (c - 2.0) * (c - 2.0)));
+                a[0][r][c] =
+                    2.0 + std::sin(t + 0.5 * r) * std::cos(0.8 * t - 0.3 * c) +
+                    (label ? 0.6 : -0.6) * std::exp(-0.2 * ((r - 3.5) * (r - 3.5) + (c - 2.0) * (c - 2.0)));
         return {x.to(dtype_), torch::tensor(label, torch::kLong)};
     }
     c10::optional<size_t> size() const override { return n_; }
@@ -42,9 +44,11 @@ struct Net : torch::nn::Module {
         conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)));
         bn2 = register_module("bn2", torch::nn::BatchNorm2d(4));
         fc1 = register_module("fc1", torch::nn::Linear(64, 8));
-        inorm = register_module("inorm", torch::nn::InstanceNorm2d(torch::nn::InstanceNorm2dOptions(4).affine(true)));
+        inorm = register_module("inorm",
+                                torch::nn::InstanceNorm2d(torch::nn::InstanceNorm2dOptions(4).affine(true)));
         bn1 = register_module(
-            "bn1", torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(8).affine(false).momentum(c10::nullopt)));
+            "bn1",
+            torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(8).affine(false).momentum(c10::nullopt)));
         fc2 = register_module("fc2", torch::nn::Linear(8, 2));
     }
     torch::Tensor forward(torch::Tensor x)
@@ -60,12 +64,15 @@ struct Net : torch::nn::Module {
     torch::nn::BatchNorm1d bn1{nullptr};
 };
 
-void print_running(const char *name, const torch::Tensor &mean, const torch::Tensor &var, const torch::Tensor &count)
+void print_running(const char *name, const torch::Tensor &mean, const torch::Tensor &var,
+                   const torch::Tensor &count)
 {
     std::printf("%s running_mean", name);
-    for (int64_t i = 0; i < mean.numel(); i++) std::printf(" %.15g", mean[i].item<double>());
+    for (int64_t i = 0; i < mean.numel(); i++)
+        std::printf(" %.15g", mean[i].item<double>());
     std::printf("\n%s running_var", name);
-    for (int64_t i = 0; i < var.numel(); i++) std::printf(" %.15g", var[i].item<double>());
+    for (int64_t i = 0; i < var.numel(); i++)
+        std::printf(" %.15g", var[i].item<double>());
     std::printf("\n%s batches %lld\n", name, static_cast<long long>(count.item<int64_t>()));
 }
 
@@ -79,11 +86,16 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto value = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-        if (a == "--epochs") epochs = std::stoi(value());
-        else if (a == "--batch") batch = std::stoi(value());
-        else if (a == "--samples") samples = std::stoul(value());
-        else if (a == "--float") dtype = torch::kFloat;
-        else return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
+        if (a == "--epochs")
+            epochs = std::stoi(value());
+        else if (a == "--batch")
+            batch = std::stoi(value());
+        else if (a == "--samples")
+            samples = std::stoul(value());
+        else if (a == "--float")
+            dtype = torch::kFloat;
+        else
+            return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
     torch::manual_seed(7);
     auto net = std::make_shared<Net>();
@@ -126,7 +138,8 @@ int main(int argc, char **argv)
     print_running("bn2", net->bn2->running_mean, net->bn2->running_var, net->bn2->num_batches_tracked);
     print_running("bn1", net->bn1->running_mean, net->bn1->running_var, net->bn1->num_batches_tracked);
     double sum = 0;
-    for (const auto &p : net->parameters()) sum += p.abs().sum().item<double>();
+    for (const auto &p : net->parameters())
+        sum += p.abs().sum().item<double>();
     std::printf("weights %.15g\n", sum);
     return 0;
 }

@@ -22,7 +22,8 @@ const int64_t kLogInterval = 10;
 struct Net : torch::nn::Module {
     Net()
         : conv1(torch::nn::Conv2dOptions(1, 10, /*kernel_size=*/5)),
-          conv2(torch::nn::Conv2dOptions(10, 20, /*kernel_size=*/5)), fc1(320, 50), fc2(50, 10) {
+          conv2(torch::nn::Conv2dOptions(10, 20, /*kernel_size=*/5)), fc1(320, 50), fc2(50, 10)
+    {
         register_module("conv1", conv1);
         register_module("conv2", conv2);
         register_module("conv2_drop", conv2_drop);
@@ -30,7 +31,8 @@ struct Net : torch::nn::Module {
         register_module("fc2", fc2);
     }
 
-    torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor forward(torch::Tensor x)
+    {
         x = torch::relu(torch::max_pool2d(conv1->forward(x), 2));
         x = torch::relu(torch::max_pool2d(conv2_drop->forward(conv2->forward(x)), 2));
         x = x.view({-1, 320});
@@ -49,7 +51,8 @@ struct Net : torch::nn::Module {
 
 template <typename DataLoader>
 void train(size_t epoch, Net &model, torch::Device device, DataLoader &data_loader,
-           torch::optim::Optimizer &optimizer, size_t dataset_size) {
+           torch::optim::Optimizer &optimizer, size_t dataset_size)
+{
     model.train();
     size_t batch_idx = 0;
     for (auto &batch : data_loader) {
@@ -69,7 +72,8 @@ void train(size_t epoch, Net &model, torch::Device device, DataLoader &data_load
 }
 
 template <typename DataLoader>
-void test(Net &model, torch::Device device, DataLoader &data_loader, size_t dataset_size) {
+void test(Net &model, torch::Device device, DataLoader &data_loader, size_t dataset_size)
+{
     torch::NoGradGuard no_grad;
     model.eval();
     double test_loss = 0;
@@ -89,7 +93,8 @@ void test(Net &model, torch::Device device, DataLoader &data_loader, size_t data
                 static_cast<double>(correct) / dataset_size);
 }
 
-auto main(int argc, char **argv) -> int {
+auto main(int argc, char **argv) -> int
+{
     if (argc < 2) {
         std::cerr << "usage: mnist_cnn DATA_DIR [EPOCHS [N]]\n";
         return 2;
@@ -119,7 +124,8 @@ auto main(int argc, char **argv) -> int {
     if (argc > 3 && std::strtoul(argv[3], nullptr, 10) < train_dataset_size)
         train_dataset_size = std::strtoul(argv[3], nullptr, 10);
     auto train_loader = torch::data::make_data_loader(
-        std::move(train_dataset), torch::data::samplers::SequentialSampler(train_dataset_size), kTrainBatchSize);
+        std::move(train_dataset), torch::data::samplers::SequentialSampler(train_dataset_size),
+        kTrainBatchSize);
 
     auto test_dataset = torch::data::datasets::MNIST(kDataRoot, torch::data::datasets::MNIST::Mode::kTest)
                             .map(torch::data::transforms::Normalize<>(0.1307, 0.3081))

@@ -2,7 +2,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-uintptr_t sgd_step(uintptr_t result, uintptr_t self) __asm__("_ZN5torch5optim3SGD4stepESt8functionIFN2at6TensorEvEE");
+uintptr_t sgd_step(uintptr_t result,
+                   uintptr_t self) __asm__("_ZN5torch5optim3SGD4stepESt8functionIFN2at6TensorEvEE");
 
 int main(void)
 {

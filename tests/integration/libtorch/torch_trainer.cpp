@@ -21,7 +21,8 @@
 #include <memory>
 #include <string>
 
-namespace {
+namespace
+{
 
 struct Points : torch::data::datasets::Dataset<Points> {
     Points(size_t n, double shift, torch::Dtype dtype) : n_(n), shift_(shift), dtype_(dtype) {}
@@ -29,7 +30,8 @@ struct Points : torch::data::datasets::Dataset<Points> {
     {
         double t = static_cast<double>(i) * 0.37 + shift_;
         auto x = torch::tensor({std::sin(t), std::cos(1.3 * t), std::sin(0.7 * t + 1), std::cos(0.2 * t)},
-                               torch::TensorOptions().dtype(torch::kDouble)).to(dtype_);
+                               torch::TensorOptions().dtype(torch::kDouble))
+                     .to(dtype_);
         auto y = torch::tensor(static_cast<int64_t>(std::sin(3.1 * t) + 0.3 * std::cos(t) > 0), torch::kLong);
         return {x, y};
     }
@@ -49,7 +51,8 @@ struct Net : torch::nn::Module {
     torch::nn::Linear a{nullptr}, b{nullptr};
 };
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string &kind, std::vector<torch::Tensor> params)
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string &kind,
+                                                        std::vector<torch::Tensor> params)
 {
     namespace o = torch::optim;
     if (kind == "sgd") return std::make_unique<o::SGD>(params, o::SGDOptions(0.1).momentum(0.5));
@@ -70,11 +73,16 @@ int64_t state_elements(torch::optim::Optimizer &opt)
     auto add = [&](const torch::Tensor &t) { n += t.defined() ? t.numel() : 0; };
     for (auto &kv : opt.state()) {
         auto *s = kv.second.get();
-        if (auto *a = dynamic_cast<o::AdamParamState *>(s)) add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
-        else if (auto *w = dynamic_cast<o::AdamWParamState *>(s)) add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
-        else if (auto *r = dynamic_cast<o::RMSpropParamState *>(s)) add(r->square_avg()), add(r->momentum_buffer()), add(r->grad_avg());
-        else if (auto *g = dynamic_cast<o::AdagradParamState *>(s)) add(g->sum());
-        else if (auto *m = dynamic_cast<o::SGDParamState *>(s)) add(m->momentum_buffer());
+        if (auto *a = dynamic_cast<o::AdamParamState *>(s))
+            add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
+        else if (auto *w = dynamic_cast<o::AdamWParamState *>(s))
+            add(w->exp_avg()), add(w->exp_avg_sq()), add(w->max_exp_avg_sq());
+        else if (auto *r = dynamic_cast<o::RMSpropParamState *>(s))
+            add(r->square_avg()), add(r->momentum_buffer()), add(r->grad_avg());
+        else if (auto *g = dynamic_cast<o::AdagradParamState *>(s))
+            add(g->sum());
+        else if (auto *m = dynamic_cast<o::SGDParamState *>(s))
+            add(m->momentum_buffer());
     }
     return n;
 }
@@ -93,22 +101,38 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto value = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-        if (a == "--opt") opt_kind = value();
-        else if (a == "--sampler") sampler = value();
-        else if (a == "--workers") workers = std::stoi(value());
-        else if (a == "--epochs") epochs = std::stoi(value());
-        else if (a == "--batch") batch = std::stoi(value());
-        else if (a == "--save") save = value();
-        else if (a == "--load") load = value();
-        else if (a == "--two") two = true;
-        else if (a == "--manual") manual = true;
-        else if (a == "--float") dtype = torch::kFloat;
-        else if (a == "--samples") samples = std::stoul(value());
-        else if (a == "--hidden") hidden = std::stoi(value());
-        else if (a == "--eval-every") eval_every = std::stoi(value());
-        else if (a == "--draw") draw = true;
-        else if (a == "--cuda") device = torch::Device(torch::kCUDA);
-        else return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
+        if (a == "--opt")
+            opt_kind = value();
+        else if (a == "--sampler")
+            sampler = value();
+        else if (a == "--workers")
+            workers = std::stoi(value());
+        else if (a == "--epochs")
+            epochs = std::stoi(value());
+        else if (a == "--batch")
+            batch = std::stoi(value());
+        else if (a == "--save")
+            save = value();
+        else if (a == "--load")
+            load = value();
+        else if (a == "--two")
+            two = true;
+        else if (a == "--manual")
+            manual = true;
+        else if (a == "--float")
+            dtype = torch::kFloat;
+        else if (a == "--samples")
+            samples = std::stoul(value());
+        else if (a == "--hidden")
+            hidden = std::stoi(value());
+        else if (a == "--eval-every")
+            eval_every = std::stoi(value());
+        else if (a == "--draw")
+            draw = true;
+        else if (a == "--cuda")
+            device = torch::Device(torch::kCUDA);
+        else
+            return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
     torch::manual_seed(7);
     auto net = std::make_shared<Net>(hidden);
@@ -127,13 +151,17 @@ int main(int argc, char **argv)
     auto train_set = Points(samples, 0.0, dtype).map(torch::data::transforms::Stack<>());
     auto test_set = Points(40, 0.11, dtype).map(torch::data::transforms::Stack<>());
     auto options = torch::data::DataLoaderOptions().batch_size(batch).workers(workers);
-    auto test_loader = torch::data::make_data_loader(test_set, torch::data::DataLoaderOptions().batch_size(16));
-    auto seq_loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(train_set, options);
-    auto rand_loader = torch::data::make_data_loader<torch::data::samplers::RandomSampler>(train_set, options);
+    auto test_loader =
+        torch::data::make_data_loader(test_set, torch::data::DataLoaderOptions().batch_size(16));
+    auto seq_loader =
+        torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(train_set, options);
+    auto rand_loader =
+        torch::data::make_data_loader<torch::data::samplers::RandomSampler>(train_set, options);
     Points raw(samples, 0.0, dtype);
     auto all = raw.get_batch([&] {
         std::vector<size_t> v(samples);
-        for (size_t i = 0; i < v.size(); i++) v[i] = i;
+        for (size_t i = 0; i < v.size(); i++)
+            v[i] = i;
         return v;
     }());
     auto whole = torch::data::transforms::Stack<>().apply_batch(all);
@@ -157,7 +185,8 @@ int main(int argc, char **argv)
         auto train_on = [&](const torch::Tensor &x_here, const torch::Tensor &y_here) {
             auto x = x_here.to(device), y = y_here.to(device);
             auto loss_of = [&] {
-                for (auto &o : opts) o->zero_grad();
+                for (auto &o : opts)
+                    o->zero_grad();
                 auto loss = torch::nll_loss(net->forward(x), y);
                 loss.backward();
                 return loss;
@@ -167,7 +196,8 @@ int main(int argc, char **argv)
                 loss = opts[0]->step(loss_of);
             } else {
                 loss = loss_of();
-                for (auto &o : opts) o->step();
+                for (auto &o : opts)
+                    o->step();
             }
             loss_sum += loss.item<double>();
             batches++;
@@ -182,26 +212,31 @@ int main(int argc, char **argv)
             for (int64_t at = 0; at < static_cast<int64_t>(samples); at += batch)
                 train_on(whole.data.slice(0, at, at + batch), whole.target.slice(0, at, at + batch));
         } else if (sampler == "random") {
-            for (auto &b : *rand_loader) train_on(b.data, b.target);
+            for (auto &b : *rand_loader)
+                train_on(b.data, b.target);
         } else {
-            for (auto &b : *seq_loader) train_on(b.data, b.target);
+            for (auto &b : *seq_loader)
+                train_on(b.data, b.target);
         }
         double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
         long correct = 0, total = 0;
         double test_loss = test_pass(correct, total);
-        std::printf("epoch %d loss %.15g test loss %.15g correct %ld/%ld\n", epoch, loss_sum / batches, test_loss,
-                    correct, total);
+        std::printf("epoch %d loss %.15g test loss %.15g correct %ld/%ld\n", epoch, loss_sum / batches,
+                    test_loss, correct, total);
         std::fflush(stdout);
-        std::fprintf(stderr, "epoch %d trained on %ld samples in %ld batches in %.3f s\n", epoch, seen, batches, took);
+        std::fprintf(stderr, "epoch %d trained on %ld samples in %ld batches in %.3f s\n", epoch, seen,
+                     batches, took);
     }
     double sum = 0;
-    for (const auto &p : net->parameters()) sum += p.abs().sum().item<double>();
+    for (const auto &p : net->parameters())
+        sum += p.abs().sum().item<double>();
     std::printf("weights %.15g\n", sum);
     uint64_t hash = 1469598103934665603ull;
     for (const auto &p : net->parameters()) {
         auto c = p.contiguous().cpu();
         auto *b = static_cast<const unsigned char *>(c.data_ptr());
-        for (size_t i = 0; i < c.nbytes(); i++) hash = (hash ^ b[i]) * 1099511628211ull;
+        for (size_t i = 0; i < c.nbytes(); i++)
+            hash = (hash ^ b[i]) * 1099511628211ull;
     }
     std::printf("weights_hash %016llx\n", static_cast<unsigned long long>(hash));
     std::printf("state_elements %lld\n", static_cast<long long>(state_elements(*opts[0])));

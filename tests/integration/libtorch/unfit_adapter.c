@@ -3,4 +3,7 @@
  * function the libtorch in the process lacks, so loading it fails with an undefined symbol. */
 void dps_test_function_of_another_libtorch(void);
 
-void dps_test_unfit_adapter(void) { dps_test_function_of_another_libtorch(); }
+void dps_test_unfit_adapter(void)
+{
+    dps_test_function_of_another_libtorch();
+}

@@ -19,9 +19,11 @@ int main(int argc, char **argv)
         size_t n = strtoul(argv[a], NULL, 10);
         uint64_t *idx = malloc((n + 1) * sizeof *idx);
         double *count = calloc(n + 2, sizeof *count);
-        for (size_t i = 0; i < n; i++) idx[i] = n - 1 - i;
+        for (size_t i = 0; i < n; i++)
+            idx[i] = n - 1 - i;
         size_t k = dp_epoch(idx, n);
-        for (size_t j = 0; j < k; j++) count[idx[j] < n ? idx[j] : n] += 1; /* count[n]: out of range */
+        for (size_t j = 0; j < k; j++)
+            count[idx[j] < n ? idx[j] : n] += 1; /* count[n]: out of range */
         count[n + 1] = (double)k;
         double kmax = (double)k, kmin = (double)k;
         dp_metric(count, n + 2, DP_SUM);
@@ -30,7 +32,8 @@ int main(int argc, char **argv)
         if (dp_rank() == 0) {
             size_t expect_each = pad ? (n + size - 1) / size : n / size;
             int ok = count[n] == 0 && kmin == kmax && kmax == (double)expect_each;
-            for (size_t i = 0; i < n; i++) ok &= pad ? count[i] >= 1 : count[i] <= 1;
+            for (size_t i = 0; i < n; i++)
+                ok &= pad ? count[i] >= 1 : count[i] <= 1;
             ok &= count[n + 1] == (double)(expect_each * size);
             printf("epoch_cover %s n=%zu size=%d per_rank=%.0f total=%.0f %s\n", argv[1], n, size, kmax,
                    count[n + 1], ok ? "ok" : "WRONG");

@@ -152,7 +152,8 @@ static void like_a_file(void)
     note("open O_APPEND existing", fd);
     st.st_mode = 0;
     fstat(fd, &st);
-    fprintf(report, "  end at %lld, mode %o\n", (long long)lseek(fd, 0, SEEK_END), (unsigned)(st.st_mode & 07777));
+    fprintf(report, "  end at %lld, mode %o\n", (long long)lseek(fd, 0, SEEK_END),
+            (unsigned)(st.st_mode & 07777));
     if (fd >= 0) close(fd);
     /* a new file with a mode of its own: rank 0's gets it less the umask, and so must every rank's view */
     fd = open("ckpts/private.bin", O_CREAT | O_WRONLY | O_TRUNC, 0640);
@@ -278,14 +279,27 @@ static void stdio_on_full_disk(void)
         int r = 0;
         errno = 0;
         switch (i % KINDS) {
-        case 0: r = fprintf(f, "%d %s\n", i, line); break;
-        case 1: r = paired_vfprintf(f, "%d %s\n", i, line); break;
-        case 2: r = fputc('c', f); break;
-        case 3: r = putc('p', f); break;
-        case 4: r = fputc_unlocked('C', f); break;
-        case 5: r = putc_unlocked('P', f); break;
+        case 0:
+            r = fprintf(f, "%d %s\n", i, line);
+            break;
+        case 1:
+            r = paired_vfprintf(f, "%d %s\n", i, line);
+            break;
+        case 2:
+            r = fputc('c', f);
+            break;
+        case 3:
+            r = putc('p', f);
+            break;
+        case 4:
+            r = fputc_unlocked('C', f);
+            break;
+        case 5:
+            r = putc_unlocked('P', f);
+            break;
         }
-        fprintf(report, "call %d: %d %s, error indicator %d\n", i, r, r < 0 ? strerror(errno) : "ok", ferror(f) != 0);
+        fprintf(report, "call %d: %d %s, error indicator %d\n", i, r, r < 0 ? strerror(errno) : "ok",
+                ferror(f) != 0);
     }
     note("fclose stdio.bin", fclose(f));
 }

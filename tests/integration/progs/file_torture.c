@@ -83,12 +83,18 @@ static void gated(const char *dir)
     put(open("gone.ckpt", O_WRONLY | O_CREAT | O_TRUNC, 0644), "gone");
     put(open("gone2.ckpt", O_WRONLY | O_CREAT | O_TRUNC, 0644), "gone2");
     put(open("gone3.ckpt", O_WRONLY | O_CREAT | O_TRUNC, 0644), "gone3");
-    if (dp_metric) { double x = 0; dp_metric(&x, 1, DP_SUM); } /* all created before removal */
+    if (dp_metric) {
+        double x = 0;
+        dp_metric(&x, 1, DP_SUM);
+    } /* all created before removal */
     if (unlink("gone.ckpt") != 0) fail("unlink");
     if (unlinkat(dfd, "gone2.ckpt", 0) != 0) fail("unlinkat");
     if (remove("gone3.ckpt") != 0) fail("remove");
     put(open("trunc.ckpt", O_WRONLY | O_CREAT | O_TRUNC, 0644), "trunc-me");
-    if (dp_metric) { double x = 0; dp_metric(&x, 1, DP_SUM); }
+    if (dp_metric) {
+        double x = 0;
+        dp_metric(&x, 1, DP_SUM);
+    }
     if (truncate("trunc.ckpt", 5) != 0) fail("truncate");
     if (chmod("trunc.ckpt", 0600) != 0) fail("chmod");
     /* per_rank = *.log: every rank its own file, reads included */
@@ -99,8 +105,10 @@ static void gated(const char *dir)
     if (rfd < 0 || read(rfd, got, sizeof got - 1) < 0 || strcmp(got, want) != 0) fail("per_rank read-back");
     if (rfd >= 0) close(rfd);
     rfd = openat(dfd, "train.log", read_only); /* __openat_2 under fortify */
-    if (rfd < 0) fail("per_rank openat read");
-    else close(rfd);
+    if (rfd < 0)
+        fail("per_rank openat read");
+    else
+        close(rfd);
     /* unmatched paths are untouched: every rank writes its own */
     snprintf(tmp, sizeof tmp, "plain.%d.txt", rank);
     fput(fopen(tmp, "w"), "plain");
@@ -118,7 +126,8 @@ static void *thread_writer(void *arg)
         FILE *f = fopen(path, "w");
         if (!f) return (void *)1;
         int n = snprintf(line, sizeof line, "thread %ld round %d by rank %d\n", t, i, rank);
-        for (int k = 0; k < 100; k++) fwrite(line, 1, (size_t)n, f);
+        for (int k = 0; k < 100; k++)
+            fwrite(line, 1, (size_t)n, f);
         if (fclose(f) != 0) return (void *)1;
         snprintf(path, sizeof path, "t%ld.log", t);
         int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -131,7 +140,8 @@ static void threads(const char *dir)
 {
     if (chdir(dir) != 0) return fail("chdir");
     pthread_t th[8];
-    for (long t = 0; t < 8; t++) pthread_create(&th[t], NULL, thread_writer, (void *)t);
+    for (long t = 0; t < 8; t++)
+        pthread_create(&th[t], NULL, thread_writer, (void *)t);
     for (int t = 0; t < 8; t++) {
         void *rc;
         pthread_join(th[t], &rc);
@@ -193,9 +203,12 @@ int main(int argc, char **argv)
     rank = dp_rank ? dp_rank() : 0;
     double one = 1; /* a job's first collective (a trainer's parameters from rank 0) comes before its files */
     if (dp_metric && strcmp(argv[1], "errno")) dp_metric(&one, 1, DP_SUM);
-    if (!strcmp(argv[1], "gated")) gated(argv[2]);
-    else if (!strcmp(argv[1], "threads")) threads(argv[2]);
-    else errno_mode(argv[2]);
+    if (!strcmp(argv[1], "gated"))
+        gated(argv[2]);
+    else if (!strcmp(argv[1], "threads"))
+        threads(argv[2]);
+    else
+        errno_mode(argv[2]);
     if (failures) fprintf(stderr, "file_torture rank %d: %d failures\n", rank, failures);
     return failures ? 1 : 0;
 }

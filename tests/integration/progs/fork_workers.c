@@ -45,7 +45,8 @@ int main(int argc, char **argv)
     pid_t workers[3];
     for (int k = 0; k < 3; k++)
         if ((workers[k] = fork()) == 0) exit(sum_of_ones() == 1 ? 0 : 3); /* exit(): atexit runs */
-    for (int k = 0; k < 3; k++) ok &= wait_ok(workers[k]);
+    for (int k = 0; k < 3; k++)
+        ok &= wait_ok(workers[k]);
     pid_t v = vfork();
     if (v == 0) {
         execl(argv[0], argv[0], "child", (char *)NULL);

@@ -58,7 +58,9 @@ static int two_threads(void)
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr, "usage: guard_faults STEPS [exit|stall|crash|kill|stop|extra|scope|perturb|linger|early|vanish|late|swap|count|threads|temp|slow RANK STEP] (under the shim)\n");
+        fprintf(stderr, "usage: guard_faults STEPS "
+                        "[exit|stall|crash|kill|stop|extra|scope|perturb|linger|early|vanish|late|swap|count|"
+                        "threads|temp|slow RANK STEP] (under the shim)\n");
         return 2;
     }
     int steps = atoi(argv[1]), rank = dp_rank(), size = dp_world_size();
@@ -95,14 +97,19 @@ int main(int argc, char **argv)
         if (here && !strcmp(fault, "kill")) raise(SIGKILL);
         if (here && !strcmp(fault, "stop")) raise(SIGSTOP);
         if (here && !strcmp(fault, "stall"))
-            for (;;) pause();
+            for (;;)
+                pause();
         if (rank == frank && s >= fstep && !strcmp(fault, "slow")) usleep(30000);
-        for (int i = 0; i < n; i++) g[i] = (float)(rank + 1);
+        for (int i = 0; i < n; i++)
+            g[i] = (float)(rank + 1);
         if (announce && !strcmp(announce, "1")) dp_grad_ready(&tg);
         if (!strcmp(fault, "swap")) {
             /* the same 1000 elements as two tensors; rank RANK lists them the other way round at STEP */
-            dp_tensor two[2] = {{g, 400, DP_F32, DP_HOST, "a.grad"}, {g + 400, 600, DP_F32, DP_HOST, "b.grad"}};
-            if (here) two[0] = (dp_tensor){g, 600, DP_F32, DP_HOST, "b.grad"}, two[1] = (dp_tensor){g + 600, 400, DP_F32, DP_HOST, "a.grad"};
+            dp_tensor two[2] = {{g, 400, DP_F32, DP_HOST, "a.grad"},
+                                {g + 400, 600, DP_F32, DP_HOST, "b.grad"}};
+            if (here)
+                two[0] = (dp_tensor){g, 600, DP_F32, DP_HOST, "b.grad"},
+                two[1] = (dp_tensor){g + 600, 400, DP_F32, DP_HOST, "a.grad"};
             dp_grads(two, 2);
         } else if (here && !strcmp(fault, "count")) {
             dp_tensor other = {g, n == 1000 ? 1200 : 68000, DP_F32, DP_HOST, "w.grad"};
@@ -133,7 +140,8 @@ int main(int argc, char **argv)
             printf("rank %d: collective inside the scope gave %g\n", rank, v);
         }
         if (!strcmp(fault, "scope") && s == fstep) dp_scope_end();
-        for (int i = 0; i < n; i++) w[i] -= 0.01f * g[i];
+        for (int i = 0; i < n; i++)
+            w[i] -= 0.01f * g[i];
         if (here && !strcmp(fault, "perturb")) w[17] += 1e-3f;
         dp_step_end((uint64_t)s);
         usleep(20000);

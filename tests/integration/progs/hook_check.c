@@ -13,15 +13,15 @@
 
 static int failures, checks, rank, size;
 
-#define EXPECT(cond, ...)                                          \
-    do {                                                           \
-        checks++;                                                  \
-        if (!(cond)) {                                             \
-            failures++;                                            \
-            fprintf(stderr, "hook_check rank %d: line %d: ", rank, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                          \
-            fputc('\n', stderr);                                   \
-        }                                                          \
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        checks++;                                                                                            \
+        if (!(cond)) {                                                                                       \
+            failures++;                                                                                      \
+            fprintf(stderr, "hook_check rank %d: line %d: ", rank, __LINE__);                                \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fputc('\n', stderr);                                                                             \
+        }                                                                                                    \
     } while (0)
 
 static int env_is(const char *name, const char *v)
@@ -71,13 +71,20 @@ typedef struct {
 
 static void set_init(set_t *s, double v)
 {
-    for (int i = 0; i < 37; i++) s->f32[i] = (float)v;
-    for (unsigned i = 0; i < BIG; i++) s->big[i] = (float)v;
-    for (int i = 0; i < 5; i++) s->f64[i] = v;
-    for (int i = 0; i < 3; i++) s->i32[i] = (int32_t)v;
-    for (int i = 0; i < 2; i++) s->i64[i] = (int64_t)v;
-    for (int i = 0; i < 9; i++) s->f16[i] = to_f16((float)v), s->bf16[i] = to_bf16((float)v);
-    for (int i = 0; i < 4; i++) s->u8[i] = (uint8_t)v;
+    for (int i = 0; i < 37; i++)
+        s->f32[i] = (float)v;
+    for (unsigned i = 0; i < BIG; i++)
+        s->big[i] = (float)v;
+    for (int i = 0; i < 5; i++)
+        s->f64[i] = v;
+    for (int i = 0; i < 3; i++)
+        s->i32[i] = (int32_t)v;
+    for (int i = 0; i < 2; i++)
+        s->i64[i] = (int64_t)v;
+    for (int i = 0; i < 9; i++)
+        s->f16[i] = to_f16((float)v), s->bf16[i] = to_bf16((float)v);
+    for (int i = 0; i < 4; i++)
+        s->u8[i] = (uint8_t)v;
     dp_tensor t[8] = {{s->f32, 37, DP_F32, DP_HOST, "f32"},   {s->big, BIG, DP_F32, DP_HOST, "big"},
                       {s->f64, 5, DP_F64, DP_HOST, "f64"},    {s->i32, 3, DP_I32, DP_HOST, "i32"},
                       {s->i64, 2, DP_I64, DP_HOST, "i64"},    {s->f16, 9, DP_F16, DP_HOST, "f16"},
@@ -89,16 +96,22 @@ static void set_init(set_t *s, double v)
 static void set_expect(const set_t *s, double v, double tol, int check_ints, double iv, const char *what)
 {
     int bad = 0;
-    for (int i = 0; i < 37; i++) bad |= fabs(s->f32[i] - v) > tol;
-    for (unsigned i = 0; i < BIG; i++) bad |= fabs(s->big[i] - v) > tol;
-    for (int i = 0; i < 5; i++) bad |= fabs(s->f64[i] - v) > tol;
-    for (int i = 0; i < 9; i++) bad |= fabs(from_f16(s->f16[i]) - v) > fmax(tol, 1e-3 * fabs(v));
-    for (int i = 0; i < 9; i++) bad |= fabs(from_bf16(s->bf16[i]) - v) > fmax(tol, 1e-2 * fabs(v));
-    EXPECT(!bad, "%s: float tensors are not all %g (f32[0]=%g big[0]=%g f64[0]=%g f16[0]=%g bf16[0]=%g)", what,
-           v, s->f32[0], s->big[0], s->f64[0], from_f16(s->f16[0]), from_bf16(s->bf16[0]));
+    for (int i = 0; i < 37; i++)
+        bad |= fabs(s->f32[i] - v) > tol;
+    for (unsigned i = 0; i < BIG; i++)
+        bad |= fabs(s->big[i] - v) > tol;
+    for (int i = 0; i < 5; i++)
+        bad |= fabs(s->f64[i] - v) > tol;
+    for (int i = 0; i < 9; i++)
+        bad |= fabs(from_f16(s->f16[i]) - v) > fmax(tol, 1e-3 * fabs(v));
+    for (int i = 0; i < 9; i++)
+        bad |= fabs(from_bf16(s->bf16[i]) - v) > fmax(tol, 1e-2 * fabs(v));
+    EXPECT(!bad, "%s: float tensors are not all %g (f32[0]=%g big[0]=%g f64[0]=%g f16[0]=%g bf16[0]=%g)",
+           what, v, s->f32[0], s->big[0], s->f64[0], from_f16(s->f16[0]), from_bf16(s->bf16[0]));
     if (check_ints)
         EXPECT(s->i32[0] == (int32_t)iv && s->i64[1] == (int64_t)iv && s->u8[3] == (uint8_t)iv,
-               "%s: integer tensors are %d %lld %d, expected %g", what, s->i32[0], (long long)s->i64[1], s->u8[3], iv);
+               "%s: integer tensors are %d %lld %d, expected %g", what, s->i32[0], (long long)s->i64[1],
+               s->u8[3], iv);
 }
 
 int main(void)
@@ -114,7 +127,8 @@ int main(void)
     EXPECT(dp_local_rank() >= 0 && dp_local_rank() < size, "dp_local_rank %d", dp_local_rank());
 
     uint64_t seed = 1000 + (uint64_t)rank;
-    EXPECT(dp_seed(&seed) == 0 && seed == 1000, "dp_seed gave %llu, expected root's 1000", (unsigned long long)seed);
+    EXPECT(dp_seed(&seed) == 0 && seed == 1000, "dp_seed gave %llu, expected root's 1000",
+           (unsigned long long)seed);
 
     set_t s;
     s.big = malloc(BIG * sizeof(float));
@@ -123,16 +137,20 @@ int main(void)
     set_expect(&s, 10, 0, 1, 10, "dp_params");
 
     double m[4] = {rank + 1, rank + 1, rank + 1, rank + 1};
-    dp_metric(&m[0], 1, DP_SUM), dp_metric(&m[1], 1, DP_MEAN), dp_metric(&m[2], 1, DP_MIN), dp_metric(&m[3], 1, DP_MAX);
-    EXPECT(m[0] == size * (size + 1) / 2.0 && fabs(m[1] - (size + 1) / 2.0) < 1e-12 && m[2] == 1 && m[3] == size,
+    dp_metric(&m[0], 1, DP_SUM), dp_metric(&m[1], 1, DP_MEAN), dp_metric(&m[2], 1, DP_MIN),
+        dp_metric(&m[3], 1, DP_MAX);
+    EXPECT(m[0] == size * (size + 1) / 2.0 && fabs(m[1] - (size + 1) / 2.0) < 1e-12 && m[2] == 1 &&
+               m[3] == size,
            "dp_metric sum/mean/min/max gave %g %g %g %g", m[0], m[1], m[2], m[3]);
     EXPECT(dp_metric(m, 1, 42) < 0, "dp_metric accepted op 42");
 
     /* a global batch of 10: shares of 10/size, contiguous, in rank order */
     uint64_t idx[10];
-    for (int i = 0; i < 10; i++) idx[i] = 100 + i;
+    for (int i = 0; i < 10; i++)
+        idx[i] = 100 + i;
     size_t share = dp_batch(idx, 10);
-    size_t base = 10 / (size_t)size, extra = 10 % (size_t)size, me = (size_t)rank, start = me * base + (me < extra ? me : extra);
+    size_t base = 10 / (size_t)size, extra = 10 % (size_t)size, me = (size_t)rank,
+           start = me * base + (me < extra ? me : extra);
     if (split)
         EXPECT(share == base + (me < extra) && idx[0] == 100 + start, "dp_batch kept %zu from %llu", share,
                (unsigned long long)idx[0]);
@@ -164,7 +182,8 @@ int main(void)
     memset(bytes, 200 + rank, sizeof bytes);
     dp_tensor tb = {bytes, sizeof bytes, DP_U8, DP_HOST, "bytes"};
     unsigned wrapped = 0;
-    for (int r = 0; r < size; r++) wrapped += 200u + (unsigned)r;
+    for (int r = 0; r < size; r++)
+        wrapped += 200u + (unsigned)r;
     EXPECT(dp_grads(&tb, 1) == 0 && bytes[0] == (uint8_t)wrapped && bytes[63] == (uint8_t)wrapped,
            "a byte sum gave %u, expected %u (modulo 256)", bytes[0], wrapped & 255);
 
@@ -174,8 +193,8 @@ int main(void)
     EXPECT(dp_bn_stats(&ts, &tq, &count) == 0, "dp_bn_stats failed");
     double tot = bn_sync ? size * (size + 1) / 2.0 : rank + 1;
     EXPECT(sum[2] == tot && sq[0] == 2 * tot && count == (uint64_t)tot,
-           "dp_bn_stats (sync %s) gave sum %g sumsq %g count %llu, expected %g", bn_sync ? "on" : "off", sum[2], sq[0],
-           (unsigned long long)count, tot);
+           "dp_bn_stats (sync %s) gave sum %g sumsq %g count %llu, expected %g", bn_sync ? "on" : "off",
+           sum[2], sq[0], (unsigned long long)count, tot);
 
     /* rank-0 scope: the body runs on rank 0 alone, and its collectives act as world size 1 */
     int in = dp_scope_begin("save");

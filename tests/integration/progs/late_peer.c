@@ -19,7 +19,8 @@ static double cpu_s(void)
 {
     struct rusage u;
     getrusage(RUSAGE_THREAD, &u);
-    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 int main(void)
@@ -34,9 +35,11 @@ int main(void)
     double w0 = wall_s(), c0 = cpu_s();
     for (int i = 0; i < 10; i++) {
         if (rank == 1) nanosleep(&(struct timespec){0, 100000000}, NULL);
-        for (int k = 0; k < 8; k++) v[k] = rank + k + i;
+        for (int k = 0; k < 8; k++)
+            v[k] = rank + k + i;
         if (dp_metric(v, 8, DP_SUM) != 0) bad++;
-        for (int k = 0; k < 8; k++) bad += v[k] != size * (k + i) + size * (size - 1) / 2.0;
+        for (int k = 0; k < 8; k++)
+            bad += v[k] != size * (k + i) + size * (size - 1) / 2.0;
     }
     if (rank == 0) printf("waited %.3f s, on a core %.3f s\n", wall_s() - w0, cpu_s() - c0);
     printf("rank %d: %s\n", rank, bad ? "sums WRONG" : "sums ok");
