@@ -43,6 +43,10 @@ static inline int dps_sys_open(const char *path, int flags, mode_t mode)
 {
     return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
 }
+static inline ssize_t dps_sys_read(int fd, void *buf, size_t n)
+{
+    return syscall(SYS_read, fd, buf, n);
+}
 static inline int dps_sys_close(int fd)
 {
     return (int)syscall(SYS_close, fd);

@@ -190,20 +190,23 @@ static _Noreturn void report_differences(const dps_backend_t *be, const item_t *
     /* rank 0's list first: the launcher ends the job at the first exit */
     if (dps_g.eff_rank != 0) sleep(2);
     dps_run_before_fatal_exit();
-    dps_sys_flush_all();
-    _exit(DPS_EXIT_CONFIG);
+    dps_exit_now(DPS_EXIT_CONFIG);
 }
 
 /* --- the agreement ------------------------------------------------------------------------- */
 
-/* Every rank's host, by the same all-reduce of zeroed slots. */
+/* Every rank's host, and then every rank's process id (the guard watches the processes of its
+ * host), by one all-reduce of zeroed slots. */
 static char *gather_hosts(const dps_backend_t *be)
 {
-    char *table = calloc((size_t)dps_g.eff_size, DPS_GUARD_HOST);
+    size_t n = (size_t)dps_g.eff_size, host_bytes = n * DPS_GUARD_HOST;
+    char *table = calloc(1, host_bytes + n * sizeof(uint32_t));
     if (!table) return NULL;
     snprintf(table + (size_t)dps_g.eff_rank * DPS_GUARD_HOST, DPS_GUARD_HOST, "%s",
              dps_guard_host(dps_g.eff_rank));
-    if (be->allreduce(table, (size_t)dps_g.eff_size * DPS_GUARD_HOST, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0) {
+    uint32_t pid = (uint32_t)getpid();
+    memcpy(table + host_bytes + (size_t)dps_g.eff_rank * sizeof pid, &pid, sizeof pid);
+    if (be->allreduce(table, host_bytes + n * sizeof pid, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0) != 0) {
         free(table);
         return NULL;
     }
@@ -291,7 +294,11 @@ void dps_engine_agree(const dps_backend_t *be, const char *hook)
                          : "step");
     }
     char *hosts = gather_hosts(be);
-    if (hosts) dps_guard_set_hosts(hosts);
+    if (hosts) {
+        dps_guard_set_hosts(hosts);
+        dps_guard_set_pids((const uint32_t *)(const void *)(hosts + (size_t)dps_g.eff_size * DPS_GUARD_HOST),
+                           dps_g.eff_size);
+    }
     check_local_size(hosts, hook);
     if (!v[2 * n + DECIDE_NO_DIAG]) measure_clocks(be, hosts); /* some rank keeps diagnostics */
     free(hosts);

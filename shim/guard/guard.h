@@ -82,6 +82,14 @@ dps_guard_mark_t dps_guard_files_wait_begin(const char *what, int for_rank0);
  * backend opens: the guard's tables and messages name each rank's host. */
 #define DPS_GUARD_HOST 64
 void dps_guard_set_hosts(const char *hosts);
+/* Every rank's process id (n entries, in rank order), gathered with the hosts: the processes of
+ * this host are watched from here on (liveness.c). */
+void dps_guard_set_pids(const uint32_t *pids, int n);
+/* 1 where rank r ran on this host and its process has ended (or is a zombie), 0 where it runs or
+ * cannot be seen from here (another host, another PID namespace). */
+int dps_guard_peer_gone(int r);
+/* Rank r's process id as gathered, 0 where unknown. */
+uint32_t dps_guard_pid(int r);
 /* [guard] desync = auto, as the ranks agreed it (step or full) when the backend opened. */
 void dps_guard_set_desync(int desync);
 /* Rank r's host: the gathered name, this process's own for r == rank, else "". */

@@ -19,7 +19,8 @@
 
 /* MSG_WHERE asks a rank where it is; its MSG_HERE answers with its status, and starts no report. */
 enum { MSG_STATUS = 1, MSG_LEAVING = 2, MSG_WHERE = 3, MSG_HERE = 4 };
-enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4 };
+/* WHY_PEER_GONE: a rank of this host whose process ended without leaving the program (liveness.c). */
+enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4, WHY_PEER_GONE = 5 };
 
 typedef struct guard_msg {
     int32_t kind, why, rank, in_coll, leaving, coll, dtype, left_rank, files_wait;
@@ -39,6 +40,7 @@ typedef struct peer {
     uint64_t left_seq, left_step;
     dps_diag_tally_t tally; /* what it counted, as it left */
     unsigned char have, left;
+    unsigned char gone; /* its process ended without leaving the program: it will never answer */
 } peer_t;
 
 /* The watchdog's own state: the thread, and what it knows of the job, one entry per rank
@@ -137,15 +139,19 @@ static int majority(uint64_t *place_p)
     return rc;
 }
 
+/* This rank is ending the job: its watchdog starts no report of its own meanwhile (another rank
+ * ending the job first is the cause, not news). */
+static atomic_int ending;
+
 _Noreturn void dps_guard_end_job(int printed)
 {
+    atomic_store(&ending, 1);
     dps_run_before_fatal_exit();
     if (!printed) {
         struct timespec pause_ = {2, 0};
         nanosleep(&pause_, NULL);
     }
-    dps_sys_flush_all();
-    _exit(DPS_EXIT_GUARD);
+    dps_exit_now(DPS_EXIT_GUARD);
 }
 
 void dps_guard_diag_fail(const char *why)
@@ -165,6 +171,11 @@ static void reason(const guard_msg_t *f, char *buf, size_t len)
     else if (f->why == WHY_PEER_LEFT)
         snprintf(buf, len, "guard: rank %d left the program after step %llu; the job was ended", f->left_rank,
                  (unsigned long long)f->left_step);
+    else if (f->why == WHY_PEER_GONE)
+        snprintf(buf, len,
+                 "guard: rank %d's process ended while the job ran (killed, crashed or _exit); the job "
+                 "was ended",
+                 f->left_rank);
     else
         snprintf(buf, len,
                  "guard: %s collective #%llu after step %llu waited longer than the timeout on rank %d",
@@ -183,6 +194,13 @@ static void headline(const guard_msg_t *f)
             "guard: rank %d left the program after step %llu (its last collective #%llu), while rank %d "
             "waits in %s collective #%llu (after step %llu): that collective can never complete",
             f->left_rank, (unsigned long long)f->left_step, (unsigned long long)f->left_seq, f->rank, f->hook,
+            (unsigned long long)f->seq, (unsigned long long)f->step);
+    else if (f->why == WHY_PEER_GONE)
+        DPS_ERROR(
+            "guard: rank %d (%s, process %u) is gone: its process ended without leaving the program "
+            "(killed by a signal or the OOM killer, crashed, or left with _exit), while rank %d waits in %s "
+            "collective #%llu (after step %llu): that collective can never complete",
+            f->left_rank, dps_guard_host(f->left_rank), (unsigned)f->left_seq, f->rank, f->hook,
             (unsigned long long)f->seq, (unsigned long long)f->step);
     else
         DPS_ERROR(
@@ -232,13 +250,16 @@ static _Noreturn void finish_report(void)
     }
     headline(&watch.first);
     /* a rank that left is the one to blame; else the ranks away from where most of them are */
-    int left = watch.first.why == WHY_PEER_LEFT;
+    int left = watch.first.why == WHY_PEER_LEFT || watch.first.why == WHY_PEER_GONE;
     uint64_t stuck = 0;
     int marks = !left && majority(&stuck) == 0;
     DPS_ERROR("guard: where every rank is:");
     for (int r = 0; known(r); r++) {
         char d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
-        if (!peers[r].have) {
+        if (!peers[r].have && (peers[r].gone || dps_guard_peer_gone(r))) {
+            snprintf(d, sizeof d,
+                     "gone: its process has ended (killed, crashed, or left with _exit)  <-- culprit");
+        } else if (!peers[r].have) {
             no_answer(r, d, sizeof d);
         } else {
             describe(&peers[r].status, d, sizeof d);
@@ -264,7 +285,8 @@ static void start_report(int why, int left_rank)
     if (left_rank >= 0) {
         m.left_rank = left_rank;
         m.left_step = watch.peers[left_rank].left_step;
-        m.left_seq = watch.peers[left_rank].left_seq;
+        /* a rank gone without leaving has no last collective: its process id names it */
+        m.left_seq = why == WHY_PEER_GONE ? dps_guard_pid(left_rank) : watch.peers[left_rank].left_seq;
     }
     if (why != WHY_ANSWER && !watch.first.kind) watch.first = m; /* answers do not say what went wrong */
     watch.peers[dps_guard_conf.rank].status = m, watch.peers[dps_guard_conf.rank].have = 1;
@@ -372,6 +394,31 @@ static void look_at_file_wait(void)
     dps_guard_conf.be->guard_send(&ask, sizeof ask, 0);
 }
 
+/* The processes of this host's other ranks, while this rank needs them: inside a collective (one
+ * that waits for a rank whose process is gone can never complete), or at the exit barrier (which
+ * counts a gone rank as left). A rank that left the program is not looked at. */
+static void look_at_processes(void)
+{
+    const dps_guard_pos_t *pos = &dps_guard_pos;
+    int in_coll = atomic_load_explicit(&pos->in_coll, memory_order_acquire);
+    int leaving = atomic_load(&pos->leaving);
+    if (!in_coll && !leaving) return;
+    for (int r = 0; known(r); r++) {
+        peer_t *p = &watch.peers[r];
+        if (r == dps_guard_conf.rank || p->left || p->gone || !dps_guard_peer_gone(r)) continue;
+        p->gone = 1;
+        if (leaving) {
+            char who[DPS_GUARD_HOST + 32];
+            DPS_WARN("guard: %s's process ended without leaving the program (killed, crashed, or _exit)",
+                     dps_guard_who(r, who, sizeof who));
+            p->left = 1, atomic_fetch_add(&watch.nleft, 1);
+        } else {
+            start_report(WHY_PEER_GONE, r);
+            return;
+        }
+    }
+}
+
 /* One look: messages, a collective that cannot complete, a collective that waits too long. */
 static void tick(void)
 {
@@ -379,6 +426,7 @@ static void tick(void)
     receive();
     if (!watch.reporting) look_at_file_wait();
     if (!watch.reporting && atomic_load(&failed)) start_report(WHY_FAILED, -1);
+    if (!watch.reporting) look_at_processes();
     if (!watch.reporting && atomic_load_explicit(&pos->in_coll, memory_order_acquire)) {
         uint64_t seq = atomic_load(&pos->seq) + (uint64_t)atomic_load(&pos->before_next);
         for (int r = 0; known(r); r++)
@@ -393,7 +441,7 @@ static void tick(void)
     if (watch.reporting) {
         int all = 1;
         for (int r = 0; all && known(r); r++)
-            all = watch.peers[r].have;
+            all = watch.peers[r].have || watch.peers[r].gone;
         if (all || dps_guard_now_ns() > watch.deadline) finish_report();
     }
 }
@@ -480,11 +528,10 @@ static void *watchdog(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the program's, not ours */
     struct timespec tick_len = {0, 200 * 1000000};
     while (!atomic_load(&watch.stop)) {
-        if (atomic_load(&watch.alone))
-            tick_alone();
-        else
-            tick();
-        look_at_queued_work();
+        int on_its_way_out = atomic_load(&ending);
+        if (!on_its_way_out && atomic_load(&watch.alone)) tick_alone();
+        if (!on_its_way_out && !atomic_load(&watch.alone)) tick();
+        if (!on_its_way_out) look_at_queued_work();
         nanosleep(&tick_len, NULL);
     }
     return NULL;

@@ -257,3 +257,31 @@ on_rank() {
     assert_equal "$(count "finished 5 steps, 2 ranks")" 2
     assert_output --partial "parameter tensor 'w (a copy)' given to dp_params is no longer in memory"
 }
+
+# Under the launcher's recovery mode nothing ends the others when a rank is killed: the guard sees
+# the process gone (this host's ranks are watched by process id) and ends the job in seconds,
+# not at [guard] timeout.
+# recovering N ARGS...: guard_faults ARGS on N ranks under mpirun --enable-recovery, timed.
+recovering() {
+    local n=$1 start=$SECONDS
+    shift
+    run mpi "$n" --enable-recovery env DPSHIM_GUARD_TIMEOUT=60 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" "$@"
+    elapsed=$((SECONDS - start))
+    echo "$output"
+}
+
+@test "mpirun --enable-recovery: rank 2 SIGKILLed at step 4 is named as gone within seconds" {
+    recovering 3 10 kill 2 4
+    assert_output --regexp "guard: rank 2 \($HOST, process [0-9]+\) is gone: its process ended without leaving the program .*, while rank [01] waits in dp_grads collective #5 \(after step 3\)"
+    assert_output --partial "rank 2 ($HOST): gone: its process has ended (killed, crashed, or left with _exit)  <-- culprit"
+    assert_output --partial "guard: ending the job (exit status 75)"
+    [ "$elapsed" -lt 15 ] || fail "took $elapsed s: noticed by the timeout, not by the process"
+}
+
+@test "a rank at the exit barrier does not wait the timeout for a rank whose process is gone" {
+    # rank 1 is killed after its last sum, while rank 0 waits at the exit barrier for it
+    recovering 2 3 kill 1 4
+    assert_output --partial "rank 0 finished 3 steps, 2 ranks"
+    assert_output --partial "guard: rank 1 ($HOST)'s process ended without leaving the program (killed, crashed, or _exit)"
+    [ "$elapsed" -lt 15 ] || fail "took $elapsed s: rank 0 waited at the exit barrier for a process that was gone"
+}

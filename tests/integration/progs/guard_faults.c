@@ -1,7 +1,8 @@
 /* A training loop on the hook ABI with one fault injected, for the guard's tests.
  *   guard_faults STEPS [FAULT RANK STEP]
  * FAULT: exit (return from main early), stall (sleep forever inside the step), crash (SIGSEGV),
- * kill (SIGKILL: no handler runs, as under the OOM killer), stop (SIGSTOP: every thread frozen,
+ * kill (SIGKILL: no handler runs, as under the OOM killer; a STEP past the last one: after the final
+ * sum, while the others wait at the exit barrier), stop (SIGSTOP: every thread frozen,
  * the watchdog's too, as a node that stops answering),
  * extra (one more all-reduce than the others), scope (a collective inside a rank-0 scope),
  * perturb (change one parameter after the update, as a nondeterministic kernel would),
@@ -150,5 +151,6 @@ int main(int argc, char **argv)
     dp_metric(&v, 1, DP_SUM);
     printf("rank %d finished %d steps, %g ranks\n", rank, steps, v);
     if (!strcmp(fault, "linger") && rank == frank) sleep((unsigned)fstep);
+    if (!strcmp(fault, "kill") && rank == frank && fstep > steps) raise(SIGKILL);
     return v == size ? 0 : 1;
 }
