@@ -121,6 +121,8 @@ typedef struct dps_error {
  * does. Accepted where the policy refuses every other DPSHIM_ name; `dpshim-diag keys` lists
  * them after the keys, and docs/policy.md's table is that list. */
 #define DPS_ENV_POLICY "DPSHIM_POLICY"
+/* set by dpshim-run under the launcher's recovery mode: where each rank leaves its exit status */
+#define DPS_ENV_STATUS_DIR "DPSHIM_STATUS_DIR"
 #define DPS_OTHER_ENV(X)                                                                                     \
     X(DPS_ENV_POLICY, "you",                                                                                 \
       "the policy file (else ./dpshim.conf in the directory the program starts in, "                         \
@@ -142,7 +144,10 @@ typedef struct dps_error {
     X("DPSHIM_PYTHONPATH", "dpshim", "the user's PYTHONPATH, which the Python adapter puts back")            \
     X("DPSHIM_HASHSEED", "dpshim",                                                                           \
       "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "                              \
-      "out of the script's environment)")
+      "out of the script's environment)")                                                                    \
+    X(DPS_ENV_STATUS_DIR, "dpshim-run",                                                                      \
+      "the folder where each rank process leaves its exit status (rank.N), which dpshim-run reads under "    \
+      "the launcher's recovery mode")
 
 typedef struct dps_env_var {
     const char *name, *set_by, *doc;

@@ -69,6 +69,11 @@ _Noreturn void dps_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 
  * plugin aborts its communicators there, within a time limit. Set once; NULL: nothing. */
 extern void (*volatile dps_before_fatal_exit)(void);
 void dps_run_before_fatal_exit(void);
+/* exit_status.c: the rank's exit status, left as $DPSHIM_STATUS_DIR/rank.N where dpshim-run set
+ * that folder (its recovery mode); a no-op elsewhere. dps_exit_now also flushes the program's
+ * streams and ends the process with _exit: the shim's own non-zero exits go through it. */
+void dps_exit_status_note(int status);
+_Noreturn void dps_exit_now(int status);
 
 #define DPS_LOG(lvl, ...)                                                                                    \
     do {                                                                                                     \

@@ -65,6 +65,5 @@ _Noreturn void dps_fatal(const char *fmt, ...)
     /* _exit: finalizing MPI or PMIx now could wait on ranks that will never come; the
      * launcher sees the non-zero status and ends the job. The program's output is kept. */
     dps_run_before_fatal_exit();
-    dps_sys_flush_all();
-    _exit(DPS_EXIT_FATAL);
+    dps_exit_now(DPS_EXIT_FATAL);
 }

@@ -29,15 +29,17 @@ static void on_fork_child(void)
     atomic_store(&dps_g.forked, 1);
 }
 
-static void at_exit(void)
+/* The rank process's exit work; 0 where this process has none (a fork child, a child of the rank,
+ * a wrapper whose child held the rank's place). */
+static int exit_work(void)
 {
-    if (atomic_load(&dps_g.forked)) return;
-    if (dps_g.role != DPS_ROLE_RANK) return; /* a child has no guard, diagnostics, PMIx or backend */
+    if (atomic_load(&dps_g.forked)) return 0;
+    if (dps_g.role != DPS_ROLE_RANK) return 0; /* a child has no guard, diagnostics, PMIx or backend */
     int holder = dps_rank_owner();
     if (holder && holder != (int)getpid()) {
         /* a wrapper: the trainer it started held the rank's place and did the exit work */
         DPS_DEBUG("exit: process %d held the rank's place", holder);
-        return;
+        return 0;
     }
     DPS_DEBUG("exit: finalizing the backend and PMIx");
     dps_diag_leaving();
@@ -53,14 +55,17 @@ static void at_exit(void)
     dps_engine_shutdown();
     /* a save that failed on rank 0 and was swallowed must not end as a job that succeeded; last,
      * as the program's other exit work is done by now */
-    if (dps_files_exit_check()) {
-        dps_sys_flush_all();
-        _exit(DPS_EXIT_IO);
-    }
-    if (nothing_shared) {
-        dps_sys_flush_all();
-        _exit(DPS_EXIT_CONFIG);
-    }
+    if (dps_files_exit_check()) dps_exit_now(DPS_EXIT_IO);
+    if (nothing_shared) dps_exit_now(DPS_EXIT_CONFIG);
+    return 1;
+}
+
+/* The program's own exit status (exit(3), a Python exception's 1), left for dpshim-run once the
+ * exit work above is done: it may end the process with a status of its own instead. */
+static void at_exit_with_status(int status, void *arg)
+{
+    (void)arg;
+    if (exit_work()) dps_exit_status_note(status);
 }
 
 /* Children must find the same policy after a chdir (system("cd sub && ...")), and so must this
@@ -83,7 +88,7 @@ static void register_fork_work(void)
 static void register_exit_work(void)
 {
     register_fork_work();
-    if (!atomic_exchange(&exit_work_registered, 1)) atexit(at_exit);
+    if (!atomic_exchange(&exit_work_registered, 1)) on_exit(at_exit_with_status, NULL);
 }
 
 /* A child that took the rank's place (claim.c): what start-up gives a rank process and a child

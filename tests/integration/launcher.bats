@@ -122,3 +122,46 @@ line() { "$RUN" --dry-run "$@" 2>&1 | sed -n 's/^dpshim-run: //p'; }
     assert_line "dpshim-run: mpirun --bind-to none -np 2 --oversubscribe env LD_PRELOAD=$lib ./guard_faults 3"
     assert_output --partial "rank 1 finished 3 steps, 2 ranks"
 }
+
+# recovered RUN-ARGS...: dpshim-run under mpirun's recovery mode, whose own status is 0 whatever
+# the ranks return.
+recovered() {
+    run timeout --kill-after=10 "$MPI_TIMEOUT" "$RUN" -np "$@" </dev/null
+    echo "$output"
+}
+
+@test "mpirun --enable-recovery: dpshim-run exits with the ranks' status, not the launcher's 0" {
+    cd "$BATS_TEST_TMPDIR"
+    local exit3=(/usr/bin/python3 -c 'raise SystemExit(3)')
+    # the launcher alone: 0, which is why dpshim-run reads the ranks' own
+    run timeout --kill-after=10 "$MPI_TIMEOUT" mpirun --oversubscribe --enable-recovery -np 2 \
+        env LD_PRELOAD="$SHIM" "${exit3[@]}"
+    assert_success
+    recovered 2 --oversubscribe --enable-recovery "${exit3[@]}"
+    assert_failure 3
+    assert_output --partial "dpshim-run: the job failed: rank 0 exited with status 3"
+    recovered 2 --oversubscribe --enable-recovery "$BUILD/bin/guard_faults" 3
+    assert_success
+    assert_output --regexp "mpirun --bind-to none -np 2 --oversubscribe --enable-recovery -x DPSHIM_STATUS_DIR env "
+    # rank 2 killed: the guard ends the others with 75, and so does the job
+    DPSHIM_GUARD_TIMEOUT=60 recovered 3 --oversubscribe --enable-recovery "$BUILD/bin/guard_faults" 10 kill 2 4
+    assert_failure 75
+    assert_output --partial "dpshim-run: the job failed: rank 0 exited with status 75"
+    # the folder it made is gone again
+    run find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'dpshim-status.*' -newer "$BATS_TEST_TMPDIR" -print
+    assert_output ""
+}
+
+@test "dpshim-run --enable-recovery: a rank that leaves no status is named; a bad DPSHIM_STATUS_DIR is refused" {
+    cd "$BATS_TEST_TMPDIR"
+    mkdir shared
+    # rank 1 is killed after its last collective: rank 0 finishes with 0, rank 1 leaves nothing
+    DPSHIM_STATUS_DIR=shared DPSHIM_GUARD_TIMEOUT=60 recovered 2 --oversubscribe --enable-recovery \
+        "$BUILD/bin/guard_faults" 3 kill 1 4
+    assert_output --partial "rank 0 finished 3 steps, 2 ranks"
+    assert_failure 75
+    assert_output --partial "dpshim-run: rank(s) 1 left no exit status in $BATS_TEST_TMPDIR/shared: lost"
+    DPSHIM_STATUS_DIR=/nonexistent recovered 2 --enable-recovery /bin/true
+    assert_failure 2
+    assert_output --partial "DPSHIM_STATUS_DIR=/nonexistent: not a folder this user can write to"
+}
