@@ -7,6 +7,9 @@
 #                        $TRIXIE_ROOT (default /var/tmp/dpshim-trixie) from the Debian mirror this
 #                        machine's apt uses (DEBIAN_MIRROR=URI to name another), through its proxy
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
+#   ./dev.sh bench-compare REV [PART...]  the library built from commit REV (OLD..NEW: from NEW
+#                        instead of this tree) against this tree's, PARTs (exec, files, allreduce,
+#                        single; default all) in BENCH_ROUNDS alternating rounds (3): new/old per part
 #   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
 #                        preflight, staged, nccl, torch, libtorch, bench or all) building there unless
 #                        gpu-pack built it here), write docs/gpu-check.md
@@ -689,6 +692,92 @@ bench_mean_vs_sum() {
     done
 }
 
+# bench-compare's parts, "NAME|what its figure is": each a cost, lower is better.
+BENCH_PARTS=("exec|/bin/true's start as a rank's child, x of plain (bench_exec, 100 rounds)"
+    "files|open+write+close of an unmatched path with [files] globs set, ns (bench_files, median of 5)"
+    "allreduce|dp_grads of ResNet-50's gradients at np=2, MPI started by the shim, x of plain MPI_Allreduce (dpshim-diag bench)"
+    "single|the example trainer's 600 steps under mpirun -np 1, s")
+
+# bench_figure PART LIB: PART's figure with LIB preloaded. The programs are $BUILD_DIR's whichever
+# LIB is measured, so that only the library (with its plugins and Python adapter) differs.
+bench_figure() {
+    local lib=$2
+    case $1 in
+    exec) DPSHIM_RANK_PID=1:0:1:0:1:0 "$BUILD_DIR/bin/bench_exec" 100 "$lib" -- /bin/true | awk 'NR == 2 { print $3 }' ;;
+    files)
+        local dir
+        dir=$(mktemp -d -p "$([ -d /dev/shm ] && echo /dev/shm || echo /tmp)")
+        for _ in 1 2 3 4 5; do
+            env DPSHIM_FILES_RANK0_ONLY='*.ckpt' DPSHIM_FILES_PER_RANK='*.log' LD_PRELOAD="$lib" \
+                "$BUILD_DIR/bin/bench_files" 50000 "$dir/data.bin"
+        done | median
+        rm -rf "$dir"
+        ;;
+    allreduce)
+        timeout 600 mpirun --oversubscribe -np 2 env LD_PRELOAD="$lib" "$BUILD_DIR/bin/dpshim-diag" bench --init shim \
+            resnet50 2>/dev/null | awk '/^  plain, one MPI_Allreduce/ { p = $6 } /dpshim dp_grads/ { print $4 / p }'
+        ;;
+    single)
+        timeout 600 mpirun -np 1 env LD_PRELOAD="$lib" "$BUILD_DIR/bin/fmnist_train" --steps 600 --no-eval 2>/dev/null |
+            epoch_seconds
+        ;;
+    esac
+}
+
+# rev_build COMMIT: COMMIT built once, from a worktree of its own, into $BUILD_DIR-COMMIT; prints
+# that directory (the build's output goes to stderr).
+rev_build() {
+    local dir=$BUILD_DIR-${1:0:12} src rc=0
+    if [ ! -e "$dir/.built" ]; then
+        rm -rf "$dir" # a build that failed, whose CMake cache names a worktree gone since
+        src=$(mktemp -d)
+        git worktree add -q --detach "$src/tree" "$1" >&2
+        (cd "$src/tree" && BUILD_DIR=$dir build) >&2 || rc=$?
+        git worktree remove --force "$src/tree" && rm -rf "$src"
+        [ $rc -eq 0 ] || { echo "dev.sh: bench-compare: building $1 failed" >&2; return 1; }
+        : >"$dir/.built"
+    fi
+    echo "$dir"
+}
+
+# bench_compare REV [PART...]: see the usage at the top.
+bench_compare() {
+    local rev=${1:-} part row names=() sha_old sha_new='' old new rounds=${BENCH_ROUNDS:-3}
+    for row in "${BENCH_PARTS[@]}"; do names+=("${row%%|*}"); done
+    [ -n "$rev" ] || { echo "dev.sh: bench-compare REV [PART...]: name the commit to compare against; the parts: ${names[*]}" >&2; return 2; }
+    shift
+    [ $# -gt 0 ] || set -- "${names[@]}"
+    for part in "$@"; do
+        [[ " ${names[*]} " == *" $part "* ]] || { echo "dev.sh: bench-compare: no part '$part'; the parts: ${names[*]}" >&2; return 2; }
+    done
+    sha_old=$(git rev-parse -q --verify "${rev%%..*}^{commit}") || sha_old=''
+    [[ $rev != *..* ]] || sha_new=$(git rev-parse -q --verify "${rev#*..}^{commit}") || sha_new=-
+    if [ -z "$sha_old" ] || [ "$sha_new" = - ]; then
+        echo "dev.sh: bench-compare: '$rev' names no commit of this repository (REV, or OLD..NEW)" >&2
+        return 2
+    fi
+    setup && build >&2 && mpirun_env
+    old=$(rev_build "$sha_old") && new=$BUILD_DIR && { [ -z "$sha_new" ] || new=$(rev_build "$sha_new"); } || return 1
+    echo "old $sha_old ($rev), new ${sha_new:-this tree, $(git describe --always --dirty)}, the programs of $BUILD_DIR;"
+    echo "$rounds rounds, each old then new: medians, and new/old: the median, range and each round's:"
+    for part in "$@"; do
+        local figs=() f lib med_new med_old m lo hi
+        for _ in $(seq "$rounds"); do
+            for lib in "$old" "$new"; do
+                f=$(bench_figure "$part" "$lib/lib/libdpshim.so") || f=''
+                [ -n "$f" ] || { echo "dev.sh: bench-compare: $part printed no figure with $lib" >&2; return 1; }
+                figs+=("$f")
+            done
+        done
+        # figs: old new old new ...
+        read -r med_new med_old m lo hi <<<"$(ratio_stats "$(printf '%s\n' "${figs[@]}" | sed -n 'n;p')" \
+            "$(printf '%s\n' "${figs[@]}" | sed -n 'p;n')")"
+        for row in "${BENCH_PARTS[@]}"; do [ "${row%%|*}" != "$part" ] || echo "  $part: ${row#*|}"; done
+        printf '    old %g  new %g  new/old %.3f (%.3f-%.3f), rounds:%s\n' "$med_old" "$med_new" "$m" "$lo" "$hi" \
+            "$(printf '%s %s\n' "${figs[@]}" | awk '{ printf " %.3f", $2 / $1 }')"
+    done
+}
+
 # sourced (tests/integration/dev_sh.bats), dev.sh defines its functions and runs nothing
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
@@ -700,6 +789,7 @@ test) setup && build && run_tests ;;
 test-libtorch2) test_libtorch2 ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
+bench-compare) bench_compare "${@:2}" ;;
 bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_bn && bench_bn_phases && bench_bn_layer && bench_shard ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # dev.sh's own logic that needs no build: the Debian mirror and apt proxy that
 # `./dev.sh test-libtorch2` gives its chroot, found in sample apt configurations (APT_CONFIG
-# points apt-config at a directory of the test's; the addresses are documentation ones, RFC 5737).
+# points apt-config at a directory of the test's; the addresses are documentation ones, RFC 5737),
+# and the arguments `./dev.sh bench-compare` refuses before it builds anything.
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
@@ -94,4 +95,36 @@ EOF2
 @test "dev.sh names no mirror or other host" {
     run grep -nE '[a-z0-9-]+\.(debian|ubuntu)\.(org|net|com)|ftp\.[a-z]{2}\.' "$SRC/dev.sh"
     assert_failure
+}
+
+# dev.sh bench-compare ARGS...: with cmake and dpkg-query standing in, so that a check that let
+# the arguments through would say "cmake ran" rather than build and bench
+bench_compare() {
+    mkdir -p "$BATS_TEST_TMPDIR/stubs"
+    printf '#!/bin/sh\necho "cmake ran"; exit 1\n' >"$BATS_TEST_TMPDIR/stubs/cmake"
+    printf '#!/bin/sh\necho "install ok installed"\n' >"$BATS_TEST_TMPDIR/stubs/dpkg-query"
+    chmod +x "$BATS_TEST_TMPDIR/stubs/"*
+    PATH=$BATS_TEST_TMPDIR/stubs:$PATH BUILD_DIR=$BATS_TEST_TMPDIR/build run "$SRC/dev.sh" bench-compare "$@"
+}
+
+@test "bench-compare: an unknown part is named with the parts there are, before any build" {
+    bench_compare HEAD exec nope
+    assert_failure 2
+    assert_output "dev.sh: bench-compare: no part 'nope'; the parts: exec files allreduce single"
+    bench_compare
+    assert_failure 2
+    assert_output --partial "name the commit to compare against"
+}
+
+@test "bench-compare: a REV that names no commit is an error, before any build" {
+    git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1 || skip "not a git checkout"
+    for rev in no-such-commit HEAD..no-such-commit 'HEAD..'; do
+        bench_compare "$rev" exec
+        assert_failure 2
+        assert_output "dev.sh: bench-compare: '$rev' names no commit of this repository (REV, or OLD..NEW)"
+    done
+    # the arguments pass: the stand-in cmake is reached
+    bench_compare HEAD exec
+    assert_failure
+    assert_output --partial "cmake ran"
 }
