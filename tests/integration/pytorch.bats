@@ -165,6 +165,16 @@ pytorch_case() {
 @test "an update written by hand, without torch.optim" { pytorch_case update_by_hand; }
 @test "BatchNorm without running statistics, in eval mode too" { pytorch_case batchnorm_without_running_stats; }
 @test "BatchNorm with momentum=None and steps in eval mode" { pytorch_case batchnorm_eval_and_momentum_none; }
+
+@test "synchronized BatchNorm, np=2 and 3: bitwise its reference formulas over shapes, dtypes and layouts" {
+    # tests/integration/bn_reference.py: output, gradients and running statistics of each case
+    for n in 2 3; do
+        run mpi "$n" env OMP_NUM_THREADS=1 LD_PRELOAD="$SHIM" "$PY" "$SRC/tests/integration/bn_reference.py"
+        echo "$output"
+        assert_success
+        assert_equal "$(grep -oE 'bitwise [0-9]+' <<<"$output" | wc -l)" "$n" # one per rank (lines may interleave)
+    done
+}
 @test "a branch used on some steps only" { pytorch_case conditional_branch; }
 @test "a non-contiguous parameter with the drift check at every step: no false alarm" {
     DPSHIM_GUARD_DRIFT_EVERY=1 pytorch_case non_contiguous_parameter

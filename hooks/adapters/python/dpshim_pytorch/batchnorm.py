@@ -14,8 +14,6 @@ def _bn_sums(a, b, n):
 
 
 def _patch_batchnorm(torch):
-    shape_of = lambda x: [1, x.shape[1]] + [1] * (x.dim() - 2)  # noqa: E731 (a channel's broadcast)
-
     class SyncedBatchNorm(torch.autograd.Function):
         """BatchNorm over the global batch on PyTorch's own kernels: per-channel sums of x and x*x,
         summed over ranks in float64 (dp_bn_stats, with the sample count),
@@ -23,15 +21,17 @@ def _patch_batchnorm(torch):
         kernel for the direct term and the affine gradients, plus the statistics' terms from
         per-channel sums over ranks, in one pass. Local gradients are of this rank's loss over
         its n samples: scaled by n they are per-sample and add up across ranks with unequal n,
-        and dividing by n again returns to this rank's convention (as examples/nn/dpnn.c does)."""
+        and dividing by n again returns to this rank's convention (as examples/nn/dpnn.c does).
+        The statistics of the global batch go out through `stats` (a list the caller passes),
+        not as outputs, which autograd would wrap and track."""
 
         @staticmethod
-        def forward(ctx, x, weight, bias, eps):
+        def forward(ctx, x, weight, bias, eps, stats):
             dims = [0] + list(range(2, x.dim()))
             n = x.numel() // x.shape[1] if x.shape[1] else 0
             # summed in x's dtype (PyTorch's cascade sums; float64 accumulation costs 6x here)
-            s = x.sum(dims).double().contiguous()
-            ss = (x * x).sum(dims).double().contiguous()
+            s = x.sum(dims).double()
+            ss = (x * x).sum(dims).double()
             total = _bn_sums(s, ss, n)
             mean = s / total if total else s
             var = (ss / total - mean * mean).clamp(min=0) if total else ss
@@ -39,21 +39,21 @@ def _patch_batchnorm(torch):
             y = torch.batch_norm(x, weight, bias, m, v, False, 0.0, eps, False)
             ctx.save_for_backward(x, weight, m, v)
             ctx.eps, ctx.n, ctx.total = eps, n, total
-            ctx.mark_non_differentiable(mean, var)
-            return y, mean, var, torch.tensor(float(total), dtype=torch.float64)
+            stats.append((mean, var, m, total))
+            return y
 
         @staticmethod
         @torch.autograd.function.once_differentiable
-        def backward(ctx, dy, _mean, _var, _total):
+        def backward(ctx, dy):
             x, weight, m, v = ctx.saved_tensors
             dy = dy.contiguous()
             gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
                 dy, x, weight, m, v, None, None, False, ctx.eps, [True, True, True])
             # gb = sum(dy), gw = sum(dy * xhat) = invstd * sum(dy * (x - mean)), per channel
+            n, total = ctx.n, ctx.total
             invstd = torch.rsqrt(v.double() + ctx.eps)
-            n, total, shape = ctx.n, ctx.total, shape_of(x)
-            a = (gb.double() * n).contiguous()
-            b = (gw.double() / invstd * n).contiguous()
+            a = gb.double() * n
+            b = gw.double() / invstd * n
             _bn_sums(a, b, n)
             if n and total:
                 gamma = weight.double() if weight is not None else torch.ones_like(invstd)
@@ -61,9 +61,10 @@ def _patch_batchnorm(torch):
                 # gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
                 slope = -k * invstd * invstd * b
                 offset = -k * a - slope * m.double()
+                shape = [1, x.shape[1]] + [1] * (x.dim() - 2)  # a channel's broadcast
                 gx.addcmul_(x, slope.to(x.dtype).view(shape)).add_(offset.to(x.dtype).view(shape))
             affine = weight is not None
-            return gx, gw if affine else None, gb if affine else None, None
+            return gx, gw if affine else None, gb if affine else None, None, None
 
     norm = torch.nn.modules.batchnorm._BatchNorm
     forward = norm.forward
@@ -73,16 +74,19 @@ def _patch_batchnorm(torch):
         if (not self.training and not (self.running_mean is None and self.running_var is None)) or not _acting():
             return forward(self, x)
         self._check_input_dim(x)
-        y, mean, var, total = SyncedBatchNorm.apply(x, self.weight if self.affine else None,
-                                                    self.bias if self.affine else None, self.eps)
+        stats = []
+        y = SyncedBatchNorm.apply(x, self.weight if self.affine else None, self.bias if self.affine else None,
+                                  self.eps, stats)
         if self.training and self.track_running_stats and self.running_mean is not None:
+            mean, var, m, total = stats[0]
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
-                m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                f = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
                 t = float(total) / getattr(_state, "replicas", 1)  # a batch every rank took whole
                 unbiased = var * (t / (t - 1)) if t > 1 else var
-                self.running_mean.mul_(1 - m).add_(mean.to(self.running_mean.dtype), alpha=m)
-                self.running_var.mul_(1 - m).add_(unbiased.to(self.running_var.dtype), alpha=m)
+                rm, rv = self.running_mean, self.running_var
+                rm.mul_(1 - f).add_(m if m.dtype == rm.dtype else mean.to(rm.dtype), alpha=f)
+                rv.mul_(1 - f).add_(unbiased.to(rv.dtype), alpha=f)
         return y
 
     norm.forward = synced_forward
