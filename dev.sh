@@ -692,6 +692,42 @@ bench_mean_vs_sum() {
     done
 }
 
+# A lost rank ([elastic] lost_rank = continue under mpirun --enable-recovery): what elastic mode
+# costs a healthy job's dp_grads (with against without --enable-recovery, alternating), and what
+# a rank SIGKILLed at step 10 of 40 costs the job (its wall time against a healthy run's, both
+# under --enable-recovery; elastic_train's steps are little more than their 1.2 MB gradient sum).
+bench_elastic() {
+    local set rec rounds=3 np=3 opt args t0
+    echo "elastic mode: dp_grads time at np=2 under mpirun --enable-recovery against without (median of $rounds alternating runs, each a median of 7 rounds):"
+    for set in 64 small; do
+        local -A ms=()
+        for _ in $(seq "$rounds"); do
+            for rec in on off; do
+                opt=--enable-recovery
+                [ "$rec" = on ] || opt=--disable-recovery
+                ms[$rec]+="$(timeout 600 mpirun -np 2 $opt env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+                    "$BUILD_DIR/bin/dpshim-diag" bench "$set" 2>/dev/null | awk '/dpshim dp_grads/ { print $4 }') "
+            done
+        done
+        read -r on off mid low high <<<"$(ratio_stats "${ms[on]}" "${ms[off]}")"
+        printf "  %-6s elastic %8.2f ms  plain %8.2f ms  elastic/plain %.2f (%.2f-%.2f)\n" "$set" "$on" "$off" "$mid" "$low" "$high"
+    done
+    echo "a rank of $np SIGKILLed at step 10 of 40 under --enable-recovery: the job's wall time against a healthy run's ($rounds alternating rounds):"
+    local -A took=()
+    for _ in $(seq "$rounds"); do
+        for rec in healthy killed; do
+            args=40
+            [ "$rec" = healthy ] || args="40 2 10"
+            t0=$(date +%s.%N)
+            timeout 600 mpirun -np $np --oversubscribe --enable-recovery env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
+                "$BUILD_DIR/bin/elastic_train" $args >/dev/null 2>&1
+            took[$rec]+="$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }') "
+        done
+    done
+    paste <(xargs -n1 <<<"${took[killed]}") <(xargs -n1 <<<"${took[healthy]}") |
+        awk '{ d[NR] = $1 - $2; k[NR] = $1; h[NR] = $2 } END { for (i = 1; i <= NR; i++) printf "  round %d: healthy %.2f s, a rank lost %.2f s: the loss cost %.2f s\n", i, h[i], k[i], d[i] }'
+}
+
 # bench-compare's parts, "NAME|what its figure is": each a cost, lower is better.
 BENCH_PARTS=("exec|/bin/true's start as a rank's child, x of plain (bench_exec, 100 rounds)"
     "files|open+write+close of an unmatched path with [files] globs set, ns (bench_files, median of 5)"
@@ -790,7 +826,7 @@ test-libtorch2) test_libtorch2 ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
 bench-compare) bench_compare "${@:2}" ;;
-bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_bn && bench_bn_phases && bench_bn_layer && bench_shard ;;
+bench) setup && build && mpirun_env && bench_exec && bench_files && bench_files_gated && bench_ffi && bench_torch_cpp && bench_single && bench_allreduce && bench_scale && bench_guard && bench_placement && bench_ddp && bench_bn && bench_bn_phases && bench_bn_layer && bench_shard && bench_elastic ;;
 *)
     sed -n '2,/dev\.sh setup/p' "$0" | sed 's/^# \{0,1\}//'
     exit 2

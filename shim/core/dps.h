@@ -73,6 +73,8 @@ void dps_run_before_fatal_exit(void);
  * that folder (its recovery mode); a no-op elsewhere. dps_exit_now also flushes the program's
  * streams and ends the process with _exit: the shim's own non-zero exits go through it. */
 void dps_exit_status_note(int status);
+/* Rank r was lost and the job went on without it (elastic mode): lost.N beside the statuses. */
+void dps_exit_status_lost(int rank);
 _Noreturn void dps_exit_now(int status);
 
 #define DPS_LOG(lvl, ...)                                                                                    \

@@ -25,6 +25,17 @@ void dps_exit_status_note(int status)
     dps_sys_close(fd);
 }
 
+void dps_exit_status_lost(int rank)
+{
+    const char *dir = getenv(DPS_ENV_STATUS_DIR);
+    if (!dir || !*dir) return;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/lost.%d", dir, rank);
+    if (n < 0 || (size_t)n >= sizeof path) return;
+    int fd = dps_sys_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) dps_sys_close(fd);
+}
+
 _Noreturn void dps_exit_now(int status)
 {
     dps_exit_status_note(status);

@@ -565,6 +565,7 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
 int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
                      dps_weight_t w, dps_redop_t op)
 {
+    dps_guard_elastic_off("GPU collectives cannot be given up yet");
     return n ? run(hook, be, t, n, kind, w, op, 1) : 0;
 }
 
@@ -583,6 +584,7 @@ static void flush_pending(const dps_backend_t *be, dps_weight_t w)
 
 int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weight_t w)
 {
+    dps_guard_elastic_off("GPU collectives cannot be given up yet");
     if (dps_check_tensors("dp_grad_ready", t, 1, 1)) return -1;
     size_t bytes = t->count * dps_dtype_size(t->dtype);
     if (dps_ready_add(&dv.ready, t, bytes)) {
@@ -597,6 +599,7 @@ int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weigh
 
 int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_weight_t w)
 {
+    dps_guard_elastic_off("GPU collectives cannot be given up yet");
     if (dps_check_tensors("dp_grads", t, n, 1)) return -1;
     int any_queued = dv.ready.nhanded > 0;
     size_t m;

@@ -4,6 +4,7 @@
 #include "files/files.h"
 #include "guard/guard.h"
 #include "device.h"
+#include "elastic.h"
 #include "progress.h"
 
 #include <pthread.h>
@@ -73,6 +74,7 @@ static int open_backend(const char *hook, int fatal)
         if (be->set_sizes)
             be->set_sizes((size_t)dps_policy_num(&dps_g.policy, DPS_P_comm_piece_kb) << 10,
                           (size_t)dps_policy_num(&dps_g.policy, DPS_P_comm_shm_kb) << 10);
+        dps_elastic_setup(be);
         __atomic_store_n(&dps_e.be, be, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&open_lock);
@@ -216,6 +218,10 @@ void dps_engine_shutdown(void)
     dps_device_shutdown();
     if (dps_e.be && dps_e.be != &dps_backend_self && dps_e.be->tuning()[0] && dps_g.rank == 0)
         DPS_INFO("%s backend: %s", dps_e.be->name, dps_e.be->tuning());
+    /* After a lost rank, MPI_Finalize waits in the launcher's fence for a process that will never
+     * come (seen: Open MPI 4.1 under --enable-recovery, now and then): the survivors leave without
+     * it, which a launcher that keeps survivors running accepts. */
+    if (dps_elastic_shrunk()) return;
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->finalize();
 }
 

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "common.h"
 #include "diag/diag.h"
+#include "elastic.h"
 #include "guard/guard.h"
 
 /* Where a fused collective runs: the main thread, or the progress thread on the backend's
@@ -97,12 +98,40 @@ static void unpack(const dp_tensor *t, uint64_t off, const unsigned char *src, u
         store_half(dst, t->dtype, j, (float)dps_scaled(f[j], post)); /* from f32 */
 }
 
+/* The main thread's collective in elastic mode: after a loss it goes on among the survivors,
+ * either holding the result another survivor completed (*replayed) or running it again there (a
+ * gradient sum `fixable` then weighted over the survivors' shares). */
+static int run_elastic(const char *hook, const dps_backend_t *be, int coll, void *buf, size_t count,
+                       int32_t dtype, dps_redop_t op, double pre, double post, int one_tensor, int fixable,
+                       int *replayed)
+{
+    uint64_t bytes = coll == DPS_COLL_BARRIER ? 1 : count * dps_dtype_size(dtype);
+    if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0); /* before this one starts */
+    for (;;) {
+        double fixed = fixable ? post * dps_elastic_fix() : post;
+        int rc = coll == DPS_COLL_BARRIER ? be->barrier()
+                 : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, dps_e.bcast_root)
+                                          : be->allreduce(buf, count, dtype, op, pre, fixed, one_tensor);
+        if (rc == 0) dps_elastic_completed();
+        if (rc != DPS_BACKEND_ABANDONED) return rc;
+        unsigned char one;
+        if (dps_elastic_recover(be, hook, 1, coll == DPS_COLL_BARRIER ? &one : buf, (size_t)bytes) ==
+            DPS_ELASTIC_REPLAYED) {
+            *replayed = 1;
+            return 0;
+        }
+    }
+}
+
 /* One collective on buf (one tensor, or a bucket); a reduction weights what goes in by `pre` and
- * what comes out by `post`. */
+ * what comes out by `post`. `fixable`: a gradient sum whose weight follows the ranks that
+ * contribute (elastic mode); *replayed: its result came whole from another survivor. */
 static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t kind, void *buf, size_t count,
-               int32_t dtype, dps_redop_t op, double pre, double post, int one_tensor)
+               int32_t dtype, dps_redop_t op, double pre, double post, int one_tensor, int fixable,
+               int *replayed)
 {
     uint64_t bytes = count * dps_dtype_size(dtype);
+    *replayed = 0;
     if (L->background) {
         /* the guard watches the main thread, which waits for this in dp_grads */
         uint64_t t0 = dps_diag_now();
@@ -119,9 +148,12 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
                                         : DPS_COLL_ALLREDUCE;
     dps_guard_enter(hook, coll, dtype, count);
     uint64_t t0 = dps_diag_now();
-    int rc = coll == DPS_COLL_BARRIER ? be->barrier()
-             : coll == DPS_COLL_BCAST ? be->bcast(buf, bytes, dps_e.bcast_root)
-                                      : be->allreduce(buf, count, dtype, op, pre, post, one_tensor);
+    *replayed = 0;
+    int rc = dps_elastic_on() ? run_elastic(hook, be, coll, buf, count, dtype, op, pre, post, one_tensor,
+                                            fixable, replayed)
+             : coll == DPS_COLL_BARRIER ? be->barrier()
+             : coll == DPS_COLL_BCAST   ? be->bcast(buf, bytes, dps_e.bcast_root)
+                                        : be->allreduce(buf, count, dtype, op, pre, post, one_tensor);
     dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
@@ -165,6 +197,9 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
     double pre = kind == DPS_FUSE_BCAST || !w.per_rank ? 1.0 : w.scale;
     double post = kind == DPS_FUSE_BCAST || w.per_rank ? 1.0 : w.scale;
     if (dps_check_tensors(hook, t, n, 0)) return -1;
+    /* elastic mode: a gradient sum's weight follows the ranks that contribute */
+    int fixable = kind == DPS_FUSE_GRADS && (w.scale != 1.0 || w.per_rank), replayed = 0;
+    if (!L->background) dps_elastic_hook_begin();
     if (!L->bucket && !(L->bucket = malloc(cap))) {
         DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
         return -1;
@@ -182,7 +217,8 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         if (off == 0 && (in_place(&t[i], rd, es, room) || alone(t, n, i, kind, rd, es, room))) {
             /* large enough to travel alone, or alone in its bucket anyway: no copy, and the
              * backend weights it (piece by piece) */
-            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post, 1)) return -1;
+            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post, 1, fixable, &replayed))
+                return -1;
             i++;
             continue;
         }
@@ -199,13 +235,14 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
             pack(bucket + used * es, y, off, k, kind, pre, rd);
             used += k, off += k;
         }
-        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0))
+        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0, 0, &replayed))
             return -1; /* packing and unpacking weigh */
+        double out = fixable && !replayed ? post * dps_elastic_fix() : post;
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;
             if (k)
                 unpack(&t[j], first_off, bucket + done * es, k, kind, rd,
-                       post); /* an empty tensor may have no data */
+                       out); /* an empty tensor may have no data */
             done += k, first_off += k;
             if (first_off == t[j].count) j++, first_off = 0;
         }
@@ -215,7 +252,9 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
 
 int dps_barrier(const char *hook, const dps_backend_t *be)
 {
-    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0);
+    int replayed;
+    return run(&main_lane, hook, be, DPS_FUSE_BARRIER, NULL, 0, DP_U8, DPS_RED_SUM, 1.0, 1.0, 0, 0,
+               &replayed);
 }
 
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "device.h"
 #include "diag/diag.h"
+#include "elastic.h"
 #include "guard/guard.h"
 #include "progress.h"
 #include "shard.h"
@@ -17,13 +18,14 @@ DPS_EXPORT int dp_abi_version(void)
 {
     return DPSHIM_HOOK_ABI_VERSION;
 }
+/* After a lost rank (elastic mode) the survivors are the job, renumbered in order. */
 DPS_EXPORT int dp_rank(void)
 {
-    return dps_g.rank;
+    return DPS_UNLIKELY(dps_elastic_shrunk()) ? dps_g.eff_rank : dps_g.rank;
 }
 DPS_EXPORT int dp_world_size(void)
 {
-    return dps_g.size;
+    return DPS_UNLIKELY(dps_elastic_shrunk()) ? dps_g.eff_size : dps_g.size;
 }
 DPS_EXPORT int dp_local_rank(void)
 {
@@ -118,6 +120,7 @@ static uint64_t note_batch(uint64_t n, uint64_t *start_p)
     if (dps_g.split_mode && dps_g.eff_size > 1)
         dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
     dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
+    dps_elastic_note_batch();
     *start_p = start;
     return share;
 }
@@ -168,6 +171,8 @@ static size_t epoch_(uint64_t *idx, size_t n)
 static dps_weight_t grad_weight(void)
 {
     if (dps_g.reduce_sum) return DPS_UNWEIGHTED;
+    dps_weight_t w;
+    if (dps_g.split_mode && DPS_UNLIKELY(dps_elastic_batch_weight(dps_e.batch_share, &w))) return w;
     if (dps_g.split_mode && dps_e.have_batch)
         return (dps_weight_t){dps_split_weight(dps_e.batch_share, dps_e.batch_n),
                               dps_e.batch_n % (uint64_t)dps_g.eff_size != 0};

@@ -90,6 +90,30 @@ void dps_guard_set_pids(const uint32_t *pids, int n);
 int dps_guard_peer_gone(int r);
 /* Rank r's process id as gathered, 0 where unknown. */
 uint32_t dps_guard_pid(int r);
+
+/* Elastic mode: a lost rank does not end the job (watchdog.c, with survivors.c). Started once the
+ * backend is open (0; -1 where it cannot be: no watchdog or side channel). From then on a rank
+ * found lost goes to the survivors' agreement, the desync and drift checks are off, and
+ * dps_guard_lost_pending says the main thread must give up its collective. dps_guard_elastic_off:
+ * a loss ends the job after all, for the reason given (a path that cannot give up a collective). */
+int dps_guard_elastic_start(int min_ranks);
+void dps_guard_elastic_off(const char *why);
+int dps_guard_lost_pending(void);
+/* The survivors' decision, as the main thread uses it: the survivors' ranks in the job as it
+ * started, in order (their index is their new rank), the cut (collectives completed by those
+ * furthest on), the root among them (index) and each one's lag behind the cut (0 or 1). */
+typedef struct dps_guard_decision {
+    int n, root;
+    uint32_t generation;
+    uint64_t cut;
+    int *ranks;             /* room for the job's size, the caller's */
+    unsigned char *laggard; /* likewise */
+} dps_guard_decision_t;
+/* Waits (this rank having completed `done` collectives) for the decision: 0, or -1 where none can
+ * come ([guard] timeout passed, or the survivors' counts are too far apart). */
+int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out);
+/* Rank r (of the job as it started) was lost, in elastic mode. */
+int dps_guard_is_lost(int r);
 /* [guard] desync = auto, as the ranks agreed it (step or full) when the backend opened. */
 void dps_guard_set_desync(int desync);
 /* Rank r's host: the gathered name, this process's own for r == rank, else "". */

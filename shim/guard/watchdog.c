@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "diag/diag.h"
 #include "core/sys.h"
+#include "survivors.h"
 
 /* --- messages between the ranks' watchdogs --- */
 
@@ -33,6 +34,26 @@ typedef struct guard_msg {
 } guard_msg_t;
 
 _Static_assert(sizeof(guard_msg_t) <= DPS_GUARD_MSG_MAX, "a guard message must fit the side channel's slots");
+_Static_assert(sizeof(dps_surv_msg_t) <= DPS_GUARD_MSG_MAX, "an agreement message must fit them too");
+
+/* Either kind off the side channel: the first word tells them apart. */
+typedef union any_msg {
+    int32_t kind;
+    guard_msg_t guard;
+    dps_surv_msg_t surv;
+} any_msg_t;
+
+/* Elastic mode ([elastic] lost_rank = continue under a launcher that keeps the survivors): a
+ * rank found lost goes to the survivors' agreement (survivors.c) instead of ending the job. The
+ * agreement is the watchdog's and the main thread's: under the lock. */
+static struct {
+    atomic_int on;
+    atomic_int pending; /* a loss the main thread has not yet recovered from */
+    int min_ranks;
+    const char *off_why; /* why a loss ends the job after all (GPU collectives); NULL: it need not */
+    pthread_mutex_t lock;
+    dps_survivors_t *agreement;
+} elastic = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* What the watchdog knows of one other rank. */
 typedef struct peer {
@@ -208,6 +229,9 @@ static void headline(const guard_msg_t *f)
             "timeout = %.0f s: the job is stuck",
             f->hook, (unsigned long long)f->seq, (unsigned long long)f->step, f->seconds, f->rank,
             dps_guard_conf.timeout);
+    if (f->why == WHY_PEER_GONE && f->left_rank == 0 && atomic_load(&elastic.on))
+        DPS_ERROR("guard: [elastic] lost_rank = continue goes on without any rank but rank 0, whose duties "
+                  "(rank0_only files, its output) do not pass to another rank");
 }
 
 /* A rank that did not answer: gone (crashed, killed, _exit) or frozen (SIGSTOP), or out of reach
@@ -296,11 +320,26 @@ static void start_report(int why, int left_rank)
 
 static void rank0_answered(const guard_msg_t *m);
 
+static void send_agreement(void);
+static void lost_elastic(int r);
+
 static void receive(void)
 {
-    guard_msg_t m;
+    any_msg_t any;
     int src;
-    while (dps_guard_conf.be->guard_poll(&m, sizeof m, &src) == 1 && known(src)) {
+    while (dps_guard_conf.be->guard_poll(&any, sizeof any, &src) == 1 && known(src)) {
+        if (any.kind == DPS_SURV_VIEW || any.kind == DPS_SURV_DECIDE) {
+            if (!atomic_load(&elastic.on)) continue;
+            pthread_mutex_lock(&elastic.lock);
+            int before = dps_surv_nlost(elastic.agreement);
+            dps_surv_receive(elastic.agreement, src, &any.surv);
+            int after = dps_surv_nlost(elastic.agreement);
+            pthread_mutex_unlock(&elastic.lock);
+            for (int r = 0; before != after && known(r); r++)
+                if (dps_surv_is_lost(elastic.agreement, r)) lost_elastic(r);
+            continue;
+        }
+        const guard_msg_t m = any.guard;
         peer_t *p = &watch.peers[src];
         if (m.kind == MSG_WHERE) {
             guard_msg_t here = snapshot(WHY_ANSWER);
@@ -402,10 +441,18 @@ static void look_at_processes(void)
     const dps_guard_pos_t *pos = &dps_guard_pos;
     int in_coll = atomic_load_explicit(&pos->in_coll, memory_order_acquire);
     int leaving = atomic_load(&pos->leaving);
-    if (!in_coll && !leaving) return;
+    int going_on = atomic_load(&elastic.on) && !elastic.off_why;
+    if (!in_coll && !leaving && !going_on) return; /* elastic: the survivors hear of a loss at once */
     for (int r = 0; known(r); r++) {
         peer_t *p = &watch.peers[r];
         if (r == dps_guard_conf.rank || p->left || p->gone || !dps_guard_peer_gone(r)) continue;
+        if (going_on && !leaving && r != 0) {
+            pthread_mutex_lock(&elastic.lock);
+            dps_surv_lost(elastic.agreement, r);
+            pthread_mutex_unlock(&elastic.lock);
+            lost_elastic(r);
+            continue;
+        }
         p->gone = 1;
         if (leaving) {
             char who[DPS_GUARD_HOST + 32];
@@ -419,6 +466,105 @@ static void look_at_processes(void)
     }
 }
 
+/* Rank r is lost, and the job goes on without it: the main thread gives up its collective, the
+ * exit barrier waits no more for r, and the agreement's messages go out. */
+static void lost_elastic(int r)
+{
+    peer_t *p = &watch.peers[r];
+    if (r == 0) { /* found lost by a rank of another host: those of rank 0's host end the job */
+        dps_guard_elastic_off("rank 0 was lost, and its duties (rank0_only files, its output) do not pass to "
+                              "another rank");
+        return;
+    }
+    if (!p->gone) {
+        p->gone = 1;
+        atomic_store(&elastic.pending, 1);
+        if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
+        DPS_DEBUG("elastic: rank %d is lost", r);
+    }
+    send_agreement();
+}
+
+static void send_agreement(void)
+{
+    int dest;
+    dps_surv_msg_t m;
+    pthread_mutex_lock(&elastic.lock);
+    while (dps_surv_next(elastic.agreement, &dest, &m)) {
+        pthread_mutex_unlock(&elastic.lock);
+        dps_guard_conf.be->guard_send(&m, sizeof m, dest);
+        pthread_mutex_lock(&elastic.lock);
+    }
+    pthread_mutex_unlock(&elastic.lock);
+}
+
+int dps_guard_elastic_start(int min_ranks)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    if (!conf->be || !conf->be->guard_send || !atomic_load(&watch.running) || atomic_load(&watch.alone))
+        return -1; /* no watchdog, or no side channel: nobody could tell the survivors */
+    dps_survivors_t *a = dps_surv_new(conf->size, conf->rank);
+    if (!a) return -1;
+    elastic.agreement = a, elastic.min_ranks = min_ranks;
+    /* the desync and drift checks are collectives of every rank on the side channel, which a
+     * lost rank would never join */
+    dps_guard_conf.desync = DPS_V_guard_desync_off, dps_guard_conf.drift_every = 0;
+    atomic_store(&elastic.on, 1);
+    return 0;
+}
+
+void dps_guard_elastic_off(const char *why)
+{
+    if (atomic_load(&elastic.on) && !elastic.off_why) {
+        elastic.off_why = why;
+        if (dps_guard_conf.rank == 0) DPS_INFO("[elastic] a lost rank ends the job after all: %s", why);
+    }
+}
+
+int dps_guard_lost_pending(void)
+{
+    return atomic_load_explicit(&elastic.pending, memory_order_relaxed);
+}
+
+/* The main thread, which has completed `done` collectives: waits for the survivors' decision. */
+int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
+{
+    const dps_guard_conf_t *conf = &dps_guard_conf;
+    pthread_mutex_lock(&elastic.lock);
+    dps_surv_ready(elastic.agreement, done);
+    pthread_mutex_unlock(&elastic.lock);
+    send_agreement();
+    uint64_t start = dps_guard_now_ns();
+    struct timespec nap = {0, 1000000};
+    for (;;) {
+        pthread_mutex_lock(&elastic.lock);
+        const dps_surv_decision_t *d = dps_surv_current(elastic.agreement);
+        int broken = dps_surv_broken(elastic.agreement);
+        if (d) {
+            out->n = 0, out->cut = d->cut, out->generation = d->lost;
+            for (int r = 0; r < conf->size; r++) {
+                if (d->is_lost[r / 8] >> (r % 8) & 1) continue;
+                if (r == d->root) out->root = out->n;
+                out->laggard[out->n] = d->laggard[r / 8] >> (r % 8) & 1;
+                out->ranks[out->n++] = r;
+            }
+            dps_surv_resume(elastic.agreement);
+            atomic_store(&elastic.pending, 0);
+        }
+        pthread_mutex_unlock(&elastic.lock);
+        send_agreement();
+        if (d) return out->n >= elastic.min_ranks ? 0 : -1;
+        if (broken) return -1;
+        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > conf->timeout) return -1;
+        nanosleep(&nap, NULL);
+    }
+}
+
+int dps_guard_is_lost(int r)
+{
+    return atomic_load(&elastic.on) && known(r) && watch.peers && watch.peers[r].gone;
+}
+
 /* One look: messages, a collective that cannot complete, a collective that waits too long. */
 static void tick(void)
 {
@@ -430,7 +576,7 @@ static void tick(void)
     if (!watch.reporting && atomic_load_explicit(&pos->in_coll, memory_order_acquire)) {
         uint64_t seq = atomic_load(&pos->seq) + (uint64_t)atomic_load(&pos->before_next);
         for (int r = 0; known(r); r++)
-            if (watch.peers[r].left && watch.peers[r].left_seq < seq) {
+            if (watch.peers[r].left && !watch.peers[r].gone && watch.peers[r].left_seq < seq) {
                 start_report(WHY_PEER_LEFT, r);
                 break;
             }

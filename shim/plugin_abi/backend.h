@@ -10,6 +10,9 @@
 
 typedef enum { DPS_RED_SUM, DPS_RED_MIN, DPS_RED_MAX } dps_redop_t;
 
+/* A collective given up (elastic mode: a rank of the job was lost): buf is as it was. */
+#define DPS_BACKEND_ABANDONED (-2)
+
 /* The largest message on the guard's side channel, and on the file policy's. */
 #define DPS_GUARD_MSG_MAX 1024
 #define DPS_FILES_MSG_MAX 64
@@ -72,6 +75,19 @@ typedef struct dps_backend {
      * measure[r] (the same table on every rank) says which ranks measure (0: offset 0). NULL
      * when the backend cannot. 0, or -1 with last_error() set. */
     int (*clock_offset)(const unsigned char *measure, int64_t *offset_ns, uint64_t *error_ns);
+    /* Elastic mode, where a lost rank does not end the job; NULL where the backend cannot. From
+     * set_abandon on, the main thread's collectives (allreduce, bcast, barrier) poll `abandon`
+     * while they wait and give up when it returns non-zero (DPS_BACKEND_ABANDONED, buf as it was);
+     * each completes only where every rank took part (a broadcast too), and the result of the last
+     * one is kept until the next completes. */
+    void (*set_abandon)(int (*abandon)(void));
+    /* From now on the main thread's collectives run among ranks[0..n) of the job as it started
+     * (this rank among them; the index in ranks is the rank they use, a broadcast's root too),
+     * their messages tagged by `generation`. Local: no collective. 0, or -1 with last_error(). */
+    int (*set_survivors)(const int *ranks, int n, uint32_t generation);
+    /* Among the survivors: `root` sends the result of the last collective it completed (`bytes`
+     * long) to each survivor i with need[i] set, into its buf. 0, DPS_BACKEND_ABANDONED or -1. */
+    int (*replay)(void *buf, size_t bytes, int root, const unsigned char *need);
     /* What the backend chose and measured, for logs and diagnostics ("" when nothing yet). */
     const char *(*tuning)(void);
 } dps_backend_t;

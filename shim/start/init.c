@@ -12,6 +12,7 @@
 #include "start.h"
 
 #include "diag/diag.h"
+#include "engine/elastic.h"
 #include "engine/engine.h"
 #include "ffi/ffihooks.h"
 #include "files/files.h"
@@ -47,6 +48,7 @@ static int exit_work(void)
     dps_files_leaving(); /* rank 0 writes no more: a rank waiting for it goes on */
     dps_engine_join_at_exit();
     dps_guard_exit();
+    dps_elastic_at_exit();
     dps_diag_write();
     dps_summary_at_exit();
     /* PMIx first: Open MPI shares the PMIx client, and the launcher counts the process as

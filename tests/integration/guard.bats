@@ -261,11 +261,13 @@ on_rank() {
 # Under the launcher's recovery mode nothing ends the others when a rank is killed: the guard sees
 # the process gone (this host's ranks are watched by process id) and ends the job in seconds,
 # not at [guard] timeout.
-# recovering N ARGS...: guard_faults ARGS on N ranks under mpirun --enable-recovery, timed.
+# recovering N ARGS...: guard_faults ARGS on N ranks under mpirun --enable-recovery, timed, with
+# [elastic] lost_rank = end (elastic.bats has the job that goes on).
 recovering() {
     local n=$1 start=$SECONDS
     shift
-    run mpi "$n" --enable-recovery env DPSHIM_GUARD_TIMEOUT=60 LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" "$@"
+    run mpi "$n" --enable-recovery env DPSHIM_GUARD_TIMEOUT=60 DPSHIM_ELASTIC_LOST_RANK=end LD_PRELOAD="$SHIM" \
+        "$BUILD/bin/guard_faults" "$@"
     elapsed=$((SECONDS - start))
     echo "$output"
 }

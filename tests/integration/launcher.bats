@@ -143,8 +143,10 @@ recovered() {
     recovered 2 --oversubscribe --enable-recovery "$BUILD/bin/guard_faults" 3
     assert_success
     assert_output --regexp "mpirun --bind-to none -np 2 --oversubscribe --enable-recovery -x DPSHIM_STATUS_DIR env "
-    # rank 2 killed: the guard ends the others with 75, and so does the job
-    DPSHIM_GUARD_TIMEOUT=60 recovered 3 --oversubscribe --enable-recovery "$BUILD/bin/guard_faults" 10 kill 2 4
+    # rank 2 killed, with [elastic] lost_rank = end: the guard ends the others with 75, and so does
+    # the job (elastic.bats has the job that goes on, and exits 0)
+    DPSHIM_ELASTIC_LOST_RANK=end DPSHIM_GUARD_TIMEOUT=60 recovered 3 --oversubscribe --enable-recovery \
+        "$BUILD/bin/guard_faults" 10 kill 2 4
     assert_failure 75
     assert_output --partial "dpshim-run: the job failed: rank 0 exited with status 75"
     # the folder it made is gone again

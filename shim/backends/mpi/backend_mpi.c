@@ -27,12 +27,19 @@ typedef struct channel {
     void *block;        /* the ring's receive buffer, block_bytes long */
     size_t block_bytes;
     dps_shm_sum_t *shm; /* small sums, where every rank runs on this machine ([comm] shm_kb) */
+    /* after a lost rank (elastic mode): the survivors' ranks on comm, rank and size among them,
+     * every sum as a ring, and tags of the survivors' generation */
+    int *map;
+    int ring_always, tag_base;
     char err[512];
 } channel_t;
 
 static channel_t main_ch = {.comm = MPI_COMM_NULL}, bg_ch = {.comm = MPI_COMM_NULL};
 static MPI_Comm guard_comm = MPI_COMM_NULL, files_comm = MPI_COMM_NULL;
 static int initialized_by_us;
+
+/* Elastic mode (set_abandon): the main channel's waits give up when this says so. */
+static int (*abandon_fn)(void);
 
 static int check(channel_t *ch, int rc, const char *what)
 {
@@ -120,6 +127,31 @@ static MPI_Datatype mpi_dtype(int dtype)
 #define DEFAULT_PIECE (1u << 20)    /* [comm] piece_kb's default, until the engine sets it */
 enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
 
+/* Waits for n requests: blocking, or in elastic mode polling, and giving up (-2) when the guard
+ * says a rank is lost; the requests are left to MPI then (never freed: their buffers are the
+ * caller's to leave alone). */
+/* MPI_ERR_IN_STATUS names no error: the first request's own does (a truncation: a desync). */
+static int status_error(int rc, const MPI_Status *st, int n)
+{
+    for (int i = 0; rc == MPI_ERR_IN_STATUS && st != MPI_STATUSES_IGNORE && i < n; i++)
+        if (st[i].MPI_ERROR != MPI_SUCCESS) return st[i].MPI_ERROR;
+    return rc;
+}
+
+static int wait_all(channel_t *ch, MPI_Request *reqs, int n, MPI_Status *st, const char *what)
+{
+    if (!abandon_fn || ch != &main_ch) return check(ch, status_error(PMPI_Waitall(n, reqs, st), st, n), what);
+    for (;;) {
+        int done = 0;
+        if (check(ch, status_error(PMPI_Testall(n, reqs, &done, st), st, n), what)) return -1;
+        if (done) return 0;
+        if (abandon_fn()) {
+            snprintf(ch->err, sizeof ch->err, "%s given up: a rank of the job was lost", what);
+            return -2;
+        }
+    }
+}
+
 /* One piece (a count MPI can take), weighted on the way in and out; minima and maxima have pre =
  * post = 1. */
 typedef int (*piece_fn)(channel_t *ch, char *p, int n, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
@@ -130,7 +162,14 @@ static int allreduce_piece(channel_t *ch, char *p, int n, int dtype, MPI_Datatyp
 {
     (void)es;
     dps_scale_in_place(p, (size_t)n, dtype, pre);
-    if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, p, n, t, o, ch->comm), "MPI_Allreduce")) return -1;
+    if (abandon_fn && ch == &main_ch) {
+        MPI_Request req;
+        if (check(ch, PMPI_Iallreduce(MPI_IN_PLACE, p, n, t, o, ch->comm, &req), "MPI_Iallreduce")) return -1;
+        int rc = wait_all(ch, &req, 1, MPI_STATUSES_IGNORE, "MPI_Iallreduce");
+        if (rc) return rc;
+    } else if (check(ch, PMPI_Allreduce(MPI_IN_PLACE, p, n, t, o, ch->comm), "MPI_Allreduce")) {
+        return -1;
+    }
     dps_scale_in_place(p, (size_t)n, dtype, post);
     return 0;
 }
@@ -141,10 +180,11 @@ static int in_pieces(channel_t *ch, piece_fn one, void *buf, size_t count, int d
 {
     size_t per = piece / es ? piece / es : 1;
     if (per > (size_t)INT_MAX) per = (size_t)INT_MAX;
-    for (size_t off = 0; off < count; off += per)
-        if (one(ch, (char *)buf + off * es, (int)(count - off < per ? count - off : per), dtype, t, o, es,
-                pre, post))
-            return -1;
+    for (size_t off = 0; off < count; off += per) {
+        int rc = one(ch, (char *)buf + off * es, (int)(count - off < per ? count - off : per), dtype, t, o,
+                     es, pre, post);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -152,11 +192,16 @@ static int in_pieces(channel_t *ch, piece_fn one, void *buf, size_t count, int d
 static int ring_step(channel_t *ch, const char *send, int ns, char *recv, int nr, MPI_Datatype t, int tag)
 {
     int right = (ch->rank + 1) % ch->size, left = (ch->rank + ch->size - 1) % ch->size, got = -1;
-    MPI_Status st;
-    if (check(ch, PMPI_Sendrecv(send, ns, t, right, tag, recv, nr, t, left, tag, ch->comm, &st),
-              "MPI_Sendrecv"))
+    if (ch->map) right = ch->map[right], left = ch->map[left];
+    tag += ch->tag_base;
+    MPI_Request reqs[2];
+    MPI_Status st[2];
+    if (check(ch, PMPI_Irecv(recv, nr, t, left, tag, ch->comm, &reqs[0]), "MPI_Irecv") ||
+        check(ch, PMPI_Isend(send, ns, t, right, tag, ch->comm, &reqs[1]), "MPI_Isend"))
         return -1;
-    PMPI_Get_count(&st, t, &got);
+    int rc = wait_all(ch, reqs, 2, st, "a ring step");
+    if (rc) return rc;
+    PMPI_Get_count(&st[0], t, &got);
     if (got != nr) { /* a larger message fails in MPI_Sendrecv itself */
         snprintf(
             ch->err, sizeof ch->err,
@@ -183,8 +228,20 @@ DPS_WIDEST_VECTORS static void add_weighted_f32(float *restrict own, const float
         DPS_SCALE_LOOP(n, j, own[j] = (float)((double)(own[j] + in[j]) * w));
 }
 
+static int ring_steps(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                      double post);
+
+/* A ring given up leaves its receive block to MPI: a fresh one is taken next time. */
 static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
                 double post)
+{
+    int rc = ring_steps(ch, buf, count, dtype, t, o, es, post);
+    if (rc == -2) ch->block = NULL, ch->block_bytes = 0;
+    return rc;
+}
+
+static int ring_steps(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, size_t es,
+                      double post)
 {
     int p = ch->size, r = ch->rank, block = (count + p - 1) / p;
     if ((size_t)block * es > ch->block_bytes) {
@@ -201,9 +258,9 @@ static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, 
     for (int s = 0; s < p - 1; s++) { /* after step s, block r-s-1 holds s+2 ranks' sum */
         int out = (r - s + p) % p, in = (r - s - 1 + 2 * p) % p;
         char *dst = buf + (size_t)RING_AT(in) * es;
-        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t,
-                      TAG_SCATTER))
-            return -1;
+        int rc = ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), ch->block, RING_LEN(in), t,
+                           TAG_SCATTER);
+        if (rc) return rc;
         if (s == p - 2 && fused) /* block r+1: complete here, and weighted on the way */
             add_weighted_f32((float *)dst, ch->block, (size_t)RING_LEN(in), post);
         else if (check(ch, PMPI_Reduce_local(ch->block, dst, RING_LEN(in), t, o), "MPI_Reduce_local"))
@@ -213,9 +270,9 @@ static int ring(channel_t *ch, char *buf, int count, int dtype, MPI_Datatype t, 
     if (!fused) dps_scale_in_place(buf + (size_t)RING_AT(own) * es, (size_t)RING_LEN(own), dtype, post);
     for (int s = 0; s < p - 1; s++) {
         int out = (r + 1 - s + p) % p, in = (r - s + p) % p;
-        if (ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), buf + (size_t)RING_AT(in) * es,
-                      RING_LEN(in), t, TAG_GATHER))
-            return -1;
+        int rc = ring_step(ch, buf + (size_t)RING_AT(out) * es, RING_LEN(out), buf + (size_t)RING_AT(in) * es,
+                           RING_LEN(in), t, TAG_GATHER);
+        if (rc) return rc;
     }
 #undef RING_AT
 #undef RING_LEN
@@ -284,17 +341,157 @@ static int channel_allreduce(channel_t *ch, void *buf, size_t count, int dtype, 
                            sizeof ch->err);
     /* the ring's summation order follows an element's offset in buf: only where that offset is
      * the same however tensors were grouped (one tensor) do results stay independent of grouping */
-    int by_ring = op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER;
+    int by_ring = ch->ring_always || (op == DPS_RED_SUM && one_tensor && count * es >= RING_MIN_BUFFER);
     size_t piece = ch->piece_bytes ? ch->piece_bytes : DEFAULT_PIECE;
     if (!by_ring && count * es < PIECE_MIN_BUFFER) piece = SIZE_MAX;
     return in_pieces(ch, by_ring ? ring_piece : allreduce_piece, buf, count, dtype, t, o, es, pre, post,
                      piece);
 }
 
+/* --- elastic mode: the main channel's collectives can be given up, and replayed ---------------
+ * Each runs on a scratch copy: a collective given up may still be written into by MPI later, so
+ * its scratch is left to MPI and the caller's buffer stays as it was. The result of the last one
+ * that completed is kept (two scratch buffers in turn) until the next completes: a survivor that
+ * gave up the collective another completed gets that result from it (replay). After a loss the
+ * survivors' collectives are rings of point-to-point messages among them on the same
+ * communicator (no collective over a communicator that holds a lost rank can ever complete), with
+ * tags of the survivors' generation, so that messages of a collective given up never match. */
+static struct {
+    void *scratch[2];
+    size_t bytes[2];
+    int next; /* the scratch the next collective uses */
+    int last; /* the one holding the last result, -1: none */
+    size_t last_bytes;
+} el = {.last = -1};
+
+static void *scratch(size_t bytes)
+{
+    int k = el.next;
+    if (el.bytes[k] < bytes || !el.scratch[k]) {
+        void *p = realloc(el.scratch[k], bytes ? bytes : 1);
+        if (!p) return NULL;
+        el.scratch[k] = p, el.bytes[k] = bytes;
+    }
+    return el.scratch[k];
+}
+
+/* The collective on el.scratch[el.next] ended with rc: keep its result, or leave it to MPI. */
+static int settle(int rc, void *buf, size_t bytes)
+{
+    int k = el.next;
+    if (rc == 0) {
+        if (buf && bytes) memcpy(buf, el.scratch[k], bytes);
+        el.last = k, el.last_bytes = bytes, el.next = k ^ 1;
+    } else if (rc == -2) {
+        el.scratch[k] = NULL, el.bytes[k] = 0; /* MPI may still write there */
+    }
+    return rc;
+}
+
+/* buf = every rank's buf combined by o (a bitwise OR gives the root's bytes: the others give
+ * zeros), as one collective that completes only where every rank took part. */
+static int elastic_combine(void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es, int give_zeros)
+{
+    void *sc = scratch(count * es);
+    if (!sc) {
+        snprintf(main_ch.err, sizeof main_ch.err, "out of memory for a %zu-byte collective", count * es);
+        return -1;
+    }
+    if (give_zeros)
+        memset(sc, 0, count * es);
+    else
+        memcpy(sc, buf, count * es);
+    size_t piece = main_ch.piece_bytes ? main_ch.piece_bytes : DEFAULT_PIECE;
+    int rc = in_pieces(&main_ch, main_ch.ring_always ? ring_piece : allreduce_piece, sc, count, DP_U8, t, o,
+                       es, 1.0, 1.0, main_ch.ring_always ? piece : SIZE_MAX);
+    return settle(rc, buf, count * es);
+}
+
 static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
                          int one_tensor)
 {
-    return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post, one_tensor);
+    if (!abandon_fn) return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post, one_tensor);
+    size_t bytes = count * dps_dtype_size(dtype);
+    void *sc = scratch(bytes);
+    if (!sc) {
+        snprintf(main_ch.err, sizeof main_ch.err, "out of memory for a %zu-byte collective", bytes);
+        return -1;
+    }
+    memcpy(sc, buf, bytes);
+    return settle(channel_allreduce(&main_ch, sc, count, dtype, op, pre, post, one_tensor), buf, bytes);
+}
+
+static void mpi_set_abandon(int (*abandon)(void))
+{
+    abandon_fn = abandon;
+    dps_shm_abandon = abandon;
+}
+
+/* The survivors: ranks[0..n) of MPI_COMM_WORLD, in order. No collective (none over a
+ * communicator holding a lost rank completes): the main channel's messages go to them by their
+ * world ranks on the same communicator from now on. */
+static int mpi_set_survivors(const int *ranks, int n, uint32_t generation)
+{
+    int world = -1, me = -1;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &world);
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == world) me = i;
+    int *map = malloc((size_t)(n > 0 ? n : 1) * sizeof *map);
+    if (me < 0 || !map) {
+        free(map);
+        snprintf(main_ch.err, sizeof main_ch.err, "rank %d is not among the survivors", world);
+        return -1;
+    }
+    memcpy(map, ranks, (size_t)n * sizeof *map);
+    free(main_ch.map);
+    main_ch.map = map, main_ch.rank = me, main_ch.size = n, main_ch.ring_always = 1;
+    main_ch.tag_base = 1000 + (int)(generation % 100000) * 16; /* 3, 11, 12 within each 16 */
+    dps_shm_sum_close(main_ch.shm), main_ch.shm = NULL;        /* its segment counts the lost rank */
+    return 0;
+}
+
+/* The last completed collective's result, from the survivor root (an index among them) to those
+ * whose need[] is set, into buf (bytes long on every one of them). */
+static int mpi_replay(void *buf, size_t bytes, int root, const unsigned char *need)
+{
+    channel_t *ch = &main_ch;
+    int tag = ch->tag_base + 3, n = ch->size;
+    if (root == ch->rank) {
+        if (el.last < 0) {
+            snprintf(ch->err, sizeof ch->err, "replay: this rank has no result to send");
+            return -1;
+        }
+        MPI_Request *reqs = malloc((size_t)n * sizeof *reqs);
+        int nreq = 0;
+        if (!reqs) return -1;
+        /* its last result, whatever collective it gave up since */
+        for (int i = 0; i < n; i++)
+            if (need[i] && i != root &&
+                check(ch,
+                      PMPI_Isend(el.scratch[el.last], (int)el.last_bytes, MPI_BYTE, ch->map[i], tag, ch->comm,
+                                 &reqs[nreq++]),
+                      "MPI_Isend")) {
+                free(reqs);
+                return -1;
+            }
+        int rc = wait_all(ch, reqs, nreq, MPI_STATUSES_IGNORE, "the replay");
+        free(reqs);
+        return rc;
+    }
+    if (!need[ch->rank]) return 0;
+    void *sc = scratch(bytes);
+    MPI_Request req;
+    MPI_Status st;
+    int got = -1;
+    if (!sc ||
+        check(ch, PMPI_Irecv(sc, (int)bytes, MPI_BYTE, ch->map[root], tag, ch->comm, &req), "MPI_Irecv"))
+        return -1;
+    int rc = wait_all(ch, &req, 1, &st, "the replay");
+    if (rc == 0 && (PMPI_Get_count(&st, MPI_BYTE, &got), (size_t)got != bytes)) {
+        snprintf(ch->err, sizeof ch->err, "replay: %d bytes came where %zu were due (a desync)", got, bytes);
+        rc = -1;
+    }
+    return settle(rc, buf, bytes);
 }
 
 static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, double pre, double post,
@@ -305,6 +502,9 @@ static int mpi_allreduce_bg(void *buf, size_t count, int dtype, dps_redop_t op, 
 
 static int mpi_bcast(void *buf, size_t bytes, int root)
 {
+    /* elastic mode: a combination that completes only where every rank took part, so that no
+     * survivor is more than one collective ahead of another */
+    if (abandon_fn) return elastic_combine(buf, bytes, MPI_UINT8_T, MPI_BOR, 1, main_ch.rank != root);
     for (size_t off = 0; off < bytes;) {
         int n = bytes - off > (size_t)INT_MAX ? INT_MAX : (int)(bytes - off);
         if (check(&main_ch, PMPI_Bcast((char *)buf + off, n, MPI_BYTE, root, main_ch.comm), "MPI_Bcast"))
@@ -316,6 +516,8 @@ static int mpi_bcast(void *buf, size_t bytes, int root)
 
 static int mpi_barrier(void)
 {
+    unsigned char one = 1;
+    if (abandon_fn) return elastic_combine(&one, 1, MPI_UINT8_T, MPI_BOR, 1, 0);
     return check(&main_ch, PMPI_Barrier(main_ch.comm), "MPI_Barrier");
 }
 
@@ -543,7 +745,8 @@ static void mpi_release(void)
     PMPI_Finalized(&fin);
     if (guard_comm != MPI_COMM_NULL && !fin) drop_guard_sends();
     if (files_comm != MPI_COMM_NULL && !fin) drop_files_sends();
-    free(main_ch.block), free(bg_ch.block);
+    free(main_ch.block), free(bg_ch.block), free(main_ch.map);
+    main_ch.map = NULL;
     dps_shm_sum_close(main_ch.shm), dps_shm_sum_close(bg_ch.shm), dps_shm_sum_close(guard_shm);
     main_ch.shm = bg_ch.shm = guard_shm = NULL;
     main_ch.block = bg_ch.block = NULL, main_ch.block_bytes = bg_ch.block_bytes = 0;
@@ -641,6 +844,9 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
                            .files_ack = files ? mpi_files_ack : NULL,
                            .files_next_ack = files ? mpi_files_next_ack : NULL,
                            .set_sizes = mpi_set_sizes,
+                           .set_abandon = threads ? mpi_set_abandon : NULL,
+                           .set_survivors = mpi_set_survivors,
+                           .replay = mpi_replay,
                            .clock_offset = mpi_clock_offset,
                            .tuning = mpi_tuning};
     return 0;

@@ -110,11 +110,16 @@ static void wake(_Atomic uint64_t *c, _Atomic uint32_t *sleepers, uint64_t v)
 /* Spins briefly (a peer on another core answers within a microsecond), then yields the core, then
  * sleeps; where the ranks outnumber their cores, sleeps at once (the rank waited for may need this
  * core). */
+int (*dps_shm_abandon)(void);
+
+/* UINT64_MAX where dps_shm_abandon says to give up (a lost rank would never come). */
 static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, _Atomic uint32_t *sleepers,
                          uint64_t at_least)
 {
     uint64_t v, since = 0;
+    int (*abandon)(void) = dps_shm_abandon;
     for (unsigned spins = 0; (v = atomic_load_explicit(c, memory_order_acquire)) < at_least; spins++) {
+        if (abandon && (spins & 1023) == 1023 && abandon()) return UINT64_MAX;
         if (spins < s->spins) {
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
@@ -126,6 +131,7 @@ static uint64_t wait_for(const dps_shm_sum_t *s, _Atomic uint64_t *c, _Atomic ui
             sched_yield();
         else
             sleep_on(c, sleepers, v);
+        if (abandon && spins >= s->spins && abandon()) return UINT64_MAX;
     }
     return v;
 }
@@ -228,6 +234,14 @@ static int mismatch(const dps_shm_sum_t *s, uint64_t call, char *err, size_t err
     return -1;
 }
 
+/* A sum given up: buf is as it was, and the segment is not used again (its calls are out of step). */
+static int abandoned(dps_shm_sum_t *s, char *err, size_t errlen)
+{
+    s->max_bytes = 0;
+    snprintf(err, errlen, "a shared-memory sum given up: a rank of the job was lost");
+    return -2;
+}
+
 int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype t, MPI_Op o, int op,
                 size_t es, double pre, double post, char *err, size_t errlen)
 {
@@ -238,8 +252,11 @@ int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype 
     }
     uint64_t call = ++s->calls;
     for (int r = 0; call > 2 && r < s->size; r++) /* every rank has read what this slot held two calls ago */
-        if (r != s->rank && s->seen_done[r] < call - 2)
-            s->seen_done[r] = wait_for(s, &s->done[r].v, &s->done[r].sleepers, call - 2);
+        if (r != s->rank && s->seen_done[r] < call - 2) {
+            uint64_t v = wait_for(s, &s->done[r].v, &s->done[r].sleepers, call - 2);
+            if (v == UINT64_MAX) return abandoned(s, err, errlen);
+            s->seen_done[r] = v;
+        }
     unsigned char *mine = slot(s, s->rank, call);
     slot_head_t *head = (slot_head_t *)mine;
     head->count = (uint64_t)count, head->dtype = dtype, head->op = op;
@@ -248,7 +265,8 @@ int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype 
     wake(&head->call, &head->sleepers, call);
     for (int r = 0; r < s->size; r++) {
         slot_head_t *theirs = (slot_head_t *)slot(s, r, call);
-        if (r != s->rank) wait_for(s, &theirs->call, &theirs->sleepers, call);
+        if (r != s->rank && wait_for(s, &theirs->call, &theirs->sleepers, call) == UINT64_MAX)
+            return abandoned(s, err, errlen);
     }
     int rc = mismatch(s, call, err, errlen);
     for (int r = 0; r < s->size && rc == 0; r++) {

@@ -25,4 +25,8 @@ int dps_shm_sum(dps_shm_sum_t *s, void *buf, int count, int dtype, MPI_Datatype 
 
 void dps_shm_sum_close(dps_shm_sum_t *s);
 
+/* Where set (elastic mode), a wait for another rank gives up when it returns non-zero:
+ * dps_shm_sum returns -2 with buf as it was, and the segment takes no more sums. */
+extern int (*dps_shm_abandon)(void);
+
 #endif

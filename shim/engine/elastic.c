@@ -1,0 +1,244 @@
+/* Elastic mode: a lost rank does not end the job ([elastic] lost_rank = continue, where the
+ * launcher keeps the other ranks running). The guard finds the loss and carries the survivors'
+ * agreement (guard/survivors.c); here the main thread's collectives stop, and go on among the
+ * survivors:
+ * - a collective another survivor completed is replayed from it (a collective completes only
+ *   where every rank took part, so no survivor is more than one ahead of another);
+ * - one that no survivor completed runs again among them; a gradient sum of the hook call under
+ *   way (the step at the loss) is then weighted over the shares the survivors hold;
+ * - from the next hook call on, the survivors are the job: dp_rank and dp_world_size, the
+ *   batches' shares, the gradients' weights and the epochs' shards follow their number. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "elastic.h"
+#include "guard/guard.h"
+#include "shard.h"
+
+static struct {
+    int on;
+    uint64_t done;           /* collectives of the main thread completed so far */
+    int *ranks, n;           /* the survivors (ranks of the job as it started), n of them */
+    int *hook_ranks, hook_n; /* the survivors as the hook call under way began, once it met a loss */
+    int in_hook;             /* a hook call met a loss: hook_ranks holds its start */
+    double fix;              /* the weight's correction for the hook call's gradient sums */
+    unsigned char *laggard;
+    int *decided, *before;
+    uint64_t *lost_in_step;    /* per rank of the job's start: the step it was lost in, 0: not lost */
+    int *batch_ranks, batch_n; /* the ranks the last batch was split among (split mode) */
+    unsigned generation, batch_generation; /* recoveries so far; as of the last batch */
+} el = {.fix = 1.0};
+
+/* The launcher keeps the other ranks running after one is lost: Open MPI's mpirun
+ * --enable-recovery (4.x) tells every rank so. */
+static int launcher_keeps_survivors(void)
+{
+    const char *v = getenv("OMPI_MCA_orte_enable_recovery");
+    return v && (!strcmp(v, "1") || !strcmp(v, "true"));
+}
+
+void dps_elastic_setup(const dps_backend_t *be)
+{
+    int size = dps_g.size;
+    if (size < 2 || DPS_POLICY_ENUM(&dps_g.policy, elastic, lost_rank) != DPS_V_elastic_lost_rank_continue ||
+        !launcher_keeps_survivors())
+        return;
+    const char *why = !be->set_abandon
+                          ? "the backend cannot give up a collective (MPI below MPI_THREAD_MULTIPLE)"
+                      : dps_g.eff_size != size ? "the job's ranks are not all in its collectives"
+                                               : NULL;
+    el.ranks = malloc((size_t)size * sizeof *el.ranks);
+    el.hook_ranks = malloc((size_t)size * sizeof *el.hook_ranks);
+    el.decided = malloc((size_t)size * sizeof *el.decided);
+    el.laggard = malloc((size_t)size);
+    el.before = malloc((size_t)size * sizeof *el.before);
+    el.lost_in_step = calloc((size_t)size, sizeof *el.lost_in_step);
+    el.batch_ranks = malloc((size_t)size * sizeof *el.batch_ranks);
+    if (!why && (!el.ranks || !el.hook_ranks || !el.decided || !el.laggard || !el.before ||
+                 !el.lost_in_step || !el.batch_ranks))
+        why = "no memory for its tables";
+    uint64_t min_ranks = dps_policy_num(&dps_g.policy, DPS_P_elastic_min_ranks);
+    if (!why && dps_guard_elastic_start((int)(min_ranks < (uint64_t)size ? min_ranks : (uint64_t)size)) != 0)
+        why = "the guard has no watchdog or side channel ([guard] timeout = 0 and exit_barrier = off, or MPI "
+              "below MPI_THREAD_MULTIPLE)";
+    if (why) {
+        if (dps_g.eff_rank == 0)
+            DPS_WARN("[elastic] lost_rank = continue: off, as %s; a lost rank ends the job", why);
+        return;
+    }
+    for (int r = 0; r < size; r++)
+        el.ranks[r] = el.batch_ranks[r] = r;
+    el.n = el.batch_n = size, el.on = 1;
+    be->set_abandon(dps_guard_lost_pending);
+    if (dps_g.overlap) {
+        dps_g.overlap = 0; /* the background reductions cannot be given up yet: every rank alike */
+        if (dps_g.eff_rank == 0) DPS_INFO("[elastic] lost_rank = continue: [comm] overlap is off");
+    }
+    if (dps_g.eff_rank == 0)
+        DPS_INFO(
+            "[elastic] lost_rank = continue: the launcher keeps the other ranks when one is lost, and the "
+            "job goes on without it (the desync and drift checks are off)");
+}
+
+int dps_elastic_on(void)
+{
+    return el.on;
+}
+
+void dps_elastic_hook_begin(void)
+{
+    el.in_hook = 0, el.fix = 1.0;
+}
+
+double dps_elastic_fix(void)
+{
+    return el.fix;
+}
+
+int dps_elastic_shrunk(void)
+{
+    return el.on && el.n < dps_g.size;
+}
+
+static int among(int r, const int *ranks, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == r) return 1;
+    return 0;
+}
+
+/* The samples of the last batch that ranks[0..n) hold: in split mode each one's share of it as it
+ * was split (among the ranks of that time); else one each. */
+static uint64_t held(const int *ranks, int n)
+{
+    if (!dps_g.split_mode || !dps_e.have_batch) return (uint64_t)n;
+    uint64_t sum = 0;
+    for (int j = 0; j < el.batch_n; j++) {
+        uint64_t start, share;
+        dps_split_range(dps_e.batch_n, j, el.batch_n, &start, &share);
+        if (among(el.batch_ranks[j], ranks, n)) sum += share;
+    }
+    return sum;
+}
+
+/* What the survivors hold of what the ranks at the hook call's start held. */
+static double survivors_fraction(void)
+{
+    uint64_t kept = held(el.ranks, el.n), total = held(el.hook_ranks, el.hook_n);
+    return kept && total ? (double)kept / (double)total : 1.0;
+}
+
+void dps_elastic_note_batch(void)
+{
+    if (!el.on || el.batch_generation == el.generation) return;
+    memcpy(el.batch_ranks, el.ranks, (size_t)el.n * sizeof *el.ranks);
+    el.batch_n = el.n, el.batch_generation = el.generation;
+}
+
+int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w)
+{
+    if (!el.on || el.batch_generation == el.generation || !dps_e.have_batch) return 0;
+    /* a rank was lost between the batch's split and its gradients: each survivor's share of what
+     * the survivors hold */
+    uint64_t kept = held(el.ranks, el.n);
+    *w = (dps_weight_t){kept ? (double)share / (double)kept : 1.0, 1};
+    return 1;
+}
+
+/* Notes the loss, and says it once, from the lowest survivor. */
+static void say_loss(const int *before, int nbefore)
+{
+    char names[512];
+    size_t o = 0;
+    int lost = 0;
+    for (int j = 0; j < nbefore; j++) {
+        int r = before[j], kept = 0;
+        for (int i = 0; i < el.n; i++)
+            kept |= el.ranks[i] == r;
+        if (kept) continue;
+        lost++;
+        el.lost_in_step[r] = dps_e.step + 1;
+        if (o < sizeof names)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%srank %d (%s, process %u)",
+                                  lost > 1 ? ", " : "", r, dps_guard_host(r), dps_guard_pid(r));
+    }
+    if (dps_g.eff_rank != 0 || !lost) return;
+    DPS_WARN("elastic: lost %s during step %llu (its process ended); %d rank(s) go on%s", names,
+             (unsigned long long)dps_e.step + 1, el.n,
+             dps_g.split_mode ? ", each global batch split among them" : ", each with its batch");
+}
+
+int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes)
+{
+    dps_guard_mark_t mark = dps_guard_own_begin("the survivors' agreement");
+    for (;;) {
+        dps_guard_decision_t d = {.ranks = el.decided, .laggard = el.laggard};
+        if (dps_guard_survivors(el.done, &d) != 0)
+            dps_guard_failed(
+                "the survivors of a lost rank could not agree on going on ([guard] timeout passed, "
+                "[elastic] min_ranks not met, or their collectives were out of step)");
+        if (!el.in_hook) memcpy(el.hook_ranks, el.ranks, (size_t)el.n * sizeof *el.ranks), el.hook_n = el.n;
+        el.in_hook = 1;
+        int nbefore = el.n;
+        memcpy(el.before, el.ranks, (size_t)nbefore * sizeof *el.before);
+        if (be->set_survivors(d.ranks, d.n, d.generation) != 0) {
+            char what[600];
+            snprintf(what, sizeof what, "%s: going on among the survivors: %s", hook, be->last_error());
+            dps_guard_failed(what);
+        }
+        memcpy(el.ranks, d.ranks, (size_t)d.n * sizeof *el.ranks);
+        el.n = d.n, el.generation++;
+        int me = 0, lag = 0;
+        for (int i = 0; i < d.n; i++) {
+            if (d.ranks[i] == dps_g.rank) me = i;
+            lag |= d.laggard[i];
+        }
+        dps_g.eff_rank = me, dps_g.eff_size = d.n;
+        el.fix = 1.0 / survivors_fraction();
+        say_loss(el.before, nbefore);
+        int replayed = 0;
+        if (lag) {
+            int rc = be->replay(buf, bytes, d.root, d.laggard);
+            if (rc == DPS_BACKEND_ABANDONED) continue; /* another rank lost meanwhile */
+            if (rc != 0) {
+                char what[600];
+                snprintf(what, sizeof what, "%s: the replay among the survivors: %s", hook, be->last_error());
+                dps_guard_failed(what);
+            }
+            replayed = d.laggard[me];
+        }
+        if (replayed) el.done++;
+        DPS_DEBUG(
+            "elastic: %s: done %llu, cut %llu, root %d, laggard %d, abandoned %d, replayed %d, fix %.17g",
+            hook, (unsigned long long)el.done, (unsigned long long)d.cut, d.root, d.laggard[me], abandoned,
+            replayed, el.fix);
+        dps_guard_own_end(mark);
+        (void)abandoned;
+        return replayed ? DPS_ELASTIC_REPLAYED : DPS_ELASTIC_AGAIN;
+    }
+}
+
+void dps_elastic_completed(void)
+{
+    el.done++;
+}
+
+void dps_elastic_at_exit(void)
+{
+    if (!dps_elastic_shrunk() || dps_g.eff_rank != 0) return;
+    char names[512];
+    size_t o = 0;
+    int lost = 0;
+    for (int r = 0; r < dps_g.size; r++) {
+        if (!el.lost_in_step[r]) continue;
+        lost++;
+        dps_exit_status_lost(r);
+        if (o < sizeof names)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%srank %d in step %llu", lost > 1 ? ", " : "",
+                                  r, (unsigned long long)el.lost_in_step[r]);
+    }
+    DPS_WARN("elastic: the job lost %s and went on with %d of its %d ranks", names, el.n, dps_g.size);
+}

@@ -1,0 +1,38 @@
+/* Elastic mode (elastic.c): the main thread's side of going on after a lost rank. */
+#ifndef DPS_ENGINE_ELASTIC_H
+#define DPS_ENGINE_ELASTIC_H
+
+#include <stddef.h>
+
+#include "backends/backend.h"
+#include "engine.h"
+
+/* Once the backend is open: on where [elastic] lost_rank = continue and the launcher keeps the
+ * survivors (the backend's collectives can be given up from then on; [comm] overlap is off). */
+void dps_elastic_setup(const dps_backend_t *be);
+int dps_elastic_on(void);
+/* The survivors are fewer than the job's ranks at its start: dp_rank and dp_world_size are theirs. */
+int dps_elastic_shrunk(void);
+/* A hook call begins (fusion.c): its gradients' weights need no correction yet. */
+void dps_elastic_hook_begin(void);
+/* The factor for the rest of the hook call's gradient sums after a loss met inside it (1: none). */
+double dps_elastic_fix(void);
+/* Split mode: a batch was split among the ranks of now (dp_batch). */
+void dps_elastic_note_batch(void);
+/* A rank was lost since: the gradients' weight for this rank's share of that batch (each survivor's
+ * share of what the survivors hold), 1 with *w set; 0 where no rank was. */
+int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w);
+/* A collective of the main thread completed. */
+void dps_elastic_completed(void);
+/* At exit, on the lowest survivor: the job's losses said once more, and left for dpshim-run. */
+void dps_elastic_at_exit(void);
+
+/* After a loss: waits for the survivors' decision and goes on among them. `abandoned`: this rank
+ * gave up the collective on buf (bytes long), which it then either holds completed
+ * (DPS_ELASTIC_REPLAYED: another survivor had completed it) or must run again among the survivors
+ * (DPS_ELASTIC_AGAIN; also where no collective was under way). Ends the job where the survivors
+ * cannot go on. */
+enum { DPS_ELASTIC_AGAIN = 0, DPS_ELASTIC_REPLAYED = 1 };
+int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes);
+
+#endif

@@ -1,0 +1,109 @@
+#!/usr/bin/env bats
+# [elastic] lost_rank = continue under mpirun --enable-recovery: a rank SIGKILLed while the job
+# runs does not end it. The survivors agree, complete the step at the loss over their own shares
+# and go on as a smaller job; their weights are bitwise the same, and what each step averaged
+# says which ranks took part. elastic_train's gradient on the rank that started as r is r + 1
+# everywhere, and each step takes 0.01 of the average.
+load helpers
+
+TRAIN=$BUILD/bin/elastic_train
+
+# elastic N ARGS...: elastic_train ARGS on N ranks through dpshim-run, whose status is the ranks'
+# own under the launcher's recovery mode; timed.
+elastic() {
+    local n=$1 start=$SECONDS
+    shift
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=${DPSHIM_GUARD_TIMEOUT:-30} \
+        "$BUILD/bin/dpshim-run" -np "$n" --oversubscribe --enable-recovery "$TRAIN" "$@" </dev/null
+    elapsed=$((SECONDS - start))
+    echo "$output"
+}
+
+# survivors_agree COUNT: COUNT ranks finished, all with one checksum, each counting COUNT ranks.
+survivors_agree() {
+    [ "$(grep -c '^rank .* ranks$' <<<"$output")" -eq "$1" ] || fail "expected $1 ranks to finish"
+    [ "$(grep -o 'checksum [0-9a-f]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] || fail "the survivors' weights differ"
+    [ "$(grep -c ", $1 ranks\$" <<<"$output")" -eq "$1" ] || fail "dp_metric did not count $1 ranks"
+}
+
+@test "a healthy job under --enable-recovery: the weights bitwise those of a job without it" {
+    run mpi 3 env LD_PRELOAD="$SHIM" "$TRAIN" 6
+    assert_success
+    local plain
+    plain=$(grep -o 'checksum [0-9a-f]*' <<<"$output" | sort -u)
+    elastic 3 6
+    assert_success
+    assert_output --partial "rank 0 of 3 (started as 0 of 3): small -0.11999999 large -0.11999999 $plain, 3 ranks"
+    survivors_agree 3
+}
+
+@test "rank 2 of 3 SIGKILLed at step 3: the other two go on, renumbered, and exit 0" {
+    elastic 3 6 2 3
+    assert_success
+    assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+\) during step 3 \(its process ended\); 2 rank\(s\) go on"
+    assert_output --partial "elastic: the job lost rank 2 in step 3 and went on with 2 of its 3 ranks"
+    # steps 1-2 average 1, 2, 3; steps 3-6 (the step at the loss too) average 1 and 2
+    assert_output --partial "rank 0 of 2 (started as 0 of 3): small -0.100000001 large -0.100000001"
+    assert_output --partial "rank 1 of 2 (started as 1 of 3): small -0.100000001 large -0.100000001"
+    survivors_agree 2
+    [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+}
+
+@test "a rank killed while the gradient sum runs: the survivors hold one result, and go on" {
+    for i in 1 2 3; do
+        elastic 3 6 1 3 during
+        assert_success
+        survivors_agree 2
+        # rank 1 averaged 2 with 1 and 3, and 1 and 3 average 2 too: every step took 0.02
+        assert_output --partial "rank 1 of 2 (started as 2 of 3): small -0.11999999 large -0.11999999"
+        elastic 3 6 2 3 during
+        assert_success
+        survivors_agree 2
+        # the sum at the loss either completed with rank 2 (2) or ran again without it (1.5)
+        assert_output --regexp "rank 0 of 2 \(started as 0 of 3\): small -0\.1(00000001|04999997|09999999) large -0\.1(00000001|04999997|09999999)"
+    done
+}
+
+@test "two ranks of 4 lost one after the other: the last two go on" {
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=30 "$BUILD/bin/dpshim-run" -np 4 --oversubscribe \
+        --enable-recovery sh -c 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$0" 8 1 6; else exec "$0" 8 3 3; fi' \
+        "$TRAIN" </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "elastic: the job lost rank 1 in step 6, rank 3 in step 3 and went on with 2 of its 4 ranks"
+    # 2 steps of (1+2+3+4)/4, 3 of (1+2+3)/3, 3 of (1+3)/2
+    assert_output --partial "rank 1 of 2 (started as 2 of 4): small -0.169999972 large -0.169999972"
+    survivors_agree 2
+}
+
+@test "rank 0 lost: the job ends, saying why it cannot go on" {
+    elastic 3 6 0 3
+    assert_failure 75
+    assert_output --partial "guard: [elastic] lost_rank = continue goes on without any rank but rank 0"
+    [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+}
+
+@test "[elastic] min_ranks = 3, lost_rank = end, or no recovery mode: a lost rank ends the job" {
+    DPSHIM_ELASTIC_MIN_RANKS=3 elastic 3 6 2 3
+    assert_failure 75
+    assert_output --partial "the survivors of a lost rank could not agree on going on"
+    DPSHIM_ELASTIC_LOST_RANK=end elastic 3 6 2 3
+    assert_failure 75
+    assert_output --partial "is gone: its process ended without leaving the program"
+    run mpi 3 env DPSHIM_GUARD_TIMEOUT=30 LD_PRELOAD="$SHIM" "$TRAIN" 6 2 3
+    assert_failure
+    refute_output --partial "elastic: lost"
+}
+
+@test "a PyTorch script, rank 1 of 3 killed at step 5: the survivors' parameters agree, exit 0" {
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=1 "$BUILD/bin/dpshim-run" -np 3 \
+        --oversubscribe --enable-recovery /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
+    echo "$output"
+    assert_success
+    assert_output --regexp "elastic: lost rank 1 \([^)]*\) during step 5"
+    [ "$(grep -c '^started as rank' <<<"$output")" -eq 2 ] || fail "two survivors should finish"
+    # the loss step's batch is the lost share short; every later step is the whole batch
+    [ "$(grep -o 'loss [0-9.]*, parameters [-0-9.]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] ||
+        fail "the survivors' parameters differ"
+    assert_output --partial "24 steps"
+}

@@ -1,0 +1,29 @@
+"""A plain PyTorch training script (nothing of dpshim in it) for elastic.bats: a small MLP, SGD,
+a shuffled DataLoader over 512 samples in batches of 64, 3 epochs. The rank that started as
+$KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with SIGKILL before step 5's forward pass.
+Prints the final loss and a sum of the parameters."""
+import os
+import signal
+
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+X = torch.randn(512, 20)
+Y = (X[:, 0] > 0).long()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=64, shuffle=True)
+kill = int(os.environ.get("KILL_RANK", "-1"))
+started_as = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+step = 0
+for epoch in range(3):
+    for x, y in loader:
+        step += 1
+        if started_as == kill and step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+total = sum(p.double().sum().item() for p in model.parameters())
+print(f"started as rank {started_as}: {step} steps, loss {loss.item():.6f}, parameters {total:.12f}", flush=True)

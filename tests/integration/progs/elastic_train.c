@@ -1,0 +1,74 @@
+/* A training loop on the hook ABI for the elastic tests: each rank's gradient is (the rank it
+ * started as + 1) everywhere, a small tensor (packed in a bucket) and a large one (reduced in
+ * place), so the average says which ranks took part in each step.
+ *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during]]
+ * KILL_RANK dies with SIGKILL at step KILL_STEP: before its gradients go out, or (during) from a
+ * thread while the gradient sum runs. At the end each rank prints its ranks, the two weights'
+ * first elements and a checksum of all of them, and dp_metric's count of ranks. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DPSHIM_HOOKS_WEAK
+#include <dpshim/hooks.h>
+
+enum { SMALL = 1000, LARGE = 300000 };
+
+static void *kill_soon(void *arg)
+{
+    (void)arg;
+    usleep(2000);
+    raise(SIGKILL);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !dp_grads) {
+        fprintf(stderr,
+                "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during]], under libdpshim.so\n");
+        return 2;
+    }
+    int steps = atoi(argv[1]), kill_rank = argc > 3 ? atoi(argv[2]) : -1,
+        kill_step = argc > 3 ? atoi(argv[3]) : -1;
+    int during = argc > 4 && !strcmp(argv[4], "during");
+    int start_rank = dp_rank(), start_size = dp_world_size();
+    static float w[SMALL + LARGE], g[SMALL + LARGE];
+    dp_tensor tw[2] = {{w, SMALL, DP_F32, DP_HOST, "small"}, {w + SMALL, LARGE, DP_F32, DP_HOST, "large"}};
+    dp_tensor tg[2] = {{g, SMALL, DP_F32, DP_HOST, "small.grad"},
+                       {g + SMALL, LARGE, DP_F32, DP_HOST, "large.grad"}};
+    dp_params(tw, 2);
+    for (int s = 1; s <= steps; s++) {
+        if (start_rank == kill_rank && s == kill_step) {
+            if (!during) raise(SIGKILL);
+            pthread_t t;
+            pthread_create(&t, NULL, kill_soon, NULL);
+        }
+        for (int i = 0; i < SMALL + LARGE; i++)
+            g[i] = (float)(start_rank + 1);
+        dp_grads(tg, 2);
+        for (int i = 0; i < SMALL + LARGE; i++)
+            w[i] -= 0.01f * g[i];
+        if (getenv("ELASTIC_TRAIN_STEPS"))
+            fprintf(stderr, "rank %d step %d: small %g large %g\n", start_rank, s, (double)g[0],
+                    (double)g[SMALL]);
+        dp_step_end((uint64_t)s);
+    }
+    double ranks = 1;
+    dp_metric(&ranks, 1, DP_SUM);
+    uint64_t sum = 1469598103934665603ull;
+    for (int i = 0; i < SMALL + LARGE; i++) {
+        uint32_t b;
+        memcpy(&b, &w[i], sizeof b);
+        sum = (sum ^ b) * 1099511628211ull;
+    }
+    printf("rank %d of %d (started as %d of %d): small %.9g large %.9g checksum %016llx, %g ranks\n",
+           dp_rank(), dp_world_size(), start_rank, start_size, (double)w[0], (double)w[SMALL],
+           (unsigned long long)sum, ranks);
+    return 0;
+}
