@@ -112,8 +112,7 @@ typedef struct dps_guard_decision {
 /* Waits (this rank having completed `done` collectives) for the decision: 0, or -1 where none can
  * come ([guard] timeout passed, or the survivors' counts are too far apart). */
 int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out);
-/* Rank r (of the job as it started) was lost, in elastic mode. */
-int dps_guard_is_lost(int r);
+
 /* [guard] desync = auto, as the ranks agreed it (step or full) when the backend opened. */
 void dps_guard_set_desync(int desync);
 /* Rank r's host: the gathered name, this process's own for r == rank, else "". */

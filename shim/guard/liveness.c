@@ -20,7 +20,8 @@ typedef struct watched {
     unsigned long long start; /* /proc/PID/stat's start time; 0: not watched */
 } watched_t;
 
-static watched_t *watched; /* dps_guard_conf.size entries, set once before the watchdog reads them */
+/* dps_guard_conf.size entries, set once by the main thread while the watchdog may read it */
+static _Atomic(watched_t *) watched;
 
 /* The process's state letter and start time from /proc/PID/stat; -1 where it is not there. The
  * command (field 2) may hold spaces and parentheses: the fields after its last ')' are read. */
@@ -48,7 +49,7 @@ static int read_stat(uint32_t pid, char *state, unsigned long long *start)
 void dps_guard_set_pids(const uint32_t *pids, int n)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
-    if (watched || n != conf->size) return;
+    if (atomic_load(&watched) || n != conf->size) return;
     watched_t *w = calloc((size_t)n, sizeof *w);
     if (!w) return;
     const char *mine = dps_guard_host(conf->rank);
@@ -58,20 +59,22 @@ void dps_guard_set_pids(const uint32_t *pids, int n)
         w[r].pid = pids[r];
         if (read_stat(pids[r], &state, &w[r].start) != 0) w[r].start = 0; /* not ours to see */
     }
-    watched = w;
+    atomic_store_explicit(&watched, w, memory_order_release);
 }
 
 int dps_guard_peer_gone(int r)
 {
-    if (!watched || r < 0 || r >= dps_guard_conf.size || !watched[r].start) return 0;
+    const watched_t *w = atomic_load_explicit(&watched, memory_order_acquire);
+    if (!w || r < 0 || r >= dps_guard_conf.size || !w[r].start) return 0;
     char state;
     unsigned long long start;
-    if (read_stat(watched[r].pid, &state, &start) != 0) return 1;
+    if (read_stat(w[r].pid, &state, &start) != 0) return 1;
     /* a zombie (Z) or a dying process (X) is gone; another process under the same id too */
-    return state == 'Z' || state == 'X' || start != watched[r].start;
+    return state == 'Z' || state == 'X' || start != w[r].start;
 }
 
 uint32_t dps_guard_pid(int r)
 {
-    return watched && r >= 0 && r < dps_guard_conf.size ? watched[r].pid : 0;
+    const watched_t *w = atomic_load_explicit(&watched, memory_order_acquire);
+    return w && r >= 0 && r < dps_guard_conf.size ? w[r].pid : 0;
 }

@@ -50,7 +50,8 @@ static struct {
     atomic_int on;
     atomic_int pending; /* a loss the main thread has not yet recovered from */
     int min_ranks;
-    const char *off_why; /* why a loss ends the job after all (GPU collectives); NULL: it need not */
+    _Atomic(const char *)
+        off_why; /* why a loss ends the job after all (GPU collectives); NULL: it need not */
     pthread_mutex_t lock;
     dps_survivors_t *agreement;
 } elastic = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -441,7 +442,7 @@ static void look_at_processes(void)
     const dps_guard_pos_t *pos = &dps_guard_pos;
     int in_coll = atomic_load_explicit(&pos->in_coll, memory_order_acquire);
     int leaving = atomic_load(&pos->leaving);
-    int going_on = atomic_load(&elastic.on) && !elastic.off_why;
+    int going_on = atomic_load(&elastic.on) && !atomic_load(&elastic.off_why);
     if (!in_coll && !leaving && !going_on) return; /* elastic: the survivors hear of a loss at once */
     for (int r = 0; known(r); r++) {
         peer_t *p = &watch.peers[r];
@@ -515,8 +516,8 @@ int dps_guard_elastic_start(int min_ranks)
 
 void dps_guard_elastic_off(const char *why)
 {
-    if (atomic_load(&elastic.on) && !elastic.off_why) {
-        elastic.off_why = why;
+    const char *none = NULL;
+    if (atomic_load(&elastic.on) && atomic_compare_exchange_strong(&elastic.off_why, &none, why)) {
         if (dps_guard_conf.rank == 0) DPS_INFO("[elastic] a lost rank ends the job after all: %s", why);
     }
 }
@@ -558,11 +559,6 @@ int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
         if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > conf->timeout) return -1;
         nanosleep(&nap, NULL);
     }
-}
-
-int dps_guard_is_lost(int r)
-{
-    return atomic_load(&elastic.on) && known(r) && watch.peers && watch.peers[r].gone;
 }
 
 /* One look: messages, a collective that cannot complete, a collective that waits too long. */

@@ -107,3 +107,12 @@ survivors_agree() {
         fail "the survivors' parameters differ"
     assert_output --partial "24 steps"
 }
+
+# Through mpirun itself (the ThreadSanitizer build runs this one: its runtime comes first in $SHIM):
+# the watchdog finds the loss and carries the agreement while the main thread gives up its sum.
+@test "the watchdog and the main thread through a loss: rank 1 of 3 killed during the sum at step 3" {
+    run mpi 3 --enable-recovery env DPSHIM_GUARD_TIMEOUT=60 LD_PRELOAD="$SHIM" "$TRAIN" 6 1 3 during
+    echo "$output"
+    assert_output --regexp "elastic: lost rank 1 \([^)]*\) during step [34]"
+    survivors_agree 2
+}
