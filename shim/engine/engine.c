@@ -220,8 +220,9 @@ void dps_engine_shutdown(void)
         DPS_INFO("%s backend: %s", dps_e.be->name, dps_e.be->tuning());
     /* After a lost rank, MPI_Finalize waits in the launcher's fence for a process that will never
      * come (seen: Open MPI 4.1 under --enable-recovery, now and then): the survivors leave without
-     * it, which a launcher that keeps survivors running accepts. */
-    if (dps_elastic_shrunk()) return;
+     * it, which a launcher that keeps survivors running accepts (one that does not has ended
+     * them by now). */
+    if (dps_elastic_shrunk() || dps_guard_ranks_gone()) return;
     if (dps_e.be && dps_e.be != &dps_backend_self) dps_e.be->finalize();
 }
 

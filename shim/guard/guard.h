@@ -99,6 +99,8 @@ uint32_t dps_guard_pid(int r);
 int dps_guard_elastic_start(int min_ranks);
 void dps_guard_elastic_off(const char *why);
 int dps_guard_lost_pending(void);
+/* How many ranks' processes ended without leaving the program, as the watchdog found them. */
+int dps_guard_ranks_gone(void);
 /* The survivors' decision, as the main thread uses it: the survivors' ranks in the job as it
  * started, in order (their index is their new rank), the cut (collectives completed by those
  * furthest on), the root among them (index) and each one's lag behind the cut (0 or 1). */

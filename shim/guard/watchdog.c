@@ -75,6 +75,7 @@ static struct {
     const char *opened_by;
     peer_t *peers;
     atomic_int nleft; /* ranks that announced they left the program */
+    atomic_int ngone; /* ranks whose process ended without leaving it (kept after the table goes) */
     int reporting;
     uint64_t deadline;
     guard_msg_t first; /* what started the report */
@@ -454,7 +455,7 @@ static void look_at_processes(void)
             lost_elastic(r);
             continue;
         }
-        p->gone = 1;
+        p->gone = 1, atomic_fetch_add(&watch.ngone, 1);
         if (leaving) {
             char who[DPS_GUARD_HOST + 32];
             DPS_WARN("guard: %s's process ended without leaving the program (killed, crashed, or _exit)",
@@ -478,7 +479,7 @@ static void lost_elastic(int r)
         return;
     }
     if (!p->gone) {
-        p->gone = 1;
+        p->gone = 1, atomic_fetch_add(&watch.ngone, 1);
         atomic_store(&elastic.pending, 1);
         if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
         DPS_DEBUG("elastic: rank %d is lost", r);
@@ -520,6 +521,11 @@ void dps_guard_elastic_off(const char *why)
     if (atomic_load(&elastic.on) && atomic_compare_exchange_strong(&elastic.off_why, &none, why)) {
         if (dps_guard_conf.rank == 0) DPS_INFO("[elastic] a lost rank ends the job after all: %s", why);
     }
+}
+
+int dps_guard_ranks_gone(void)
+{
+    return atomic_load(&watch.ngone);
 }
 
 int dps_guard_lost_pending(void)
