@@ -28,9 +28,12 @@ struct dps_survivors {
     size_t nout, cap_out, head_out;
 };
 
+/* A bitmap of the job's ranks: never more than a message holds (dps_surv_new refuses larger
+ * jobs; the bound, said here, keeps the compiler's bounds checks quiet too). */
 static size_t bitmap_bytes(int size)
 {
-    return ((size_t)size + 7) / 8;
+    size_t n = ((size_t)size + 7) / 8;
+    return n < DPS_SURV_MAX_RANKS / 8 ? n : DPS_SURV_MAX_RANKS / 8;
 }
 
 static int bit(const uint8_t *b, int r)
