@@ -9,16 +9,24 @@
 #include "dps.h"
 #include "sys.h"
 
-void dps_exit_status_note(int status)
+/* $DPSHIM_STATUS_DIR/KIND.RANK, created empty for writing; -1 where no folder is set or it fails. */
+static int create_in_status_dir(const char *kind, int rank)
 {
     const char *dir = getenv(DPS_ENV_STATUS_DIR);
-    if (!dir || !*dir || dps_g.role != DPS_ROLE_RANK) return;
-    char path[4096], text[16];
-    int n = snprintf(path, sizeof path, "%s/rank.%d", dir, dps_g.rank);
-    if (n < 0 || (size_t)n >= sizeof path) return;
-    int fd = dps_sys_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!dir || !*dir) return -1;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/%s.%d", dir, kind, rank);
+    if (n < 0 || (size_t)n >= sizeof path) return -1;
+    return dps_sys_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+void dps_exit_status_note(int status)
+{
+    if (dps_g.role != DPS_ROLE_RANK) return;
+    int fd = create_in_status_dir("rank", dps_g.rank);
     if (fd < 0) return;
-    n = snprintf(text, sizeof text, "%d\n", status & 0xff);
+    char text[16];
+    int n = snprintf(text, sizeof text, "%d\n", status & 0xff);
     /* nothing to say on failure here (logging sits above this file): a rank with no status file
      * is one dpshim-run names as lost */
     (void)!dps_sys_write(fd, text, (size_t)n);
@@ -27,12 +35,7 @@ void dps_exit_status_note(int status)
 
 void dps_exit_status_lost(int rank)
 {
-    const char *dir = getenv(DPS_ENV_STATUS_DIR);
-    if (!dir || !*dir) return;
-    char path[4096];
-    int n = snprintf(path, sizeof path, "%s/lost.%d", dir, rank);
-    if (n < 0 || (size_t)n >= sizeof path) return;
-    int fd = dps_sys_open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = create_in_status_dir("lost", rank);
     if (fd >= 0) dps_sys_close(fd);
 }
 

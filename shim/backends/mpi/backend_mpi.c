@@ -369,7 +369,10 @@ static void *scratch(size_t bytes)
     int k = el.next;
     if (el.bytes[k] < bytes || !el.scratch[k]) {
         void *p = realloc(el.scratch[k], bytes ? bytes : 1);
-        if (!p) return NULL;
+        if (!p) {
+            snprintf(main_ch.err, sizeof main_ch.err, "out of memory for a %zu-byte collective", bytes);
+            return NULL;
+        }
         el.scratch[k] = p, el.bytes[k] = bytes;
     }
     return el.scratch[k];
@@ -393,10 +396,7 @@ static int settle(int rc, void *buf, size_t bytes)
 static int elastic_combine(void *buf, size_t count, MPI_Datatype t, MPI_Op o, size_t es, int give_zeros)
 {
     void *sc = scratch(count * es);
-    if (!sc) {
-        snprintf(main_ch.err, sizeof main_ch.err, "out of memory for a %zu-byte collective", count * es);
-        return -1;
-    }
+    if (!sc) return -1;
     if (give_zeros)
         memset(sc, 0, count * es);
     else
@@ -413,10 +413,7 @@ static int mpi_allreduce(void *buf, size_t count, int dtype, dps_redop_t op, dou
     if (!abandon_fn) return channel_allreduce(&main_ch, buf, count, dtype, op, pre, post, one_tensor);
     size_t bytes = count * dps_dtype_size(dtype);
     void *sc = scratch(bytes);
-    if (!sc) {
-        snprintf(main_ch.err, sizeof main_ch.err, "out of memory for a %zu-byte collective", bytes);
-        return -1;
-    }
+    if (!sc) return -1;
     memcpy(sc, buf, bytes);
     return settle(channel_allreduce(&main_ch, sc, count, dtype, op, pre, post, one_tensor), buf, bytes);
 }
