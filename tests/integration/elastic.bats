@@ -59,8 +59,11 @@ survivors_agree() {
         elastic 3 6 2 3 during
         assert_success
         survivors_agree 2
-        # the sum at the loss either completed with rank 2 (2) or ran again without it (1.5)
-        assert_output --regexp "rank 0 of 2 \(started as 0 of 3\): small -0\.1(00000001|04999997|09999999) large -0\.1(00000001|04999997|09999999)"
+        # the thread kills rank 2 in step 3 or, on a busy machine, a step or two later; each tensor's
+        # sum at the loss either completed with rank 2 (2) or ran again without it (1.5): 2 to 5
+        # steps of 0.02, the rest of 0.015
+        local took='-0\.1(00000001|04999997|09999999|14999995)'
+        assert_output --regexp "rank 0 of 2 \(started as 0 of 3\): small $took large $took"
     done
 }
 
@@ -113,6 +116,6 @@ survivors_agree() {
 @test "the watchdog and the main thread through a loss: rank 1 of 3 killed during the sum at step 3" {
     run mpi 3 --enable-recovery env DPSHIM_GUARD_TIMEOUT=60 LD_PRELOAD="$SHIM" "$TRAIN" 6 1 3 during
     echo "$output"
-    assert_output --regexp "elastic: lost rank 1 \([^)]*\) during step [34]"
+    assert_output --regexp "elastic: lost rank 1 \([^)]*\) during step [3-6]"
     survivors_agree 2
 }
