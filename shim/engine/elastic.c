@@ -46,7 +46,9 @@ void dps_elastic_setup(const dps_backend_t *be)
     if (size < 2 || DPS_POLICY_ENUM(&dps_g.policy, elastic, lost_rank) != DPS_V_elastic_lost_rank_continue ||
         !launcher_keeps_survivors())
         return;
-    const char *why = !be->set_abandon
+    const char *why = dps_policy_num(&dps_g.policy, DPS_P_guard_timeout) == 0
+                          ? "[guard] timeout = 0: a stalled rank, or one on a lost host, could not be found"
+                      : !be->set_abandon
                           ? "the backend cannot give up a collective (MPI below MPI_THREAD_MULTIPLE)"
                       : dps_g.eff_size != size ? "the job's ranks are not all in its collectives"
                                                : NULL;
@@ -162,11 +164,12 @@ static void say_loss(const int *before, int nbefore)
         lost++;
         el.lost_in_step[r] = dps_e.step + 1;
         if (o < sizeof names)
-            o += (size_t)snprintf(names + o, sizeof names - o, "%srank %d (%s, process %u)",
-                                  lost > 1 ? ", " : "", r, dps_guard_host(r), dps_guard_pid(r));
+            o += (size_t)snprintf(names + o, sizeof names - o, "%srank %d (%s, process %u: %s)",
+                                  lost > 1 ? ", " : "", r, dps_guard_host(r), dps_guard_pid(r),
+                                  dps_guard_lost_cause(r));
     }
     if (dps_g.eff_rank != 0 || !lost) return;
-    DPS_WARN("elastic: lost %s during step %llu (its process ended); %d rank(s) go on%s", names,
+    DPS_WARN("elastic: lost %s during step %llu; %d rank(s) go on%s", names,
              (unsigned long long)dps_e.step + 1, el.n,
              dps_g.split_mode ? ", each global batch split among them" : ", each with its batch");
 }

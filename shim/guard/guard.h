@@ -90,6 +90,9 @@ void dps_guard_set_pids(const uint32_t *pids, int n);
 int dps_guard_peer_gone(int r);
 /* Rank r's process id as gathered, 0 where unknown. */
 uint32_t dps_guard_pid(int r);
+/* Ends rank r's process with SIGKILL where it runs on this host and can be seen from here: 1 where
+ * the signal went out, else 0 (another host, another PID namespace, already gone). */
+int dps_guard_end_peer(int r);
 
 /* Elastic mode: a lost rank does not end the job (watchdog.c, with survivors.c). Started once the
  * backend is open (0; -1 where it cannot be: no watchdog or side channel). From then on a rank
@@ -101,6 +104,9 @@ void dps_guard_elastic_off(const char *why);
 int dps_guard_lost_pending(void);
 /* How many ranks' processes ended without leaving the program, as the watchdog found them. */
 int dps_guard_ranks_gone(void);
+/* Why rank r was lost, for messages: "its process ended", "stalled ..." (found by the guard's
+ * timeout, and ended), "no answer ..."; "" where r was not lost. */
+const char *dps_guard_lost_cause(int r);
 /* The survivors' decision, as the main thread uses it: the survivors' ranks in the job as it
  * started, in order (their index is their new rank), the cut (collectives completed by those
  * furthest on), the root among them (index) and each one's lag behind the cut (0 or 1). */

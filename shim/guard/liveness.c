@@ -9,6 +9,7 @@
 #include "guard_internal.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,8 @@ void dps_guard_set_pids(const uint32_t *pids, int n)
     const char *mine = dps_guard_host(conf->rank);
     for (int r = 0; r < n; r++) {
         char state;
+        w[r].pid = pids[r]; /* every rank's, for messages; watched on this host only */
         if (r == conf->rank || !mine[0] || strcmp(dps_guard_host(r), mine) != 0) continue;
-        w[r].pid = pids[r];
         if (read_stat(pids[r], &state, &w[r].start) != 0) w[r].start = 0; /* not ours to see */
     }
     atomic_store_explicit(&watched, w, memory_order_release);
@@ -77,4 +78,11 @@ uint32_t dps_guard_pid(int r)
 {
     const watched_t *w = atomic_load_explicit(&watched, memory_order_acquire);
     return w && r >= 0 && r < dps_guard_conf.size ? w[r].pid : 0;
+}
+
+int dps_guard_end_peer(int r)
+{
+    const watched_t *w = atomic_load_explicit(&watched, memory_order_acquire);
+    if (!w || r < 0 || r >= dps_guard_conf.size || !w[r].start || dps_guard_peer_gone(r)) return 0;
+    return kill((pid_t)w[r].pid, SIGKILL) == 0;
 }

@@ -18,8 +18,9 @@
 
 /* --- messages between the ranks' watchdogs --- */
 
-/* MSG_WHERE asks a rank where it is; its MSG_HERE answers with its status, and starts no report. */
-enum { MSG_STATUS = 1, MSG_LEAVING = 2, MSG_WHERE = 3, MSG_HERE = 4 };
+/* MSG_WHERE asks a rank where it is; its MSG_HERE answers with its status, and starts no report.
+ * MSG_LOST tells a rank that the others found it stalled and go on without it (elastic mode). */
+enum { MSG_STATUS = 1, MSG_LEAVING = 2, MSG_WHERE = 3, MSG_HERE = 4, MSG_LOST = 5 };
 /* WHY_PEER_GONE: a rank of this host whose process ended without leaving the program (liveness.c). */
 enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4, WHY_PEER_GONE = 5 };
 
@@ -50,6 +51,8 @@ static struct {
     atomic_int on;
     atomic_int pending; /* a loss the main thread has not yet recovered from */
     int min_ranks;
+    /* the watchdog's: the collective the main thread was in at the last loss, and when */
+    uint64_t loss_seq, loss_ns;
     _Atomic(const char *)
         off_why; /* why a loss ends the job after all (GPU collectives); NULL: it need not */
     pthread_mutex_t lock;
@@ -63,7 +66,11 @@ typedef struct peer {
     dps_diag_tally_t tally; /* what it counted, as it left */
     unsigned char have, left;
     unsigned char gone; /* its process ended without leaving the program: it will never answer */
+    _Atomic unsigned char lost_cause; /* elastic mode: why it was lost (LOST_*), 0: not lost */
 } peer_t;
+
+/* Why a rank was lost in elastic mode, as this rank learned it. */
+enum { LOST_GONE = 1, LOST_STALLED = 2, LOST_SILENT = 3, LOST_TOLD = 4 };
 
 /* The watchdog's own state: the thread, and what it knows of the job, one entry per rank
  * (allocated for the job's size when the watchdog starts). */
@@ -83,6 +90,8 @@ static struct {
      * its answers in a row found it in the same collective this rank has not entered */
     uint64_t asked_ns, wait_since, rank0_seq; /* rank0_seq: rank 0's place (place()) at the last hit */
     int rank0_hits;
+    int rank0_stalled;  /* elastic mode: the report found rank 0 stalled, which ends the job */
+    int gone_at_report; /* ngone as the report started */
 } watch;
 
 static guard_msg_t snapshot(int why)
@@ -294,6 +303,10 @@ static _Noreturn void finish_report(void)
         }
         DPS_ERROR("guard:   %s: %s", dps_guard_who(r, who, sizeof who), d);
     }
+    if (watch.rank0_stalled)
+        DPS_ERROR(
+            "guard: [elastic] lost_rank = continue goes on without a stalled rank, but not without rank 0, "
+            "whose duties (rank0_only files, its output) do not pass to another rank");
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
@@ -315,6 +328,7 @@ static void start_report(int why, int left_rank)
         m.left_seq = why == WHY_PEER_GONE ? dps_guard_pid(left_rank) : watch.peers[left_rank].left_seq;
     }
     if (why != WHY_ANSWER && !watch.first.kind) watch.first = m; /* answers do not say what went wrong */
+    watch.gone_at_report = atomic_load(&watch.ngone);
     watch.peers[dps_guard_conf.rank].status = m, watch.peers[dps_guard_conf.rank].have = 1;
     send_all(&m);
     watch.deadline = dps_guard_now_ns() + 3000000000u; /* time for every reachable rank to answer */
@@ -323,7 +337,91 @@ static void start_report(int why, int left_rank)
 static void rank0_answered(const guard_msg_t *m);
 
 static void send_agreement(void);
-static void lost_elastic(int r);
+static void lost_elastic(int r, int cause);
+
+static int going_on_after_loss(void)
+{
+    return atomic_load(&elastic.on) && !atomic_load(&elastic.off_why);
+}
+
+/* The other ranks found this rank stalled (`by` said so) and go on without it: it ends, as a
+ * killed rank would, without a status of its own (dpshim-run counts it lost). */
+static _Noreturn void ended_as_stalled(int by)
+{
+    atomic_store(&ending, 1);
+    guard_msg_t me = snapshot(WHY_ANSWER);
+    char d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
+    describe(&me, d, sizeof d);
+    char found[48] = "";
+    if (by != me.rank) snprintf(found, sizeof found, " (rank %d found it so)", by);
+    DPS_ERROR("guard: %s is %s, while the other ranks wait for it in a collective: stalled past [guard] "
+              "timeout = %.0f s%s. They go on without it ([elastic] lost_rank = continue): ending this "
+              "process",
+              dps_guard_who(me.rank, who, sizeof who), d, dps_guard_conf.timeout, found);
+    dps_sys_flush_all();
+    _exit(DPS_EXIT_GUARD);
+}
+
+static void forget_report(void)
+{
+    watch.reporting = 0;
+    memset(&watch.first, 0, sizeof watch.first);
+    for (int r = 0; known(r); r++)
+        watch.peers[r].have = 0;
+}
+
+/* Elastic mode: a finished report that ranks stalled in the program's own code (or silent) explain,
+ * while every other rank waits in one collective, does not end the job. The stalled ranks are lost
+ * and ended (at once where they run on this host; told to end otherwise), and the others go on.
+ * Every rank holds the same answers (each rank sends its one to all), so every rank that finishes
+ * the report finds the same ranks stalled; one that finds itself among them ends. A report that
+ * a loss already settled (another rank's, on the same collective) is dropped. Rank 0 stalled, a
+ * rank in another collective, or one that left the program: the job ends as without elastic mode.
+ * Returns 1 where the report was settled so. */
+static int settle_by_loss(void)
+{
+    if (!going_on_after_loss()) return 0;
+    const int me = dps_guard_conf.rank;
+    int nstalled = 0, nwaiting = 0, rank0_stalled = 0;
+    uint64_t at = 0, seq = 0;
+    for (int r = 0; known(r); r++) {
+        const peer_t *p = &watch.peers[r];
+        if (p->gone) continue;
+        if (p->left || (p->have && p->status.leaving)) return 0; /* left the program: no stall */
+        if (p->have && p->status.in_coll) {
+            if (nwaiting++ && place(&p->status) != at) return 0; /* not one collective: not a stall */
+            at = place(&p->status), seq = p->status.seq;
+        } else {
+            nstalled++, rank0_stalled |= r == 0;
+        }
+    }
+    if (rank0_stalled && nwaiting) watch.rank0_stalled = 1; /* said in the report */
+    if (!nwaiting || rank0_stalled) return 0;
+    if (!nstalled) {
+        /* all in one collective: a loss found meanwhile, or just before in the same collective,
+         * explains the wait (the main thread gives that collective up); nothing else does */
+        int explained = atomic_load(&watch.ngone) > watch.gone_at_report ||
+                        (seq <= elastic.loss_seq &&
+                         (double)(dps_guard_now_ns() - elastic.loss_ns) * 1e-9 < dps_guard_conf.timeout);
+        if (!explained) return 0;
+        forget_report();
+        return 1;
+    }
+    if (!watch.peers[me].have || !watch.peers[me].status.in_coll) ended_as_stalled(me);
+    for (int r = 0; known(r); r++) {
+        peer_t *p = &watch.peers[r];
+        if (p->gone || (p->have && p->status.in_coll)) continue;
+        pthread_mutex_lock(&elastic.lock);
+        dps_surv_lost(elastic.agreement, r);
+        pthread_mutex_unlock(&elastic.lock);
+        lost_elastic(r, p->have ? LOST_STALLED : LOST_SILENT);
+        dps_guard_end_peer(r);
+        guard_msg_t end = {.kind = MSG_LOST, .rank = me, .left_rank = -1};
+        dps_guard_conf.be->guard_send(&end, sizeof end, r);
+    }
+    forget_report();
+    return 1;
+}
 
 static void receive(void)
 {
@@ -338,7 +436,7 @@ static void receive(void)
             int after = dps_surv_nlost(elastic.agreement);
             pthread_mutex_unlock(&elastic.lock);
             for (int r = 0; before != after && known(r); r++)
-                if (dps_surv_is_lost(elastic.agreement, r)) lost_elastic(r);
+                if (dps_surv_is_lost(elastic.agreement, r)) lost_elastic(r, LOST_TOLD);
             continue;
         }
         const guard_msg_t m = any.guard;
@@ -352,6 +450,8 @@ static void receive(void)
         } else if (m.kind == MSG_LEAVING) {
             if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
             p->left_seq = m.seq, p->left_step = m.step, p->tally = m.tally;
+        } else if (m.kind == MSG_LOST) {
+            ended_as_stalled(src);
         } else if (m.kind == MSG_STATUS) {
             p->status = m, p->have = 1;
             if (m.why != WHY_ANSWER && !watch.first.kind) watch.first = m;
@@ -452,7 +552,7 @@ static void look_at_processes(void)
             pthread_mutex_lock(&elastic.lock);
             dps_surv_lost(elastic.agreement, r);
             pthread_mutex_unlock(&elastic.lock);
-            lost_elastic(r);
+            lost_elastic(r, LOST_GONE);
             continue;
         }
         p->gone = 1, atomic_fetch_add(&watch.ngone, 1);
@@ -470,9 +570,14 @@ static void look_at_processes(void)
 
 /* Rank r is lost, and the job goes on without it: the main thread gives up its collective, the
  * exit barrier waits no more for r, and the agreement's messages go out. */
-static void lost_elastic(int r)
+static void lost_elastic(int r, int cause)
 {
     peer_t *p = &watch.peers[r];
+    if (cause == LOST_TOLD && dps_guard_peer_gone(r)) cause = LOST_GONE;
+    unsigned char was = atomic_load(&p->lost_cause); /* a cause seen here beats another rank's word */
+    while ((was == 0 || was == LOST_TOLD) &&
+           !atomic_compare_exchange_weak(&p->lost_cause, &was, (unsigned char)cause))
+        ;
     if (r == 0) { /* found lost by a rank of another host: those of rank 0's host end the job */
         dps_guard_elastic_off("rank 0 was lost, and its duties (rank0_only files, its output) do not pass to "
                               "another rank");
@@ -482,6 +587,7 @@ static void lost_elastic(int r)
         p->gone = 1, atomic_fetch_add(&watch.ngone, 1);
         atomic_store(&elastic.pending, 1);
         if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
+        elastic.loss_seq = atomic_load(&dps_guard_pos.seq), elastic.loss_ns = dps_guard_now_ns();
         DPS_DEBUG("elastic: rank %d is lost", r);
     }
     send_agreement();
@@ -526,6 +632,22 @@ void dps_guard_elastic_off(const char *why)
 int dps_guard_ranks_gone(void)
 {
     return atomic_load(&watch.ngone);
+}
+
+const char *dps_guard_lost_cause(int r)
+{
+    switch (known(r) && watch.peers ? atomic_load(&watch.peers[r].lost_cause) : 0) {
+    case LOST_GONE:
+        return "its process ended";
+    case LOST_STALLED:
+        return "stalled in the program's own code past [guard] timeout; ended";
+    case LOST_SILENT:
+        return "no answer past [guard] timeout: stopped, or its host or link is down";
+    case LOST_TOLD:
+        return "found lost by another rank";
+    default:
+        return "";
+    }
 }
 
 int dps_guard_lost_pending(void)
@@ -583,14 +705,15 @@ static void tick(void)
                 break;
             }
         double waited = (double)(dps_guard_now_ns() - atomic_load(&pos->since_ns)) * 1e-9;
-        if (!watch.reporting && dps_guard_conf.timeout > 0 && waited > dps_guard_conf.timeout)
+        if (!watch.reporting && dps_guard_conf.timeout > 0 && waited > dps_guard_conf.timeout &&
+            !atomic_load(&elastic.pending)) /* a loss is what it waits for: the main thread gives up */
             start_report(WHY_TIMEOUT, -1);
     }
     if (watch.reporting) {
         int all = 1;
         for (int r = 0; all && known(r); r++)
             all = watch.peers[r].have || watch.peers[r].gone;
-        if (all || dps_guard_now_ns() > watch.deadline) finish_report();
+        if ((all || dps_guard_now_ns() > watch.deadline) && !settle_by_loss()) finish_report();
     }
 }
 

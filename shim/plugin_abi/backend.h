@@ -79,7 +79,9 @@ typedef struct dps_backend {
      * set_abandon on, the main thread's collectives (allreduce, bcast, barrier) poll `abandon`
      * while they wait and give up when it returns non-zero (DPS_BACKEND_ABANDONED, buf as it was);
      * each completes only where every rank took part (a broadcast too), and the result of the last
-     * one is kept until the next completes. */
+     * one is kept until the next completes. A message that fails (a lost rank's link refused)
+     * fails no collective: it waits for `abandon` too, so the caller bounds that wait (the
+     * guard's timeout ends the job where no loss is found). */
     void (*set_abandon)(int (*abandon)(void));
     /* From now on the main thread's collectives run among ranks[0..n) of the job as it started
      * (this rank among them; the index in ranks is the rank they use, a broadcast's root too),

@@ -40,7 +40,7 @@ survivors_agree() {
 @test "rank 2 of 3 SIGKILLed at step 3: the other two go on, renumbered, and exit 0" {
     elastic 3 6 2 3
     assert_success
-    assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+\) during step 3 \(its process ended\); 2 rank\(s\) go on"
+    assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+: its process ended\) during step 3; 2 rank\(s\) go on"
     assert_output --partial "elastic: the job lost rank 2 in step 3 and went on with 2 of its 3 ranks"
     # steps 1-2 average 1, 2, 3; steps 3-6 (the step at the loss too) average 1 and 2
     assert_output --partial "rank 0 of 2 (started as 0 of 3): small -0.100000001 large -0.100000001"
@@ -84,6 +84,31 @@ survivors_agree() {
     assert_failure 75
     assert_output --partial "guard: [elastic] lost_rank = continue goes on without any rank but rank 0"
     [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+}
+
+@test "a rank stalled in its own code, or stopped: past [guard] timeout it is ended, and the others go on" {
+    DPSHIM_GUARD_TIMEOUT=4 elastic 3 6 2 3 stall
+    assert_success
+    assert_output --regexp "guard: rank 2 \([^)]*\) is in the program's own code for [0-9.]+ s, since dp_grads collective #[0-9]+ after step 2, while the other ranks wait for it in a collective: stalled past \[guard\] timeout = 4 s"
+    assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+: stalled in the program's own code past \[guard\] timeout; ended\) during step 3; 2 rank\(s\) go on"
+    assert_output --partial "rank 1 of 2 (started as 1 of 3): small -0.100000001 large -0.100000001"
+    survivors_agree 2
+    [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+    # SIGSTOP: it cannot answer, nor end itself; the survivors on its host end it
+    DPSHIM_GUARD_TIMEOUT=4 elastic 3 6 1 3 stop
+    assert_success
+    assert_output --regexp "elastic: lost rank 1 \([^,]+, process [0-9]+: no answer past \[guard\] timeout: stopped, or its host or link is down\) during step 3"
+    assert_output --partial "rank 1 of 2 (started as 2 of 3): small -0.11999999 large -0.11999999"
+    survivors_agree 2
+    [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+    ! pgrep -f "elastic_train 6 1 3 stop" || fail "the stopped rank is still there"
+}
+
+@test "rank 0 stalled: the job ends past [guard] timeout, saying why it cannot go on" {
+    DPSHIM_GUARD_TIMEOUT=4 elastic 3 6 0 3 stall
+    assert_failure 75
+    assert_output --regexp "rank 0 \([^)]*\): in the program.s own code for [0-9.]+ s.*<-- culprit"
+    assert_output --partial "goes on without a stalled rank, but not without rank 0"
 }
 
 @test "[elastic] min_ranks = 3, lost_rank = end, or no recovery mode: a lost rank ends the job" {

@@ -129,7 +129,8 @@ enum { TAG_SCATTER = 11, TAG_GATHER = 12 };
 
 /* Waits for n requests: blocking, or in elastic mode polling, and giving up (-2) when the guard
  * says a rank is lost; the requests are left to MPI then (never freed: their buffers are the
- * caller's to leave alone). */
+ * caller's to leave alone). In elastic mode a failed message waits for the guard too (see
+ * set_abandon). */
 /* MPI_ERR_IN_STATUS names no error: the first request's own does (a truncation: a desync). */
 static int status_error(int rc, const MPI_Status *st, int n)
 {
@@ -141,13 +142,20 @@ static int status_error(int rc, const MPI_Status *st, int n)
 static int wait_all(channel_t *ch, MPI_Request *reqs, int n, MPI_Status *st, const char *what)
 {
     if (!abandon_fn || ch != &main_ch) return check(ch, status_error(PMPI_Waitall(n, reqs, st), st, n), what);
+    int failed = 0;
     for (;;) {
         int done = 0;
-        if (check(ch, status_error(PMPI_Testall(n, reqs, &done, st), st, n), what)) return -1;
+        /* a message to or from a lost rank of another host (its link refused) fails: the guard
+         * finds the loss, or ends the job at its timeout */
+        if (!failed && check(ch, status_error(PMPI_Testall(n, reqs, &done, st), st, n), what)) failed = 1;
         if (done) return 0;
         if (abandon_fn()) {
             snprintf(ch->err, sizeof ch->err, "%s given up: a rank of the job was lost", what);
             return -2;
+        }
+        if (failed) {
+            struct timespec nap = {0, 1000000};
+            nanosleep(&nap, NULL);
         }
     }
 }

@@ -1,10 +1,12 @@
 /* A training loop on the hook ABI for the elastic tests: each rank's gradient is (the rank it
  * started as + 1) everywhere, a small tensor (packed in a bucket) and a large one (reduced in
  * place), so the average says which ranks took part in each step.
- *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during]]
+ *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|stall|stop]]
  * KILL_RANK dies with SIGKILL at step KILL_STEP: before its gradients go out, or (during) from a
- * thread while the gradient sum runs. At the end each rank prints its ranks, the two weights'
- * first elements and a checksum of all of them, and dp_metric's count of ranks. */
+ * thread while the gradient sum runs; or it stalls there in its own code (stall: sleeps for ever;
+ * stop: SIGSTOP to itself). At the end each rank prints its ranks, the two weights'
+ * first elements and a checksum of all of them, and dp_metric's count of ranks.
+ * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -30,13 +32,14 @@ static void *kill_soon(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr,
-                "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during]], under libdpshim.so\n");
+        fprintf(stderr, "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during|stall|stop]], under "
+                        "libdpshim.so\n");
         return 2;
     }
     int steps = atoi(argv[1]), kill_rank = argc > 3 ? atoi(argv[2]) : -1,
         kill_step = argc > 3 ? atoi(argv[3]) : -1;
-    int during = argc > 4 && !strcmp(argv[4], "during");
+    const char *how = argc > 4 ? argv[4] : "before";
+    int during = !strcmp(how, "during");
     int start_rank = dp_rank(), start_size = dp_world_size();
     static float w[SMALL + LARGE], g[SMALL + LARGE];
     dp_tensor tw[2] = {{w, SMALL, DP_F32, DP_HOST, "small"}, {w + SMALL, LARGE, DP_F32, DP_HOST, "large"}};
@@ -45,6 +48,10 @@ int main(int argc, char **argv)
     dp_params(tw, 2);
     for (int s = 1; s <= steps; s++) {
         if (start_rank == kill_rank && s == kill_step) {
+            if (!strcmp(how, "stall"))
+                for (;;)
+                    pause();
+            if (!strcmp(how, "stop")) raise(SIGSTOP);
             if (!during) raise(SIGKILL);
             pthread_t t;
             pthread_create(&t, NULL, kill_soon, NULL);
@@ -58,6 +65,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "rank %d step %d: small %g large %g\n", start_rank, s, (double)g[0],
                     (double)g[SMALL]);
         dp_step_end((uint64_t)s);
+        if (getenv("ELASTIC_TRAIN_SLEEP_MS"))
+            usleep((useconds_t)atoi(getenv("ELASTIC_TRAIN_SLEEP_MS")) * 1000);
     }
     double ranks = 1;
     dp_metric(&ranks, 1, DP_SUM);
