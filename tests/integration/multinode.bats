@@ -203,3 +203,56 @@ mpi() {
             fail "rank $r: $(cat "$diag/stats.rank$r.txt")"
     done
 }
+
+# elastic_run STEPS [MODE]: elastic_train STEPS on 4 ranks (1 and 3 on nodeB) through dpshim-run
+# under mpirun --enable-recovery, in the background, its output in $out; with MODE (before:
+# SIGKILL) ranks 1 and 3 each end at step 3.
+elastic_run() {
+    out=$BATS_TEST_TMPDIR/out
+    timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=$TIMEOUT \
+        "$NETNS" launch "$BUILD/bin/dpshim-run" -np 4 --map-by node --enable-recovery \
+        sh -c 'if [ $((OMPI_COMM_WORLD_RANK % 2)) = 1 ] && [ -n "$2" ]; then exec "$0" "$1" "$OMPI_COMM_WORLD_RANK" 3 "$2"; else exec "$0" "$1"; fi' \
+        "$BUILD/bin/elastic_train" "$1" "${2:-}" </dev/null >"$out" 2>&1 3>&- &
+    job=$!
+}
+
+# elastic_done: waits for the job; its status and output in $status and $output, its seconds
+# since SINCE (default: now) in $elapsed.
+elastic_done() {
+    local start=${1:-$SECONDS}
+    status=0
+    wait "$job" || status=$?
+    elapsed=$((SECONDS - start))
+    output=$(cat "$out")
+    echo "$output"
+    echo "status $status, ended after $elapsed s" >&3
+}
+
+@test "elastic: nodeB's ranks killed at step 3: nodeA's go on, and the job ends by itself with status 0" {
+    local start=$SECONDS
+    elastic_run 6 before
+    elastic_done "$start"
+    assert_equal "$status" 0
+    assert_output --regexp "elastic: lost rank 1 \(nodeB, process [0-9]+: [^)]*\), rank 3 \(nodeB, process [0-9]+: [^)]*\) during step 3; 2 rank\(s\) go on"
+    # steps 1-2 average 1..4 (2.5), steps 3-6 average 1 and 3 (2)
+    assert_output --partial "rank 0 of 2 (started as 0 of 4): small -0.12999998 large -0.12999998"
+    assert_output --partial "rank 1 of 2 (started as 2 of 4): small -0.12999998 large -0.12999998"
+    [ "$elapsed" -le $((TIMEOUT + 30)) ] || fail "took $elapsed s"
+}
+
+@test "elastic: the link to nodeB cut: nodeA's ranks go on, and the job ends by itself with status 0" {
+    ELASTIC_TRAIN_STEPS=1 ELASTIC_TRAIN_SLEEP_MS=20 elastic_run 300
+    local i
+    for i in $(seq 600); do grep -q '^rank 0 step 20:' "$out" && break; sleep 0.2; done
+    grep -q '^rank 0 step 20:' "$out" || fail "the job did not reach step 20: $(cat "$out")"
+    "$NETNS" cut nodeB
+    local start=$SECONDS
+    elastic_done "$start"
+    assert_equal "$status" 0
+    assert_output --regexp "elastic: lost rank 1 \(nodeB, process [0-9]+: no answer past \[guard\] timeout[^)]*\), rank 3 \(nodeB"
+    [ "$(grep -c '^rank .* checksum' <<<"$output")" -eq 2 ] || fail "expected nodeA's 2 ranks to finish"
+    [ "$(grep -o 'checksum [0-9a-f]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] || fail "the survivors' weights differ"
+    assert_output --partial "every rank has left, and mpirun still runs 10 s later"
+    # the guard's timeout, the survivors' last steps, then the launcher's 10 s and 3 s
+    [ "$elapsed" -le $((TIMEOUT + 40)) ] || fail "took $elapsed s"
+}

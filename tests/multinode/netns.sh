@@ -9,6 +9,7 @@
 #   netns.sh agent [OPTS] HOST CMD...   Open MPI's rsh agent: as ssh, CMD is one shell line
 #   netns.sh mpirun ARGS...   mpirun on the first node with the hostfile (every node, 4 slots)
 #                             and the agent, TCP between nodes
+#   netns.sh launch PROG ARGS...   the same with PROG in mpirun's place (dpshim-run)
 #   netns.sh cut NODE... | heal   NODE's switch port drops everything (a silent partition) | undo
 # Each node's eth0 is one end of a veth pair whose other end is a port of a bridge (the switch)
 # in a namespace of its own, dpsnet.
@@ -145,10 +146,11 @@ agent() {
 # daemons' out-of-band channel too), shared memory within a node. No binding: every node's
 # daemon would bind its ranks to the same cores of this one machine (measured: 100 steps of the
 # example trainer at np=4 took 11.5 s bound to cores, 3.9 s unbound).
-mpirun_() {
-    local first
+launch() {
+    local first prog=$1
+    shift
     first=$(nodes | awk 'NR == 1 { print $1 }')
-    run_on "$first" mpirun --hostfile "$STATE/hostfile" --mca plm_rsh_agent "$SELF agent" \
+    run_on "$first" "$prog" --hostfile "$STATE/hostfile" --mca plm_rsh_agent "$SELF agent" \
         --mca btl self,vader,tcp --mca btl_tcp_if_include $SUBNET.0/24 --mca oob_tcp_if_include $SUBNET.0/24 \
         --bind-to none "$@"
 }
@@ -180,7 +182,8 @@ case $cmd in
     down) down ;;
     exec) [ $# -ge 2 ] || die "exec: usage: exec NODE CMD..."; run_on "$@" ;;
     agent) agent "$@" ;;
-    mpirun) mpirun_ "$@" ;;
+    mpirun) launch mpirun "$@" ;;
+    launch) [ $# -ge 1 ] || die "launch: usage: launch PROG ARGS..."; launch "$@" ;;
     cut) cut "$@" ;;
     heal) heal ;;
     *) sed -n '2,/^set -euo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
