@@ -76,6 +76,9 @@ void dps_exit_status_note(int status);
 /* Rank r was lost and the job went on without it (elastic mode): lost.N beside the statuses. */
 void dps_exit_status_lost(int rank);
 _Noreturn void dps_exit_now(int status);
+/* Whether the launcher keeps the other ranks running after one is lost: Open MPI's mpirun
+ * --enable-recovery (4.x) tells every rank so. */
+int dps_launcher_keeps_survivors(void);
 
 #define DPS_LOG(lvl, ...)                                                                                    \
     do {                                                                                                     \

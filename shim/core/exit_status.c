@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dps.h"
 #include "sys.h"
@@ -37,6 +38,12 @@ void dps_exit_status_lost(int rank)
 {
     int fd = create_in_status_dir("lost", rank);
     if (fd >= 0) dps_sys_close(fd);
+}
+
+int dps_launcher_keeps_survivors(void)
+{
+    const char *v = getenv("OMPI_MCA_orte_enable_recovery");
+    return v && (!strcmp(v, "1") || !strcmp(v, "true"));
 }
 
 _Noreturn void dps_exit_now(int status)

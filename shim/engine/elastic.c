@@ -32,19 +32,11 @@ static struct {
     unsigned generation, batch_generation; /* recoveries so far; as of the last batch */
 } el = {.fix = 1.0};
 
-/* The launcher keeps the other ranks running after one is lost: Open MPI's mpirun
- * --enable-recovery (4.x) tells every rank so. */
-static int launcher_keeps_survivors(void)
-{
-    const char *v = getenv("OMPI_MCA_orte_enable_recovery");
-    return v && (!strcmp(v, "1") || !strcmp(v, "true"));
-}
-
 void dps_elastic_setup(const dps_backend_t *be)
 {
     int size = dps_g.size;
     if (size < 2 || DPS_POLICY_ENUM(&dps_g.policy, elastic, lost_rank) != DPS_V_elastic_lost_rank_continue ||
-        !launcher_keeps_survivors())
+        !dps_launcher_keeps_survivors())
         return;
     const char *why = dps_policy_num(&dps_g.policy, DPS_P_guard_timeout) == 0
                           ? "[guard] timeout = 0: a stalled rank, or one on a lost host, could not be found"

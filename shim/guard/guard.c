@@ -26,6 +26,9 @@ DPS_STARTUP void dps_guard_configure(const dps_state_t *s)
     conf->exit_barrier = DPS_POLICY_ENUM(&s->policy, guard, exit_barrier) == DPS_V_guard_exit_barrier_on;
     conf->desync = DPS_POLICY_ENUM(&s->policy, guard, desync);
     conf->drift_every = dps_policy_num(&s->policy, DPS_P_guard_drift_every);
+    conf->recovery_hint =
+        DPS_POLICY_ENUM(&s->policy, elastic, lost_rank) == DPS_V_elastic_lost_rank_continue &&
+        !dps_launcher_keeps_survivors();
     /* with neither a watchdog nor an exit barrier there is nothing for the thread to do */
     conf->on = s->eff_size > 1 && (conf->timeout > 0 || conf->exit_barrier);
     atomic_store(&dps_guard_pos.hook, "start");

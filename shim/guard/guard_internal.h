@@ -39,7 +39,8 @@ typedef struct dps_guard_conf {
     int exit_barrier;
     dps_guard_desync_t desync;
     uint64_t drift_every;
-    double timeout; /* seconds; 0: no watchdog */
+    double timeout;    /* seconds; 0: no watchdog */
+    int recovery_hint; /* [elastic] lost_rank = continue, but the launcher ends every rank at a loss */
     int rank, size;
     const dps_backend_t *be;
 } dps_guard_conf_t;

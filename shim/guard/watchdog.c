@@ -303,6 +303,16 @@ static _Noreturn void finish_report(void)
         }
         DPS_ERROR("guard:   %s: %s", dps_guard_who(r, who, sizeof who), d);
     }
+    /* a rank gone, or ranks stalled or silent (not rank 0): what recovery mode would go on without */
+    int lost_kind = watch.first.why == WHY_PEER_GONE && watch.first.left_rank != 0;
+    for (int r = 1; watch.first.why == WHY_TIMEOUT && known(r); r++)
+        lost_kind |= !peers[r].have || (!peers[r].status.in_coll && !peers[r].status.leaving);
+    if (!peers[0].have || (!peers[0].status.in_coll && !peers[0].status.leaving)) lost_kind = 0;
+    if (dps_guard_conf.recovery_hint && lost_kind)
+        DPS_ERROR("guard: to let the other ranks go on without a lost or stalled rank, launch under the "
+                  "launcher's recovery mode: dpshim-run --enable-recovery (mpirun --enable-recovery); "
+                  "under Slurm, mpirun --enable-recovery inside the allocation (srun --mpi=pmix ends the "
+                  "whole step when a task dies, --no-kill or not)");
     if (watch.rank0_stalled)
         DPS_ERROR(
             "guard: [elastic] lost_rank = continue goes on without a stalled rank, but not without rank 0, "

@@ -32,6 +32,14 @@ stalled_report() {
 @test "rank 1 stalls inside step 5: the watchdog lists every rank's position" {
     fault stall 1 5
     stalled_report 1000
+    # without the launcher's recovery mode: how to let the others go on
+    assert_output --partial "guard: to let the other ranks go on without a lost or stalled rank, launch under the launcher's recovery mode: dpshim-run --enable-recovery"
+    DPSHIM_ELASTIC_LOST_RANK=end fault stall 1 5
+    stalled_report 1000
+    refute_output --partial "to let the other ranks go on"
+    fault stall 0 5
+    assert_failure
+    refute_output --partial "to let the other ranks go on"
 }
 
 @test "[comm] overlap: rank 1 stalls while the others wait in dp_grads for their background reductions" {

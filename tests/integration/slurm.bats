@@ -82,3 +82,20 @@ STEPS=(--steps 50 --no-eval)
         refute_output --partial "fmnist_train:"
     done
 }
+
+@test "a lost rank under Slurm: mpirun --enable-recovery inside the allocation goes on; srun --no-kill is told it cannot" {
+    cd "$BATS_TEST_TMPDIR"
+    # rank 2 of 3 SIGKILLed at step 3: the other two go on and the job exits 0
+    run timeout 180 salloc -O -n 3 env DPSHIM_GUARD_TIMEOUT=30 "$BUILD/bin/dpshim-run" --launcher mpirun -np 3 \
+        --oversubscribe --enable-recovery "$BUILD/bin/elastic_train" 6 2 3 </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "elastic: the job lost rank 2 in step 3 and went on with 2 of its 3 ranks"
+    assert_equal "$(grep -c '^rank .* checksum .*, 2 ranks$' <<<"$output")" 2
+    # srun --mpi=pmix --no-kill: Slurm's PMIx plugin cancels the whole step when a task dies, so
+    # dpshim-run says what works before it starts, and the job fails rather than hang
+    run timeout 180 "$BUILD/bin/dpshim-run" --launcher srun -O -n 3 --no-kill "$BUILD/bin/elastic_train" 6 2 3 </dev/null
+    echo "$output"
+    assert_failure
+    assert_output --partial "dpshim-run: srun --no-kill: Slurm's PMIx plugin ends the whole step when a task dies"
+}
