@@ -891,6 +891,12 @@ static void print_problems(const job_t *j)
     if (nothing) printf("  %s\n", rd[0].st.nothing_shared);
     for (int r = 0; r < j->size; r++)
         if (rd[r].st.failure[0]) printf("  rank %d: %s\n", r, rd[r].st.failure);
+    /* the survivors agree on every loss: the lowest one with a record says it for all */
+    for (int r = 0; r < j->size; r++)
+        if (rd[r].present && rd[r].st.lost[0]) {
+            printf("lost: the job went on without %s (as rank %d recorded it)\n", rd[r].st.lost, r);
+            break;
+        }
 }
 
 /* --trace and --svg: 0, or 1 when one could not be written. */

@@ -382,6 +382,15 @@ void dps_diag_nothing_shared(const char *head, const char *why)
     pthread_mutex_unlock(&lock);
 }
 
+void dps_diag_lost(const char *what)
+{
+    if (!dps_diag_on) return;
+    pthread_mutex_lock(&lock);
+    size_t used = strlen(diag.st.lost);
+    snprintf(diag.st.lost + used, sizeof diag.st.lost - used, "%s%s", used ? "; " : "", what);
+    pthread_mutex_unlock(&lock);
+}
+
 void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step)
 {
     if (!dps_diag_on) return;

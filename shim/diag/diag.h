@@ -53,6 +53,9 @@ void dps_diag_write(void);
  * flight (when in_flight_seq > 0; it began ago_ns ago), and write the files now. */
 /* At exit: no hook shared out work in a job of several ranks; head, then what was found. */
 void dps_diag_nothing_shared(const char *head, const char *why);
+/* Elastic mode: the job went on without a rank ("rank 2 in step 3 (its process ended)"); each
+ * loss is added to the rank's record. */
+void dps_diag_lost(const char *what);
 void dps_diag_fail(const char *why, const char *hook, uint64_t in_flight_seq, uint64_t ago_ns, uint64_t step);
 
 #endif

@@ -59,6 +59,8 @@
     NUM(dropped_events)                                                                                      \
     /* why the guard ended the job */                                                                        \
     TEXT(failure, 512)                                                                                       \
+    /* [elastic] lost_rank = continue: the ranks the job went on without, as this rank saw them */           \
+    TEXT(lost, 512)                                                                                          \
     /* a job of 2 or more ranks in which no hook shared out any work: what was found */                      \
     TEXT(nothing_shared, 1200)
 

@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "elastic.h"
+#include "diag/diag.h"
 #include "guard/guard.h"
 #include "shard.h"
 
@@ -155,6 +156,10 @@ static void say_loss(const int *before, int nbefore)
         if (kept) continue;
         lost++;
         el.lost_in_step[r] = dps_e.step + 1;
+        char what[160];
+        snprintf(what, sizeof what, "rank %d in step %llu (%s)", r, (unsigned long long)dps_e.step + 1,
+                 dps_guard_lost_cause(r));
+        dps_diag_lost(what);
         if (o < sizeof names)
             o += (size_t)snprintf(names + o, sizeof names - o, "%srank %d (%s, process %u: %s)",
                                   lost > 1 ? ", " : "", r, dps_guard_host(r), dps_guard_pid(r),

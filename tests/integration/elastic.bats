@@ -38,7 +38,7 @@ survivors_agree() {
 }
 
 @test "rank 2 of 3 SIGKILLed at step 3: the other two go on, renumbered, and exit 0" {
-    elastic 3 6 2 3
+    DPSHIM_DIAG_DIR=$BATS_TEST_TMPDIR elastic 3 6 2 3
     assert_success
     assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+: its process ended\) during step 3; 2 rank\(s\) go on"
     assert_output --partial "elastic: the job lost rank 2 in step 3 and went on with 2 of its 3 ranks"
@@ -47,6 +47,10 @@ survivors_agree() {
     assert_output --partial "rank 1 of 2 (started as 1 of 3): small -0.100000001 large -0.100000001"
     survivors_agree 2
     [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+    # the diagnostics report lists the loss
+    run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR"
+    assert_success
+    assert_output --partial "lost: the job went on without rank 2 in step 3 (its process ended)"
 }
 
 @test "a rank killed while the gradient sum runs: the survivors hold one result, and go on" {
