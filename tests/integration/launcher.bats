@@ -128,6 +128,8 @@ line() { "$RUN" --dry-run "$@" 2>&1 | sed -n 's/^dpshim-run: //p'; }
 recovered() {
     run timeout --kill-after=10 "$MPI_TIMEOUT" "$RUN" -np "$@" </dev/null
     echo "$output"
+    # the folders dpshim-run made, for the test to check they are gone
+    grep -o 'DPSHIM_STATUS_DIR=[^ ]*' <<<"$output" | cut -d= -f2 >>"$BATS_TEST_TMPDIR/status_dirs" || true
 }
 
 @test "mpirun --enable-recovery: dpshim-run exits with the ranks' status, not the launcher's 0" {
@@ -149,9 +151,10 @@ recovered() {
         "$BUILD/bin/guard_faults" 10 kill 2 4
     assert_failure 75
     assert_output --partial "dpshim-run: the job failed: rank 0 exited with status 75"
-    # the folder it made is gone again
-    run find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'dpshim-status.*' -newer "$BATS_TEST_TMPDIR" -print
-    assert_output ""
+    # the folders it made are gone again
+    [ "$(wc -l <"$BATS_TEST_TMPDIR/status_dirs")" -eq 3 ] || fail "dpshim-run did not name its three folders"
+    local dir
+    while read -r dir; do [ ! -e "$dir" ] || fail "$dir is left"; done <"$BATS_TEST_TMPDIR/status_dirs"
 }
 
 @test "dpshim-run --enable-recovery: a rank that leaves no status is named; a bad DPSHIM_STATUS_DIR is refused" {
