@@ -9,6 +9,7 @@
  * - from the next hook call on, the survivors are the job: dp_rank and dp_world_size, the
  *   batches' shares, the gradients' weights and the epochs' shards follow their number. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 #include "common.h"
 #include "elastic.h"
 #include "diag/diag.h"
+#include "files/files.h"
+#include "output/output.h"
 #include "guard/guard.h"
 #include "shard.h"
 
@@ -56,7 +59,10 @@ void dps_elastic_setup(const dps_backend_t *be)
                  !el.lost_in_step || !el.batch_ranks))
         why = "no memory for its tables";
     uint64_t min_ranks = dps_policy_num(&dps_g.policy, DPS_P_elastic_min_ranks);
-    if (!why && dps_guard_elastic_start((int)(min_ranks < (uint64_t)size ? min_ranks : (uint64_t)size)) != 0)
+    /* rank 0 leads the gated files' protocol, which does not pass to another rank (yet) */
+    int rank0_may_go = !atomic_load(&dps_files_on);
+    if (!why && dps_guard_elastic_start((int)(min_ranks < (uint64_t)size ? min_ranks : (uint64_t)size),
+                                        rank0_may_go) != 0)
         why = "the guard has no watchdog or side channel ([guard] timeout = 0 and exit_barrier = off, or MPI "
               "below MPI_THREAD_MULTIPLE)";
     if (why) {
@@ -143,6 +149,18 @@ int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w)
     return 1;
 }
 
+/* Rank 0 was lost, and this rank is rank 0 now: its output is the job's. */
+static void take_over_rank0(void)
+{
+    if (DPS_POLICY_ENUM(&dps_g.policy, output, stdout) != DPS_V_output_stdout_rank0) return;
+    if (dps_output_take_over() != 0)
+        DPS_WARN(
+            "elastic: rank 0 was lost and this rank took its place, but its stdout stays silent ([output] "
+            "stdout = rank0): %s",
+            errno == EBADF || errno == 0 ? "the rank process replaced itself (exec) after dpshim silenced it"
+                                         : strerror(errno));
+}
+
 /* Notes the loss, and says it once, from the lowest survivor. */
 static void say_loss(const int *before, int nbefore)
 {
@@ -176,10 +194,11 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
     dps_guard_mark_t mark = dps_guard_own_begin("the survivors' agreement");
     for (;;) {
         dps_guard_decision_t d = {.ranks = el.decided, .laggard = el.laggard};
-        if (dps_guard_survivors(el.done, &d) != 0)
-            dps_guard_failed(
-                "the survivors of a lost rank could not agree on going on ([guard] timeout passed, "
-                "[elastic] min_ranks not met, or their collectives were out of step)");
+        if (dps_guard_survivors(el.done, &d) != 0) {
+            char what[300];
+            snprintf(what, sizeof what, "the survivors of a lost rank cannot go on: %s", d.why);
+            dps_guard_failed(what);
+        }
         if (!el.in_hook) memcpy(el.hook_ranks, el.ranks, (size_t)el.n * sizeof *el.ranks), el.hook_n = el.n;
         el.in_hook = 1;
         int nbefore = el.n;
@@ -196,7 +215,9 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
             if (d.ranks[i] == dps_g.rank) me = i;
             lag |= d.laggard[i];
         }
+        int was_rank0 = dps_g.eff_rank == 0;
         dps_g.eff_rank = me, dps_g.eff_size = d.n;
+        if (me == 0 && !was_rank0) take_over_rank0();
         el.fix = 1.0 / survivors_fraction();
         say_loss(el.before, nbefore);
         int replayed = 0;

@@ -96,10 +96,10 @@ int dps_guard_end_peer(int r);
 
 /* Elastic mode: a lost rank does not end the job (watchdog.c, with survivors.c). Started once the
  * backend is open (0; -1 where it cannot be: no watchdog or side channel). From then on a rank
- * found lost goes to the survivors' agreement, the desync and drift checks are off, and
+ * found lost (rank 0 too where rank0_may_go; else its loss ends the job) goes to the survivors' agreement, the desync and drift checks are off, and
  * dps_guard_lost_pending says the main thread must give up its collective. dps_guard_elastic_off:
  * a loss ends the job after all, for the reason given (a path that cannot give up a collective). */
-int dps_guard_elastic_start(int min_ranks);
+int dps_guard_elastic_start(int min_ranks, int rank0_may_go);
 void dps_guard_elastic_off(const char *why);
 int dps_guard_lost_pending(void);
 /* How many ranks' processes ended without leaving the program, as the watchdog found them. */
@@ -116,9 +116,13 @@ typedef struct dps_guard_decision {
     uint64_t cut;
     int *ranks;             /* room for the job's size, the caller's */
     unsigned char *laggard; /* likewise */
+    char why[192];          /* where there is no going on: why */
 } dps_guard_decision_t;
-/* Waits (this rank having completed `done` collectives) for the decision: 0, or -1 where none can
- * come ([guard] timeout passed, or the survivors' counts are too far apart). */
+/* Waits (this rank having completed `done` collectives) for the decision: 0, or -1 with `why`
+ * where the job cannot go on: none came ([guard] timeout passed, or the survivors' counts are too
+ * far apart), fewer than [elastic] min_ranks are left, or they are not a quorum: no more than half
+ * of the ranks of the last decision (exactly half: without its lowest rank). A cut link leaves
+ * each side believing the other lost; only one side may go on. */
 int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out);
 
 /* [guard] desync = auto, as the ranks agreed it (step or full) when the backend opened. */
@@ -129,9 +133,10 @@ const char *dps_guard_host(int r);
 const char *dps_guard_who(int r, char *buf, size_t len);
 /* At exit of the rank process, before the backend finalizes: the exit barrier. */
 void dps_guard_exit(void);
-/* On rank 0 after the exit barrier: every rank's figures (dps_diag_tally) as it left, size
- * entries in rank order, wall_ns 0 for a rank not heard from; NULL where there was no barrier
- * ([guard] exit_barrier = off, no side channel, another rank). */
+/* On rank 0 (the lowest rank left, where rank 0 was lost) after the exit barrier: every rank's
+ * figures (dps_diag_tally) as it left, size entries in rank order, wall_ns 0 for a rank not heard
+ * from; NULL where there was no barrier ([guard] exit_barrier = off, no side channel, another
+ * rank). */
 const dps_diag_tally_t *dps_guard_exit_tallies(void);
 
 /* The kinds of collective, and their names in reports. */

@@ -248,6 +248,18 @@ int dps_surv_is_lost(const dps_survivors_t *s, int r)
     return r >= 0 && r < s->size && bit(s->lost, r);
 }
 
+void dps_surv_waiting(const dps_survivors_t *s, int *coordinator_p, int *missing)
+{
+    int c = coordinator(s);
+    *coordinator_p = c, *missing = -1;
+    if (c != s->self || !s->ready) return;
+    uint64_t h = hash_of(s->lost, bitmap_bytes(s->size));
+    for (int r = 0; r < s->size && *missing < 0; r++) {
+        const peer_view_t *p = &s->peer[r];
+        if (r != s->self && !bit(s->lost, r) && !(p->have && p->ready && p->hash == h)) *missing = r;
+    }
+}
+
 int dps_surv_broken(const dps_survivors_t *s)
 {
     return s->broken;

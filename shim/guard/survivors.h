@@ -68,5 +68,9 @@ int dps_surv_is_lost(const dps_survivors_t *s, int r);
 /* 1 where the survivors' counts are further apart than one collective: they did not run the same
  * collectives, and no decision can put them back in step (the job must end). */
 int dps_surv_broken(const dps_survivors_t *s);
+/* Who an undecided agreement waits for, for messages: the coordinator (this rank or another),
+ * and on the coordinator the first rank whose ready view, the same as its own, has not come
+ * (-1: none, or this rank is not ready itself). */
+void dps_surv_waiting(const dps_survivors_t *s, int *coordinator, int *missing);
 
 #endif

@@ -51,6 +51,8 @@ static struct {
     atomic_int on;
     atomic_int pending; /* a loss the main thread has not yet recovered from */
     int min_ranks;
+    int rank0_may_go;    /* no duty of rank 0's ties the job to it: its loss is as another's */
+    int members, lowest; /* the ranks of the last decision (at first the job's), and its lowest */
     /* the watchdog's: the collective the main thread was in at the last loss, and when */
     uint64_t loss_seq, loss_ns;
     _Atomic(const char *)
@@ -240,9 +242,10 @@ static void headline(const guard_msg_t *f)
             "timeout = %.0f s: the job is stuck",
             f->hook, (unsigned long long)f->seq, (unsigned long long)f->step, f->seconds, f->rank,
             dps_guard_conf.timeout);
-    if (f->why == WHY_PEER_GONE && f->left_rank == 0 && atomic_load(&elastic.on))
-        DPS_ERROR("guard: [elastic] lost_rank = continue goes on without any rank but rank 0, whose duties "
-                  "(rank0_only files, its output) do not pass to another rank");
+    if (f->why == WHY_PEER_GONE && f->left_rank == 0 && atomic_load(&elastic.on) && !elastic.rank0_may_go)
+        DPS_ERROR(
+            "guard: [elastic] lost_rank = continue goes on without rank 0 only where no [files] rank0_only "
+            "globs are set: rank 0 leads the gated files, and that does not pass to another rank");
 }
 
 /* A rank that did not answer: gone (crashed, killed, _exit) or frozen (SIGSTOP), or out of reach
@@ -315,8 +318,8 @@ static _Noreturn void finish_report(void)
                   "whole step when a task dies, --no-kill or not)");
     if (watch.rank0_stalled)
         DPS_ERROR(
-            "guard: [elastic] lost_rank = continue goes on without a stalled rank, but not without rank 0, "
-            "whose duties (rank0_only files, its output) do not pass to another rank");
+            "guard: [elastic] lost_rank = continue goes on without a stalled rank 0 only where no [files] "
+            "rank0_only globs are set: rank 0 leads the gated files, and that does not pass to another rank");
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
@@ -380,7 +383,7 @@ static void forget_report(void)
         watch.peers[r].have = 0;
 }
 
-/* Elastic mode: a finished report that ranks stalled in the program's own code (or silent) explain,
+/* Elastic mode: a finished report of a timeout that ranks stalled in the program's own code (or silent) explain,
  * while every other rank waits in one collective, does not end the job. The stalled ranks are lost
  * and ended (at once where they run on this host; told to end otherwise), and the others go on.
  * Every rank holds the same answers (each rank sends its one to all), so every rank that finishes
@@ -391,20 +394,38 @@ static void forget_report(void)
 static int settle_by_loss(void)
 {
     if (!going_on_after_loss()) return 0;
+    for (int r = 0; !watch.first.kind && known(r); r++) /* what started the report */
+        if (watch.peers[r].have && watch.peers[r].status.why != WHY_ANSWER)
+            watch.first = watch.peers[r].status;
+    if (watch.first.why != WHY_TIMEOUT) return 0; /* a failure, a rank that left: no stall */
     const int me = dps_guard_conf.rank;
     int nstalled = 0, nwaiting = 0, rank0_stalled = 0;
-    uint64_t at = 0, seq = 0;
+    /* the waiting ranks' collectives: one, or two in a row (a ring a lost rank broke off may have
+     * completed on some ranks: the survivors' agreement replays it to the others), each at one
+     * place */
+    uint64_t seq = 0, low = UINT64_MAX, at[2] = {0, 0};
+    int seen[2] = {0, 0};
     for (int r = 0; known(r); r++) {
         const peer_t *p = &watch.peers[r];
         if (p->gone) continue;
         if (p->left || (p->have && p->status.leaving)) return 0; /* left the program: no stall */
         if (p->have && p->status.in_coll) {
-            if (nwaiting++ && place(&p->status) != at) return 0; /* not one collective: not a stall */
-            at = place(&p->status), seq = p->status.seq;
+            nwaiting++;
+            if (p->status.seq > seq) seq = p->status.seq;
+            if (p->status.seq < low) low = p->status.seq;
         } else {
             nstalled++, rank0_stalled |= r == 0;
         }
     }
+    for (int r = 0; nwaiting && known(r); r++) {
+        const peer_t *p = &watch.peers[r];
+        if (p->gone || !p->have || !p->status.in_coll) continue;
+        if (seq - low > 1) return 0; /* further apart: not a stall */
+        int i = p->status.seq == seq;
+        if (seen[i]++ && place(&p->status) != at[i]) return 0; /* other calls: a desync */
+        at[i] = place(&p->status);
+    }
+    if (elastic.rank0_may_go) rank0_stalled = 0;
     if (rank0_stalled && nwaiting) watch.rank0_stalled = 1; /* said in the report */
     if (!nwaiting || rank0_stalled) return 0;
     if (!nstalled) {
@@ -558,7 +579,7 @@ static void look_at_processes(void)
     for (int r = 0; known(r); r++) {
         peer_t *p = &watch.peers[r];
         if (r == dps_guard_conf.rank || p->left || p->gone || !dps_guard_peer_gone(r)) continue;
-        if (going_on && !leaving && r != 0) {
+        if (going_on && !leaving && (r != 0 || elastic.rank0_may_go)) {
             pthread_mutex_lock(&elastic.lock);
             dps_surv_lost(elastic.agreement, r);
             pthread_mutex_unlock(&elastic.lock);
@@ -583,14 +604,21 @@ static void look_at_processes(void)
 static void lost_elastic(int r, int cause)
 {
     peer_t *p = &watch.peers[r];
+    /* told by another rank: what this rank saw of r says why, where it saw anything */
     if (cause == LOST_TOLD && dps_guard_peer_gone(r)) cause = LOST_GONE;
+    if (cause == LOST_TOLD && watch.reporting && !p->have) cause = LOST_SILENT;
+    if (cause == LOST_TOLD && watch.reporting && p->have && !p->status.in_coll && !p->status.leaving)
+        cause = LOST_STALLED;
     unsigned char was = atomic_load(&p->lost_cause); /* a cause seen here beats another rank's word */
     while ((was == 0 || was == LOST_TOLD) &&
            !atomic_compare_exchange_weak(&p->lost_cause, &was, (unsigned char)cause))
         ;
-    if (r == 0) { /* found lost by a rank of another host: those of rank 0's host end the job */
-        dps_guard_elastic_off("rank 0 was lost, and its duties (rank0_only files, its output) do not pass to "
-                              "another rank");
+    if (r == 0 &&
+        !elastic
+             .rank0_may_go) { /* found lost by a rank of another host: those of rank 0's host end the job */
+        dps_guard_elastic_off(
+            "rank 0 was lost, and it leads the [files] rank0_only files, which does not pass "
+            "to another rank");
         return;
     }
     if (!p->gone) {
@@ -616,14 +644,15 @@ static void send_agreement(void)
     pthread_mutex_unlock(&elastic.lock);
 }
 
-int dps_guard_elastic_start(int min_ranks)
+int dps_guard_elastic_start(int min_ranks, int rank0_may_go)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
     if (!conf->be || !conf->be->guard_send || !atomic_load(&watch.running) || atomic_load(&watch.alone))
         return -1; /* no watchdog, or no side channel: nobody could tell the survivors */
     dps_survivors_t *a = dps_surv_new(conf->size, conf->rank);
     if (!a) return -1;
-    elastic.agreement = a, elastic.min_ranks = min_ranks;
+    elastic.agreement = a, elastic.min_ranks = min_ranks, elastic.rank0_may_go = rank0_may_go;
+    elastic.members = conf->size, elastic.lowest = 0;
     /* the desync and drift checks are collectives of every rank on the side channel, which a
      * lost rank would never join */
     dps_guard_conf.desync = DPS_V_guard_desync_off, dps_guard_conf.drift_every = 0;
@@ -665,6 +694,29 @@ int dps_guard_lost_pending(void)
     return atomic_load_explicit(&elastic.pending, memory_order_relaxed);
 }
 
+/* Whether the decided survivors may go on (0), as dps_guard_survivors says; -1 with out->why. */
+static int quorum(dps_guard_decision_t *out)
+{
+    int has_lowest = 0;
+    for (int i = 0; i < out->n; i++)
+        has_lowest |= out->ranks[i] == elastic.lowest;
+    if (out->n < elastic.min_ranks) {
+        snprintf(out->why, sizeof out->why, "%d rank(s) are left, fewer than [elastic] min_ranks = %d",
+                 out->n, elastic.min_ranks);
+        return -1;
+    }
+    if (2 * out->n < elastic.members || (2 * out->n == elastic.members && !has_lowest)) {
+        snprintf(
+            out->why, sizeof out->why,
+            "the %d rank(s) this rank still reaches are not a quorum of the %d before (more than half, or "
+            "half with rank %d): the others may go on, so these end (a cut link?)",
+            out->n, elastic.members, elastic.lowest);
+        return -1;
+    }
+    elastic.members = out->n, elastic.lowest = out->ranks[0];
+    return 0;
+}
+
 /* The main thread, which has completed `done` collectives: waits for the survivors' decision. */
 int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
 {
@@ -692,9 +744,29 @@ int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
         }
         pthread_mutex_unlock(&elastic.lock);
         send_agreement();
-        if (d) return out->n >= elastic.min_ranks ? 0 : -1;
-        if (broken) return -1;
-        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > conf->timeout) return -1;
+        if (d) return quorum(out);
+        if (broken) {
+            snprintf(out->why, sizeof out->why,
+                     "their counts of completed collectives are more than one apart");
+            return -1;
+        }
+        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > conf->timeout) {
+            int coordinator, missing;
+            pthread_mutex_lock(&elastic.lock);
+            dps_surv_waiting(elastic.agreement, &coordinator, &missing);
+            pthread_mutex_unlock(&elastic.lock);
+            if (coordinator != conf->rank)
+                snprintf(out->why, sizeof out->why,
+                         "no decision came within [guard] timeout = %.0f s from the coordinator, rank %d",
+                         conf->timeout, coordinator);
+            else
+                snprintf(
+                    out->why, sizeof out->why,
+                    "no decision within [guard] timeout = %.0f s: this rank coordinates, and rank %d's view "
+                    "(ready, and the same as its own) has not come",
+                    conf->timeout, missing);
+            return -1;
+        }
         nanosleep(&nap, NULL);
     }
 }
@@ -912,9 +984,12 @@ void dps_guard_exit(void)
         guard_msg_t m = snapshot(WHY_ANSWER);
         m.kind = MSG_LEAVING;
         dps_diag_tally(&m.tally);
-        if (conf->rank == 0 && !exit_tallies &&
+        int collector = 0; /* the lowest rank still in the job (rank 0, unless it was lost) */
+        while (known(collector) && watch.peers[collector].gone)
+            collector++;
+        if (conf->rank == collector && !exit_tallies &&
             (exit_tallies = calloc((size_t)conf->size, sizeof *exit_tallies)))
-            exit_tallies[0] = m.tally;
+            exit_tallies[collector] = m.tally;
         send_all(&m);
         uint64_t deadline =
             conf->timeout > 0 ? dps_guard_now_ns() + (uint64_t)(conf->timeout * 1e9) : UINT64_MAX;
@@ -933,7 +1008,8 @@ void dps_guard_exit(void)
     atomic_store(&watch.stop, 1);
     pthread_join(watch.thread, NULL);
     atomic_store(&watch.running, 0);
-    for (int r = 1; exit_tallies && r < conf->size; r++)
-        if (watch.peers[r].left) exit_tallies[r] = watch.peers[r].tally;
+    for (int r = 0; exit_tallies && r < conf->size; r++)
+        if (r != conf->rank && watch.peers[r].left && !watch.peers[r].gone)
+            exit_tallies[r] = watch.peers[r].tally;
     free(watch.peers), watch.peers = NULL;
 }

@@ -137,12 +137,30 @@ void dps_output_wrapper_stderr(void)
     atomic_store(&stderr_decided, 1);
 }
 
+/* The launcher's stdout on a rank that [output] stdout = rank0 silenced, kept for
+ * dps_output_take_over; -1: none. */
+static int silenced_stdout = -1;
+
+int dps_output_take_over(void)
+{
+    if (silenced_stdout < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    dps_sys_fflush(stdout); /* what was written before goes where it was meant to: nowhere */
+    int rc = dup2(silenced_stdout, STDOUT_FILENO) < 0 ? -1 : 0;
+    dps_sys_close(silenced_stdout), silenced_stdout = -1;
+    return rc;
+}
+
 int dps_output_setup(const dps_state_t *s)
 {
     const dps_policy_t *p = &s->policy;
     if (s->exec_in_place) return 0; /* the process it replaced set stdout up already */
     if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_rank0 && s->rank != 0) {
         int fd = dps_sys_open("/dev/null", O_WRONLY | O_CLOEXEC, 0);
+        /* kept out of the program's low descriptors, closed at exec */
+        silenced_stdout = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 100);
         if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0) return -1;
         dps_sys_close(fd);
     } else if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_prefix) {

@@ -32,15 +32,16 @@ static int count_hosts(int size)
  * dpshim-diag report shows the same steps, collectives and bytes per rank. */
 void dps_summary_at_exit(void)
 {
-    if (dps_g.rank != 0 || dps_g.size < 2 || dps_g.role != DPS_ROLE_RANK ||
+    /* every rank's figures after an exit barrier (on rank 0, or the lowest rank left where rank 0
+     * was lost), else rank 0's own alone */
+    const dps_diag_tally_t *barrier = dps_guard_exit_tallies(), *all = barrier;
+    if ((!barrier && dps_g.rank != 0) || dps_g.size < 2 || dps_g.role != DPS_ROLE_RANK ||
         DPS_POLICY_ENUM(&dps_g.policy, diag, summary) == DPS_V_diag_summary_off)
         return;
-    /* every rank's figures after an exit barrier, else rank 0's own alone */
-    const dps_diag_tally_t *barrier = dps_guard_exit_tallies(), *all = barrier;
     dps_diag_tally_t own;
     int ranks = dps_g.size;
     if (!all) dps_diag_tally(&own), all = &own, ranks = 1;
-    const dps_diag_tally_t *me = &all[0];
+    const dps_diag_tally_t *me = barrier ? &all[dps_g.rank] : &own;
     int heard = 0, slowest = -1;
     uint64_t least_comm = UINT64_MAX;
     for (int r = 0; r < ranks; r++) {
