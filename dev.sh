@@ -712,20 +712,23 @@ bench_elastic() {
         read -r on off mid low high <<<"$(ratio_stats "${ms[on]}" "${ms[off]}")"
         printf "  %-6s elastic %8.2f ms  plain %8.2f ms  elastic/plain %.2f (%.2f-%.2f)\n" "$set" "$on" "$off" "$mid" "$low" "$high"
     done
-    echo "a rank of $np SIGKILLed at step 10 of 40 under --enable-recovery: the job's wall time against a healthy run's ($rounds alternating rounds):"
+    echo "a rank of $np lost at step 10 of 40 under --enable-recovery, [guard] timeout = 5 s: the job's wall time against a healthy run's ($rounds alternating rounds; stalled: the rank sleeps in its own code):"
     local -A took=()
     for _ in $(seq "$rounds"); do
-        for rec in healthy killed; do
-            args=40
-            [ "$rec" = healthy ] || args="40 2 10"
+        for rec in healthy killed stalled; do
+            case $rec in
+            healthy) args=40 ;;
+            killed) args="40 2 10" ;;
+            stalled) args="40 2 10 stall" ;;
+            esac
             t0=$(date +%s.%N)
-            timeout 600 mpirun -np $np --oversubscribe --enable-recovery env LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" \
-                "$BUILD_DIR/bin/elastic_train" $args >/dev/null 2>&1
+            timeout 600 mpirun -np $np --oversubscribe --enable-recovery env DPSHIM_GUARD_TIMEOUT=5 \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/elastic_train" $args >/dev/null 2>&1
             took[$rec]+="$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }') "
         done
     done
-    paste <(xargs -n1 <<<"${took[killed]}") <(xargs -n1 <<<"${took[healthy]}") |
-        awk '{ d[NR] = $1 - $2; k[NR] = $1; h[NR] = $2 } END { for (i = 1; i <= NR; i++) printf "  round %d: healthy %.2f s, a rank lost %.2f s: the loss cost %.2f s\n", i, h[i], k[i], d[i] }'
+    paste <(xargs -n1 <<<"${took[healthy]}") <(xargs -n1 <<<"${took[killed]}") <(xargs -n1 <<<"${took[stalled]}") |
+        awk '{ printf "  round %d: healthy %.2f s; killed %.2f s, the loss cost %.2f s; stalled %.2f s, the loss cost %.2f s\n", NR, $1, $2, $2 - $1, $3, $3 - $1 }'
 }
 
 # bench-compare's parts, "NAME|what its figure is": each a cost, lower is better.

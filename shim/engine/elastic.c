@@ -184,9 +184,20 @@ static void say_loss(const int *before, int nbefore)
                                   dps_guard_lost_cause(r));
     }
     if (dps_g.eff_rank != 0 || !lost) return;
-    DPS_WARN("elastic: lost %s during step %llu; %d rank(s) go on%s", names,
-             (unsigned long long)dps_e.step + 1, el.n,
-             dps_g.split_mode ? ", each global batch split among them" : ", each with its batch");
+    /* what of the step the lost ranks held: it is missing from the sums not complete at the loss
+     * (a sum some survivor completed holds it) */
+    char missing[160];
+    uint64_t gone_share = held(before, nbefore) - held(el.ranks, el.n);
+    if (dps_g.split_mode && dps_e.have_batch)
+        snprintf(missing, sizeof missing, "; the step's lost share (%llu of %llu samples)",
+                 (unsigned long long)gone_share, (unsigned long long)dps_e.batch_n);
+    else
+        snprintf(missing, sizeof missing, "; the lost batch of the step");
+    DPS_WARN(
+        "elastic: lost %s during step %llu%s is missing from the gradient sums not complete at the loss; "
+        "%d rank(s) go on%s",
+        names, (unsigned long long)dps_e.step + 1, missing, el.n,
+        dps_g.split_mode ? ", each global batch split among them" : ", each with its batch");
 }
 
 int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes)
