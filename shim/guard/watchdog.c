@@ -383,14 +383,14 @@ static void forget_report(void)
         watch.peers[r].have = 0;
 }
 
-/* Elastic mode: a finished report of a timeout that ranks stalled in the program's own code (or silent) explain,
- * while every other rank waits in one collective, does not end the job. The stalled ranks are lost
- * and ended (at once where they run on this host; told to end otherwise), and the others go on.
- * Every rank holds the same answers (each rank sends its one to all), so every rank that finishes
- * the report finds the same ranks stalled; one that finds itself among them ends. A report that
- * a loss already settled (another rank's, on the same collective) is dropped. Rank 0 stalled, a
- * rank in another collective, or one that left the program: the job ends as without elastic mode.
- * Returns 1 where the report was settled so. */
+/* Elastic mode: a finished report of a timeout does not end the job where ranks stalled in the
+ * program's own code (or silent) explain it, while every other rank waits in one collective (or
+ * two in a row). The stalled ranks are lost and ended (at once where they run on this host; told
+ * to end otherwise), and the others go on. Every rank holds the same answers (each rank sends its
+ * one to all), so every rank that finishes the report finds the same ranks stalled; one that finds
+ * itself among them ends. A report that a loss already explains is dropped. Rank 0 stalled (where
+ * it may not be lost), a rank in other calls, or one that left the program: the job ends as
+ * without elastic mode. Returns 1 where the report was settled so. */
 static int settle_by_loss(void)
 {
     if (!going_on_after_loss()) return 0;
