@@ -985,9 +985,9 @@ void dps_guard_exit(void)
         m.kind = MSG_LEAVING;
         dps_diag_tally(&m.tally);
         int collector = 0; /* the lowest rank still in the job (rank 0, unless it was lost) */
-        while (known(collector) && watch.peers[collector].gone)
+        while (collector < conf->rank && watch.peers[collector].gone)
             collector++;
-        if (conf->rank == collector && !exit_tallies &&
+        if (conf->rank == collector && conf->size > 0 && !exit_tallies &&
             (exit_tallies = calloc((size_t)conf->size, sizeof *exit_tallies)))
             exit_tallies[collector] = m.tally;
         send_all(&m);
