@@ -63,8 +63,7 @@ void dps_elastic_setup(const dps_backend_t *be)
     int rank0_may_go = !atomic_load(&dps_files_on);
     if (!why && dps_guard_elastic_start((int)(min_ranks < (uint64_t)size ? min_ranks : (uint64_t)size),
                                         rank0_may_go) != 0)
-        why = "the guard has no watchdog or side channel ([guard] timeout = 0 and exit_barrier = off, or MPI "
-              "below MPI_THREAD_MULTIPLE)";
+        why = "the guard has no watchdog thread or no side channel (MPI below MPI_THREAD_MULTIPLE)";
     if (why) {
         if (dps_g.eff_rank == 0)
             DPS_WARN("[elastic] lost_rank = continue: off, as %s; a lost rank ends the job", why);

@@ -74,6 +74,17 @@ typedef struct peer {
 /* Why a rank was lost in elastic mode, as this rank learned it. */
 enum { LOST_GONE = 1, LOST_STALLED = 2, LOST_SILENT = 3, LOST_TOLD = 4 };
 
+/* What a report's answers say of a rank: LOST_SILENT (no answer), LOST_STALLED (in the program's
+ * own code, not leaving it), or 0 (in a collective, or leaving). */
+static int stall_of(const peer_t *p)
+{
+    if (!p->have) return LOST_SILENT;
+    return !p->status.in_coll && !p->status.leaving ? LOST_STALLED : 0;
+}
+
+/* Where rank 0's loss ends the job after all: it leads the gated files' protocol. */
+#define RANK0_LEADS_FILES "rank 0 leads the gated files, and that does not pass to another rank"
+
 /* The watchdog's own state: the thread, and what it knows of the job, one entry per rank
  * (allocated for the job's size when the watchdog starts). */
 static struct {
@@ -243,9 +254,8 @@ static void headline(const guard_msg_t *f)
             f->hook, (unsigned long long)f->seq, (unsigned long long)f->step, f->seconds, f->rank,
             dps_guard_conf.timeout);
     if (f->why == WHY_PEER_GONE && f->left_rank == 0 && atomic_load(&elastic.on) && !elastic.rank0_may_go)
-        DPS_ERROR(
-            "guard: [elastic] lost_rank = continue goes on without rank 0 only where no [files] rank0_only "
-            "globs are set: rank 0 leads the gated files, and that does not pass to another rank");
+        DPS_ERROR("guard: [elastic] lost_rank = continue goes on without rank 0 only where no [files] "
+                  "rank0_only globs are set: " RANK0_LEADS_FILES);
 }
 
 /* A rank that did not answer: gone (crashed, killed, _exit) or frozen (SIGSTOP), or out of reach
@@ -309,8 +319,8 @@ static _Noreturn void finish_report(void)
     /* a rank gone, or ranks stalled or silent (not rank 0): what recovery mode would go on without */
     int lost_kind = watch.first.why == WHY_PEER_GONE && watch.first.left_rank != 0;
     for (int r = 1; watch.first.why == WHY_TIMEOUT && known(r); r++)
-        lost_kind |= !peers[r].have || (!peers[r].status.in_coll && !peers[r].status.leaving);
-    if (!peers[0].have || (!peers[0].status.in_coll && !peers[0].status.leaving)) lost_kind = 0;
+        lost_kind |= stall_of(&peers[r]) != 0;
+    if (stall_of(&peers[0])) lost_kind = 0;
     if (dps_guard_conf.recovery_hint && lost_kind)
         DPS_ERROR("guard: to let the other ranks go on without a lost or stalled rank, launch under the "
                   "launcher's recovery mode: dpshim-run --enable-recovery (mpirun --enable-recovery); "
@@ -319,7 +329,7 @@ static _Noreturn void finish_report(void)
     if (watch.rank0_stalled)
         DPS_ERROR(
             "guard: [elastic] lost_rank = continue goes on without a stalled rank 0 only where no [files] "
-            "rank0_only globs are set: rank 0 leads the gated files, and that does not pass to another rank");
+            "rank0_only globs are set: " RANK0_LEADS_FILES);
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
@@ -409,17 +419,17 @@ static int settle_by_loss(void)
         const peer_t *p = &watch.peers[r];
         if (p->gone) continue;
         if (p->left || (p->have && p->status.leaving)) return 0; /* left the program: no stall */
-        if (p->have && p->status.in_coll) {
+        if (stall_of(p)) {
+            nstalled++, rank0_stalled |= r == 0;
+        } else {
             nwaiting++;
             if (p->status.seq > seq) seq = p->status.seq;
             if (p->status.seq < low) low = p->status.seq;
-        } else {
-            nstalled++, rank0_stalled |= r == 0;
         }
     }
     for (int r = 0; nwaiting && known(r); r++) {
         const peer_t *p = &watch.peers[r];
-        if (p->gone || !p->have || !p->status.in_coll) continue;
+        if (p->gone || stall_of(p)) continue;
         if (seq - low > 1) return 0; /* further apart: not a stall */
         int i = p->status.seq == seq;
         if (seen[i]++ && place(&p->status) != at[i]) return 0; /* other calls: a desync */
@@ -438,14 +448,11 @@ static int settle_by_loss(void)
         forget_report();
         return 1;
     }
-    if (!watch.peers[me].have || !watch.peers[me].status.in_coll) ended_as_stalled(me);
+    if (stall_of(&watch.peers[me])) ended_as_stalled(me);
     for (int r = 0; known(r); r++) {
-        peer_t *p = &watch.peers[r];
-        if (p->gone || (p->have && p->status.in_coll)) continue;
-        pthread_mutex_lock(&elastic.lock);
-        dps_surv_lost(elastic.agreement, r);
-        pthread_mutex_unlock(&elastic.lock);
-        lost_elastic(r, p->have ? LOST_STALLED : LOST_SILENT);
+        int kind = stall_of(&watch.peers[r]);
+        if (watch.peers[r].gone || !kind) continue;
+        lost_elastic(r, kind);
         dps_guard_end_peer(r);
         guard_msg_t end = {.kind = MSG_LOST, .rank = me, .left_rank = -1};
         dps_guard_conf.be->guard_send(&end, sizeof end, r);
@@ -580,9 +587,6 @@ static void look_at_processes(void)
         peer_t *p = &watch.peers[r];
         if (r == dps_guard_conf.rank || p->left || p->gone || !dps_guard_peer_gone(r)) continue;
         if (going_on && !leaving && (r != 0 || elastic.rank0_may_go)) {
-            pthread_mutex_lock(&elastic.lock);
-            dps_surv_lost(elastic.agreement, r);
-            pthread_mutex_unlock(&elastic.lock);
             lost_elastic(r, LOST_GONE);
             continue;
         }
@@ -599,28 +603,27 @@ static void look_at_processes(void)
     }
 }
 
-/* Rank r is lost, and the job goes on without it: the main thread gives up its collective, the
- * exit barrier waits no more for r, and the agreement's messages go out. */
+/* Rank r is lost, and the job goes on without it: the agreement holds it lost, the main thread
+ * gives up its collective, the exit barrier waits no more for r, and the agreement's messages go
+ * out. */
 static void lost_elastic(int r, int cause)
 {
     peer_t *p = &watch.peers[r];
     /* told by another rank: what this rank saw of r says why, where it saw anything */
     if (cause == LOST_TOLD && dps_guard_peer_gone(r)) cause = LOST_GONE;
-    if (cause == LOST_TOLD && watch.reporting && !p->have) cause = LOST_SILENT;
-    if (cause == LOST_TOLD && watch.reporting && p->have && !p->status.in_coll && !p->status.leaving)
-        cause = LOST_STALLED;
+    if (cause == LOST_TOLD && watch.reporting && stall_of(p)) cause = stall_of(p);
     unsigned char was = atomic_load(&p->lost_cause); /* a cause seen here beats another rank's word */
     while ((was == 0 || was == LOST_TOLD) &&
            !atomic_compare_exchange_weak(&p->lost_cause, &was, (unsigned char)cause))
         ;
-    if (r == 0 &&
-        !elastic
-             .rank0_may_go) { /* found lost by a rank of another host: those of rank 0's host end the job */
-        dps_guard_elastic_off(
-            "rank 0 was lost, and it leads the [files] rank0_only files, which does not pass "
-            "to another rank");
+    /* found lost by a rank of another host: those of rank 0's host end the job */
+    if (r == 0 && !elastic.rank0_may_go) {
+        dps_guard_elastic_off("rank 0 was lost, and " RANK0_LEADS_FILES);
         return;
     }
+    pthread_mutex_lock(&elastic.lock); /* a no-op where the agreement told this rank */
+    dps_surv_lost(elastic.agreement, r);
+    pthread_mutex_unlock(&elastic.lock);
     if (!p->gone) {
         p->gone = 1, atomic_fetch_add(&watch.ngone, 1);
         atomic_store(&elastic.pending, 1);

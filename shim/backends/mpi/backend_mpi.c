@@ -144,14 +144,17 @@ static int wait_all(channel_t *ch, MPI_Request *reqs, int n, MPI_Status *st, con
     if (!abandon_fn || ch != &main_ch) return check(ch, status_error(PMPI_Waitall(n, reqs, st), st, n), what);
     int failed = 0;
     for (;;) {
-        int done = 0, rc = failed ? MPI_SUCCESS : status_error(PMPI_Testall(n, reqs, &done, st), st, n),
-            cls = 0;
-        /* a message to or from a lost rank of another host (its link refused) fails: the guard
-         * finds the loss, or ends the job at its timeout; a truncated one is a desync, said now */
-        if (rc != MPI_SUCCESS && (PMPI_Error_class(rc, &cls) != MPI_SUCCESS || cls == MPI_ERR_TRUNCATE))
-            return check(ch, rc, what);
-        if (check(ch, rc, what)) failed = 1;
-        if (done && !failed) return 0; /* a failed message completes nothing */
+        int done = 0, cls = 0;
+        if (!failed) {
+            int rc = status_error(PMPI_Testall(n, reqs, &done, st), st, n);
+            /* a message to or from a lost rank of another host (its link refused) fails: the guard
+             * finds the loss, or ends the job at its timeout; a truncated one is a desync, said now.
+             * A failed message completes nothing. */
+            if (rc != MPI_SUCCESS && (PMPI_Error_class(rc, &cls) != MPI_SUCCESS || cls == MPI_ERR_TRUNCATE))
+                return check(ch, rc, what);
+            failed = check(ch, rc, what) != 0;
+            if (done && !failed) return 0;
+        }
         if (abandon_fn()) {
             snprintf(ch->err, sizeof ch->err, "%s given up: a rank of the job was lost", what);
             return -2;
