@@ -43,6 +43,8 @@ RECORD=$out_dir/gpu-check.md
 fails=0
 
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# an NCCL error code alone ("invalid argument") does not say which argument: NCCL's warnings do
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 note() { echo "$*" | tee -a "$RECORD"; }
 # check NAME EXPECT CMD...: runs CMD (LIMIT seconds at most, 120 unless set; output kept in the
 # record); PASS on exit 0 with EXPECT (a regular expression, or "" for none) in its output: the

@@ -3,7 +3,9 @@ and under mpirun with the shim, the saved weights must agree up to float roundin
 --wide: Adam on a model with a 6.4M-parameter layer, for [optim] shard (sharded and unsharded
 runs must save the same bytes); prints this process's peak GPU memory and optimizer state."""
 import argparse
+import os
 
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic mode
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -19,6 +21,11 @@ args = parser.parse_args()
 # tolerance, so both compute in full float32
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
+# cuDNN's convolution backward may sum in any order: two runs alone differ, and [optim] shard on
+# and off are compared bit for bit, so the kernels are the deterministic ones
+torch.backends.cudnn.deterministic = True
+torch.backends.cudnn.benchmark = False
+torch.use_deterministic_algorithms(True, warn_only=True)
 torch.manual_seed(1)
 x = torch.randn(2048, 1, 16, 16)
 y = (x.mean(dim=(1, 2, 3)) > 0).long() + 2 * (x[:, 0, 0, 0] > 0).long()
