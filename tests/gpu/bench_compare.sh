@@ -10,11 +10,13 @@
 #   torch-np2        two ranks on the one GPU (each with its own NCCL_HOSTID, so that NCCL takes
 #                    them for two hosts and runs between them): torch_resnet.py unmodified under
 #                    dpshim (scale mode: the script's batch per rank, [comm] overlap on) against
-#                    torch_resnet_ddp.py (NCCL, the same bucket size and per-rank batch), and the
-#                    shim with [comm] overlap off: the share of the reduction hidden behind
-#                    backward is (step off - step on) / the reduction alone, the reduction alone
-#                    being dp_grads on one device buffer of the gradients' size on the same two
-#                    ranks (dpshim-diag bench gpu-sweep:MiB)
+#                    torch_resnet_ddp.py (NCCL, the same bucket size and per-rank batch), like for
+#                    like: BatchNorm synchronized exactly (dpshim's default) against DDP with
+#                    nn.SyncBatchNorm (GPU only), and [bn] sync = off against DDP's default (each
+#                    rank its own statistics); then [bn] sync = off with [comm] overlap off: the
+#                    share of the reduction hidden behind backward is (step off - step on) / the
+#                    reduction alone, the reduction alone being dp_grads on one device buffer of
+#                    the gradients' size on the same two ranks (dpshim-diag bench gpu-sweep:MiB)
 # cpu (the CI test of the scripts and of this harness): the same on the CPU, small, DDP on gloo
 # and dpshim's host path; the reduction alone from `dpshim-diag bench MiB`.
 # Needs SHIM (libdpshim.so) and DIAG (dpshim-diag); BIN (cuda_train's folder) for cuda-train.
@@ -98,32 +100,41 @@ torch-one-rank)
         printf "  overhead per step under dpshim: %+.2f%% (target <= 2%%)\n", 100 * (a / s - 1) }'
     ;;
 torch-np2)
-    ddp=() on=() off=() on_ms=() off_ms=() grad=
+    # the kinds of run, each a line of the table below: DDP's, then dpshim's (bn sync, overlap)
+    kinds=(ddp nosync_on exact_on nosync_off)
+    [ "$device" = cuda ] && kinds=(ddp ddp_sync "${kinds[@]:1}")
+    declare -A sps=() ms=()
+    grad=
     for r in $(seq "$rounds"); do
-        launch ddp.$r 2 env "${gpu_env[@]}" MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" $hostid \
-            "$python" "$here/torch_resnet_ddp.py" "${size[@]}" "${steps[@]}" --bucket-mb 25
-        ran ddp.$r $?
-        for ov in on off; do
-            launch $ov.$r 2 env "${gpu_env[@]}" DPSHIM_DATA_MODE=scale DPSHIM_COMM_OVERLAP=$ov DPSHIM_COMM_BUCKET_MB=25 \
-                DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" $hostid \
-                "$python" "$here/torch_resnet.py" "${size[@]}" "${steps[@]}"
-            ran $ov.$r $?
+        for k in "${kinds[@]}"; do
+            case $k in
+            ddp*)
+                sync=(); [ $k = ddp_sync ] && sync=(--sync-bn)
+                launch $k.$r 2 env "${gpu_env[@]}" MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" $hostid \
+                    "$python" "$here/torch_resnet_ddp.py" "${size[@]}" "${steps[@]}" --bucket-mb 25 "${sync[@]}" ;;
+            *)
+                bn=on; [ "${k%_*}" = nosync ] && bn=off
+                launch $k.$r 2 env "${gpu_env[@]}" DPSHIM_DATA_MODE=scale DPSHIM_BN_SYNC=$bn DPSHIM_COMM_OVERLAP=${k##*_} \
+                    DPSHIM_COMM_BUCKET_MB=25 DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" $hostid \
+                    "$python" "$here/torch_resnet.py" "${size[@]}" "${steps[@]}" ;;
+            esac
+            ran $k.$r $?
+            sps[$k]+=" $(value $k.$r samples_per_s)" ms[$k]+=" $(value $k.$r step_ms)"
         done
-        ddp+=("$(value ddp.$r samples_per_s)") on+=("$(value on.$r samples_per_s)") off+=("$(value off.$r samples_per_s)")
-        on_ms+=("$(value on.$r step_ms)") off_ms+=("$(value off.$r step_ms)")
-        grad=$(value on.$r grad_mib)
+        grad=$(value exact_on.$r grad_mib)
     done
     # a job whose ranks each ran the whole program is no comparison
-    if grep -l "no work was shared out\|nothing was distributed" "$logs"/on.* "$logs"/off.* >&2; then
+    if grep -l "no work was shared out\|nothing was distributed" "$logs"/exact_* "$logs"/nosync_* >&2; then
         echo "bench_compare: a dpshim run above shared no work out" >&2
         failed=1
     fi
-    path=$(grep -ohE "GPU tensors go through (NCCL|host memory and MPI \(staged\))" "$logs"/on.* | sort -u | paste -sd';' -)
+    path=$(grep -ohE "GPU tensors go through (NCCL|host memory and MPI \(staged\))" "$logs"/exact_on.* | sort -u | paste -sd';' -)
     [ "$device" = cpu ] && path="host tensors: the host path"
-    d=$(printf '%s\n' "${ddp[@]}" | grep . | median) s=$(printf '%s\n' "${on[@]}" | grep . | median)
-    so=$(printf '%s\n' "${off[@]}" | grep . | median)
-    ms_on=$(printf '%s\n' "${on_ms[@]}" | grep . | median) ms_off=$(printf '%s\n' "${off_ms[@]}" | grep . | median)
-    [ -n "$d" ] && [ -n "$s" ] && [ -n "$so" ] && [ -n "$grad" ] || exit 1
+    for k in "${kinds[@]}"; do
+        sps[$k]=$(xargs -n1 <<<"${sps[$k]}" | median) ms[$k]=$(xargs -n1 <<<"${ms[$k]}" | median)
+        [ -n "${sps[$k]}" ] && [ -n "${ms[$k]}" ] || exit 1
+    done
+    [ -n "$grad" ] || exit 1
     # the reduction alone: the gradients' size (whole MiB, rounded up) on the same two ranks
     mib=$(awk -v g="$grad" 'BEGIN { m = int(g); if (m < g) m++; print m < 1 ? 1 : m }')
     if [ "$device" = cuda ]; then
@@ -134,11 +145,17 @@ torch-np2)
         t_red=$(awk '/dpshim dp_grads/ { for (i = 1; i < NF; i++) if ($(i + 1) == "ms") { print $i; exit } }' "$logs/reduce")
     fi
     [ -n "$t_red" ] || { echo "bench_compare: no time for the reduction alone:" >&2; cat "$logs/reduce" >&2; failed=1; t_red=0; }
-    awk -v d="$d" -v s="$s" -v so="$so" -v on="$ms_on" -v off="$ms_off" -v g="$grad" -v m="$mib" -v t="$t_red" \
+    awk -v d="${sps[ddp]}" -v ds="${sps[ddp_sync]:-}" -v e="${sps[exact_on]}" -v s="${sps[nosync_on]}" \
+        -v so="${sps[nosync_off]}" -v on="${ms[nosync_on]}" -v off="${ms[nosync_off]}" -v g="$grad" -v m="$mib" -v t="$t_red" \
         -v n="$rounds" -v dev="$device" -v b="$batch" -v path="${path:-no path named in its log}" 'BEGIN {
-        printf "PyTorch ResNet-18-like (%s), np=2 on one %s, batch %d per rank, global samples/s, medians of %d alternating rounds (dpshim: %s):\n", dev, dev == "cuda" ? "GPU" : "machine", b, n, path
-        printf "  dpshim (scale mode, [comm] overlap on) %.1f samples/s, DDP %.1f samples/s: dpshim/DDP %.2f (target >= 1.0)\n", 2 * s, 2 * d, s / d
-        printf "  [comm] overlap on vs off: %.2f vs %.2f ms per step (%.1f vs %.1f samples/s): overlap saves %.2f ms per step\n", on, off, 2 * s, 2 * so, off - on
+        printf "PyTorch ResNet-18-like (%s), np=2 on one %s, batch %d per rank, global samples/s, medians of %d alternating rounds (dpshim: scale mode, [comm] overlap on, %s):\n", dev, dev == "cuda" ? "GPU" : "machine", b, n, path
+        if (ds != "")
+            printf "  BatchNorm synchronized: dpshim (exact, its default) %.1f, DDP with SyncBatchNorm %.1f: dpshim/DDP %.2f (target >= 1.0)\n", 2 * e, 2 * ds, e / ds
+        else
+            printf "  BatchNorm synchronized: dpshim (exact, its default) %.1f; DDP with SyncBatchNorm: not on the CPU (PyTorch has it for GPUs only)\n", 2 * e
+        printf "  BatchNorm per rank: dpshim ([bn] sync = off) %.1f, DDP (its default) %.1f: dpshim/DDP %.2f (target >= 1.0)\n", 2 * s, 2 * d, s / d
+        printf "  dpshim exact sync vs DDP'"'"'s default: %.2f (exact sync costs %.1f%% of dpshim'"'"'s samples/s)\n", e / d, 100 * (1 - e / s)
+        printf "  [comm] overlap on vs off ([bn] sync = off): %.2f vs %.2f ms per step (%.1f vs %.1f samples/s): overlap saves %.2f ms per step\n", on, off, 2 * s, 2 * so, off - on
         if (t > 0) {
             h = (off - on) / t; if (h < 0) h = 0; if (h > 1) h = 1
             printf "  reduction alone (dp_grads on one buffer of the gradients %.1f MiB, as %d MiB): %.2f ms; hidden behind backward: %.0f%% ((off - on) / reduction alone)\n", g, m, t, 100 * h

@@ -71,8 +71,10 @@ pack() { [ -z "$NO_PACK" ] || skip "$NO_PACK"; }
     echo "$output"
     assert_success # every run exited 0 and printed samples_per_s, and dpshim shared the work out
     assert_output --regexp "np=2 on one machine, batch 16 per rank, global samples/s"
-    assert_output --regexp "dpshim \(scale mode, \[comm\] overlap on\) $n samples/s, DDP $n samples/s: dpshim/DDP $n \(target >= 1.0\)"
-    assert_output --regexp "\[comm\] overlap on vs off: $n vs $n ms per step \($n vs $n samples/s\): overlap saves -?$n ms per step"
+    assert_output --regexp "BatchNorm synchronized: dpshim \(exact, its default\) $n; DDP with SyncBatchNorm: not on the CPU"
+    assert_output --regexp "BatchNorm per rank: dpshim \(\[bn\] sync = off\) $n, DDP \(its default\) $n: dpshim/DDP $n \(target >= 1.0\)"
+    assert_output --regexp "dpshim exact sync vs DDP's default: $n \(exact sync costs -?$n% of dpshim's samples/s\)"
+    assert_output --regexp "\[comm\] overlap on vs off \(\[bn\] sync = off\): $n vs $n ms per step \($n vs $n samples/s\): overlap saves -?$n ms per step"
     assert_output --regexp "reduction alone \(dp_grads on one buffer of the gradients $n MiB, as 1 MiB\): $n ms; hidden behind backward: [0-9]+%"
     run timeout --kill-after=10 300 bash "$SRC/tests/gpu/bench_compare.sh" torch-one-rank cpu
     echo "$output"
