@@ -210,6 +210,7 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
     char err[1024] = "";
     rank_info_t mine = {0};
     dv.gpu = dps_device_open(err, sizeof err);
+    if (dv.gpu && dv.gpu->notice() && dps_g.eff_rank == 0) DPS_WARN("%s: %s", hook, dv.gpu->notice());
     int prev = dv.gpu ? dv.gpu->use(dev) : -1;
     if (dv.gpu && prev < 0) snprintf(err, sizeof err, "%s", dv.gpu->last_error());
     if (prev >= 0 && dv.gpu->key(mine.key, sizeof mine.key) != 0)

@@ -16,6 +16,8 @@ typedef enum { DPS_COPY_D2D, DPS_COPY_D2H, DPS_COPY_H2D } dps_copy_t;
 typedef struct dps_device {
     /* "CUDA runtime 13.0, driver 13.0, NCCL 2.28.9" (parts it could not load say so). */
     const char *(*versions)(void);
+    /* A warning about the libraries chosen (a DPSHIM_*_LIB not followed, and why), or NULL. */
+    const char *(*notice)(void);
     /* The failure of the last call that returned -1 (per thread). */
     const char *(*last_error)(void);
     /* 1 when that failure was NCCL's report that another rank failed (ncclRemoteError): the

@@ -60,6 +60,7 @@ static void gpu_lines(char *buf, size_t len, size_t *o)
         return;
     }
     add(buf, len, o, "cuda       %s\n", gpu->versions());
+    if (gpu->notice()) add(buf, len, o, "           warning: %s\n", gpu->notice());
     const char *path = !gpu->count() ? "none: no usable GPU"
                        : DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi
                            ? "staged through host memory and MPI ([comm] backend = mpi)"

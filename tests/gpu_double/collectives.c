@@ -340,9 +340,9 @@ static int coll_check_enqueue(const char *name, const void *send, void *recv, si
         dps_dbl_nccl_error("test double: %s: invalid or destroyed communicator %p", name, comm);
         return NCCL_INVALID_ARGUMENT;
     }
-    int err = dps_dbl_nccl_runtime_gone() ? NCCL_CUDA_ERROR
-              : dps_dbl_busy_comm(c)      ? NCCL_INVALID_ARGUMENT
-                                          : atomic_load(&c->async);
+    int err = dps_dbl_nccl_runtime_gone()                          ? NCCL_CUDA_ERROR
+              : dps_dbl_busy_comm(c) || dps_dbl_nccl_second_copy() ? NCCL_INVALID_ARGUMENT
+                                                                   : atomic_load(&c->async);
     coll_t x = {c,
                 0,
                 {0,

@@ -154,6 +154,8 @@ int dps_dbl_aborted_peer(comm_t *c);
 /* Nonzero (and NCCL's error text set) once the CUDA runtime's exit handler ran: NCCL's calls
  * that need CUDA then fail with ncclUnhandledCudaError, as NCCL's own cudart calls would. */
 int dps_dbl_nccl_runtime_gone(void);
+/* 1 (and NCCL's warning) when another copy of NCCL in this process answers for this one. */
+int dps_dbl_nccl_second_copy(void);
 /* Nonzero (and NCCL's error text set) when a call on c comes while an operation is in progress. */
 int dps_dbl_busy_comm(comm_t *c);
 

@@ -5,6 +5,7 @@
 #include "comm.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -63,6 +64,24 @@ int dps_dbl_nccl_runtime_gone(void)
 {
     if (!dps_dbl_runtime_gone()) return 0;
     dps_dbl_nccl_error("Cuda failure 4 'driver shutting down'");
+    return 1;
+}
+
+/* Real NCCL's API functions are weak symbols of default visibility (NCCL_API with PROFAPI),
+ * and NCCL calls some of them itself: before each collective, ncclCommEnsureReady calls
+ * ncclCommGetAsyncError. A second copy of NCCL loaded into a process that already has one in
+ * its global scope therefore reaches the first copy's function, which reads this copy's
+ * communicator with its own layout, and every collective fails with "invalid argument". */
+int dps_dbl_nccl_second_copy(void)
+{
+    void *first = dlsym(RTLD_DEFAULT, "ncclCommGetAsyncError");
+    Dl_info first_at, own_at;
+    if (!first || !dladdr(first, &first_at) || !dladdr((void *)dps_dbl_nccl_second_copy, &own_at) ||
+        first_at.dli_fbase == own_at.dli_fbase)
+        return 0;
+    dps_dbl_nccl_error("Attempt to use communicator before the previous operation returned ncclSuccess "
+                       "(test double: this copy of NCCL calls the ncclCommGetAsyncError of another copy, %s)",
+                       first_at.dli_fname);
     return 1;
 }
 

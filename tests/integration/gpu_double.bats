@@ -187,11 +187,13 @@ same_checksums() {
 }
 
 @test "a CUDA runtime without NCCL: the job says it goes staged and why; backend = nccl refuses" {
-    gpu 2 DPSHIM_NCCL_LIB=/nonexistent/libnccl.so.2 -- --dtype f32
+    # gpu_hooks holds the double as its CUDA runtime; with no libnccl.so.2 on the library path
+    # the plugin cannot find it as the program's NCCL as well
+    gpu 2 LD_LIBRARY_PATH= DPSHIM_NCCL_LIB=/nonexistent/libnccl.so.2 -- --dtype f32
     assert_success
     assert_output --partial "GPU tensors go through host memory and MPI (staged): rank 0 has no NCCL"
     same_checksums
-    gpu 2 DPSHIM_NCCL_LIB=/nonexistent/libnccl.so.2 DPSHIM_COMM_BACKEND=nccl -- --dtype f32
+    gpu 2 LD_LIBRARY_PATH= DPSHIM_NCCL_LIB=/nonexistent/libnccl.so.2 DPSHIM_COMM_BACKEND=nccl -- --dtype f32
     assert_failure 70
     assert_output --partial "rank 0 has no NCCL"
 }
@@ -263,6 +265,19 @@ same_checksums() {
     assert_success
     assert_output --partial "GPU tensors go through NCCL"
     assert_output --partial "$DOUBLE/libnccl.so.2"
+    same_checksums
+}
+
+@test "a program with NCCL of its own: the plugin uses that copy, not a second one DPSHIM_NCCL_LIB names" {
+    # a C++ program on libtorch has PyTorch's NCCL in its global scope. A second NCCL beside it
+    # calls the first copy's functions with its own communicator and fails every collective.
+    mkdir "$BATS_TEST_TMPDIR/other"
+    cp "$DOUBLE/libnccl.so.2" "$BATS_TEST_TMPDIR/other/libnccl.so.2" # a copy, not a link: another file
+    gpu 2 DPSHIM_DIAG_LOG=info DPSHIM_NCCL_LIB="$BATS_TEST_TMPDIR/other/libnccl.so.2" \
+        LD_PRELOAD="$SHIM libnccl.so.2" -- --dtype f32
+    assert_success
+    assert_output --partial "GPU tensors go through NCCL"
+    assert_output --regexp "WARN .*DPSHIM_NCCL_LIB names $BATS_TEST_TMPDIR/other/libnccl.so.2, but the program already has NCCL loaded \\($DOUBLE/[^)]*\\): that one is used"
     same_checksums
 }
 

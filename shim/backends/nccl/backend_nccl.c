@@ -5,12 +5,14 @@
  * itself), the fusion bucket, a pool of events, and one NCCL communicator. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -164,24 +166,62 @@ static int nccl_ok(dps_ncclResult_t r, const char *what)
     return r == DPS_ncclSuccess ? 0 : nccl_failed(st.comm, r, what);
 }
 
-/* The program's copy first, then ours: `names` in order, or the user's path alone. */
-static void *open_lib(const char *env, const char *const *names, char *which, size_t len)
+static char notice_text[1024]; /* what the user is told about how a library was chosen */
+
+/* The file a handle was loaded from. */
+static const char *loaded_from(void *h)
+{
+    struct link_map *lm = NULL;
+    return dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name[0] ? lm->l_name : "?";
+}
+
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* The program's copy first, then ours: `names` in order, or the user's path alone. A program
+ * that already holds NCCL (`one_copy`) keeps it even against the user's path: NCCL's API
+ * functions are weak default-visible symbols that NCCL calls itself (ncclCommEnsureReady calls
+ * ncclCommGetAsyncError before every collective), so a second copy reaches the first copy's code
+ * with its own communicator, and every collective fails with "invalid argument". */
+static void *open_lib(const char *env, const char *const *names, int one_copy, char *which, size_t len)
 {
     const char *user = getenv(env);
-    if (user && user[0]) {
+    void *program = NULL;
+    for (const char *const *n = names; *n && !program && (one_copy || !(user && user[0])); n++)
+        program = dlopen(*n, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    if (user && user[0] && !(program && one_copy)) {
+        if (program) dlclose(program);
         snprintf(which, len, "%s", user);
         return dlopen(user, RTLD_NOW | RTLD_GLOBAL);
     }
-    for (int pass = 0; pass < 2; pass++)
-        for (const char *const *n = names; *n; n++) {
-            void *h = dlopen(*n, RTLD_NOW | RTLD_GLOBAL | (pass == 0 ? RTLD_NOLOAD : 0));
-            if (h) {
-                snprintf(which, len, "%s%s", *n, pass == 0 ? " (the program's)" : "");
-                return h;
-            }
+    if (program) {
+        const char *path = loaded_from(program);
+        snprintf(which, len, "%s, the program's", path);
+        if (user && user[0] && !same_file(user, path))
+            snprintf(notice_text, sizeof notice_text,
+                     "%s names %s, but the program already has NCCL loaded (%s): that one is used, as two "
+                     "copies of NCCL in one process call into each other and fail; unset %s, or point it "
+                     "to the program's",
+                     env, user, path, env);
+        return program;
+    }
+    for (const char *const *n = names; *n; n++) {
+        void *h = dlopen(*n, RTLD_NOW | RTLD_GLOBAL);
+        if (h) {
+            snprintf(which, len, "%s", *n);
+            return h;
         }
+    }
     snprintf(which, len, "%s", names[0]);
     return NULL;
+}
+
+static const char *notice(void)
+{
+    return notice_text[0] ? notice_text : NULL;
 }
 
 static char versions_text[1536];
@@ -708,7 +748,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
     static const char *const cudart_names[] = {"libcudart.so.13", "libcudart.so.12", NULL};
     static const char *const nccl_names[] = {"libnccl.so.2", NULL};
     char which[512], missing[64];
-    void *h = open_lib("DPSHIM_CUDART_LIB", cudart_names, which, sizeof which);
+    void *h = open_lib("DPSHIM_CUDART_LIB", cudart_names, 0, which, sizeof which);
     if (!h) {
         snprintf(err, errlen, "cannot load the CUDA runtime (%s): %s; set DPSHIM_CUDART_LIB to its path",
                  which, dlerror());
@@ -732,7 +772,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
         append(", no usable GPU (%s)", e != DPS_cudaSuccess ? cu.GetErrorString(e) : "0 devices");
     else
         append(", %d GPU(s)", ngpus = n);
-    void *hn = open_lib("DPSHIM_NCCL_LIB", nccl_names, st.nccl_path, sizeof st.nccl_path);
+    void *hn = open_lib("DPSHIM_NCCL_LIB", nccl_names, 1, st.nccl_path, sizeof st.nccl_path);
     int v = 0;
     if (hn &&
         dps_bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
@@ -743,6 +783,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
         append(", no NCCL (%s: %s)", st.nccl_path, hn ? "too old" : "not found");
     }
     *out = (dps_device_t){.versions = versions,
+                          .notice = notice,
                           .last_error = last_error,
                           .peer_failed = peer_failed,
                           .has_nccl = has_nccl,
