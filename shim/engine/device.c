@@ -22,6 +22,7 @@
 #include "common.h"
 #include "device.h"
 #include "diag/diag.h"
+#include "elastic.h"
 #include "gpu/where.h"
 #include "guard/guard.h"
 
@@ -90,6 +91,7 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
 /* What each rank tells the others at set-up: all fixed-size text, gathered with one sum. */
 typedef struct rank_info {
     char usable, nccl, from_peer; /* from_peer: unusable only because another rank failed */
+    char elastic;                 /* this rank goes on after a loss ([elastic] lost_rank = continue) */
     char key[93];                 /* host hash and PCI bus id: equal keys are one GPU */
     char why[160];                /* why this rank cannot use its GPU */
 } rank_info_t;
@@ -218,6 +220,7 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
     if (dv.gpu && prev >= 0) dv.gpu->restore(prev);
     mine.usable = !err[0];
     mine.nccl = mine.usable && dv.gpu->has_nccl();
+    mine.elastic = (char)dps_elastic_on();
     snprintf(mine.why, sizeof mine.why, "%s", err);
     rank_info_t *all = gather(be, &mine);
     first_unusable(all, hook);
@@ -236,6 +239,9 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
                  strchr(all[a].key, ' ') + 1);
     for (int r = 0; r < dps_g.eff_size && !why[0]; r++)
         if (!all[r].nccl) snprintf(why, sizeof why, "rank %d has no NCCL", r);
+    int elastic = 0;
+    for (int r = 0; r < dps_g.eff_size; r++)
+        elastic |= all[r].elastic;
     if (DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi)
         go_staged("[comm] backend = mpi");
     else if (why[0] && nccl_demanded())
@@ -245,6 +251,11 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
             hook, why);
     else if (why[0])
         go_staged(why);
+    else if (elastic && !nccl_demanded())
+        /* a collective among the survivors replaces one given up; NCCL's cannot be given up */
+        go_staged("[elastic] lost_rank = continue: a collective through host memory can be given up "
+                  "when a rank is lost, one through NCCL cannot ([comm] backend = nccl keeps NCCL, and "
+                  "a loss then ends the job)");
     else
         bring_up_nccl(hook, be);
     free(all);
@@ -539,6 +550,7 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
 {
     int prev = begin(hook, be, t, n);
     dps_guard_tensors(t, n);
+    if (dv.mode == MODE_NCCL) dps_guard_elastic_off("GPU collectives through NCCL cannot be given up");
     if (dv.mode == MODE_STAGED) {
         staged_fused(hook, be, t, n, kind, w, op);
         end(hook, prev, wait);
@@ -566,7 +578,6 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
 int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
                      dps_weight_t w, dps_redop_t op)
 {
-    dps_guard_elastic_off("GPU collectives cannot be given up yet");
     return n ? run(hook, be, t, n, kind, w, op, 1) : 0;
 }
 
@@ -585,7 +596,6 @@ static void flush_pending(const dps_backend_t *be, dps_weight_t w)
 
 int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weight_t w)
 {
-    dps_guard_elastic_off("GPU collectives cannot be given up yet");
     if (dps_check_tensors("dp_grad_ready", t, 1, 1)) return -1;
     size_t bytes = t->count * dps_dtype_size(t->dtype);
     if (dps_ready_add(&dv.ready, t, bytes)) {
@@ -600,7 +610,6 @@ int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weigh
 
 int dps_device_grads(const dps_backend_t *be, const dp_tensor *t, size_t n, dps_weight_t w)
 {
-    dps_guard_elastic_off("GPU collectives cannot be given up yet");
     if (dps_check_tensors("dp_grads", t, n, 1)) return -1;
     int any_queued = dv.ready.nhanded > 0;
     size_t m;

@@ -186,6 +186,32 @@ same_checksums() {
     assert_output --partial "[comm] backend = nccl, but ranks 0 and 1 share the GPU 00000000:10:00.0"
 }
 
+@test "elastic mode: GPU tensors go through host memory, and a rank SIGKILLed mid-job leaves the others going on" {
+    # under the launcher's recovery mode a collective given up at a loss runs again among the
+    # survivors; NCCL's cannot be given up, so the job takes the staged path for GPU tensors
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=3 CUDA_VISIBLE_DEVICES=0,1,2 \
+        GPU_DOUBLE_ONE_DEVICE=1 DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=info \
+        "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$PROG" --dtype f32 --steps 4 --kill-rank 2 </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "GPU tensors go through host memory and MPI (staged): [elastic] lost_rank = continue"
+    assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+: its process ended\) during step 1"
+    # in every step the GPU's sums equal the host path's among the same ranks; one result for
+    # the first step's 3 ranks, one for the 3 later steps of the 2 survivors
+    refute_output --partial MISMATCH
+    local counts
+    counts=$(grep -o 'checksum [0-9a-f]* ok' <<<"$output" | sort | uniq -c | awk '{ print $1 }' | sort -n | paste -sd' ')
+    [ "$counts" = "3 6" ] || fail "results per checksum: $counts, not 3 (step 1 on 3 ranks) and 6 (3 steps on 2)"
+    # [comm] backend = nccl keeps NCCL, and then a loss ends the job, naming why
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=3 CUDA_VISIBLE_DEVICES=0,1,2 \
+        GPU_DOUBLE_ONE_DEVICE=1 DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=info DPSHIM_COMM_BACKEND=nccl \
+        "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$PROG" --dtype f32 --steps 4 --kill-rank 2 </dev/null
+    echo "$output"
+    assert_failure 75
+    assert_output --partial "GPU tensors go through NCCL"
+    assert_output --partial "a lost rank ends the job after all: GPU collectives through NCCL cannot be given up"
+}
+
 @test "a CUDA runtime without NCCL: the job says it goes staged and why; backend = nccl refuses" {
     # gpu_hooks holds the double as its CUDA runtime; with no libnccl.so.2 on the library path
     # the plugin cannot find it as the program's NCCL as well

@@ -5,7 +5,7 @@
  *
  *   gpu_hooks [--hook grads|ready|params|bn|owners] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
  *             [--batch N] [--nan-if-empty] [--late] [--stream] [--capture] [--unflagged] [--steps K]
- *             [--sleep-rank R]
+ *             [--sleep-rank R] [--kill-rank R]
  *
  * --hook owners: dp_from_owners with tensor i owned by rank (i + 1) % size; the host copies are
  *         also checked against the owner's own values.
@@ -16,6 +16,8 @@
  * --unflagged: device tensors passed as DP_HOST (the shim must find out where they live).
  * --sleep-rank R: rank R sleeps 120 s before its second step's hooks, while the others' GPU
  *         collectives wait for it (the guard must end the job).
+ * --kill-rank R: rank R SIGKILLs itself before its second step's hooks (elastic mode: the others
+ *         go on without it).
  * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
  * --device local: the rank works on the GPU of its local rank (cudaSetDevice), as a program
  *         that picks cuda:LOCAL_RANK itself (run with [gpu] bind = off and several GPUs visible).
@@ -26,6 +28,7 @@
  * Prints "gpu_hooks rank R: <hook> <dtype> checksum <hex> ok" per dtype; exits 1 on a mismatch. */
 #define _GNU_SOURCE
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,7 +137,7 @@ int main(int argc, char **argv)
 {
     const char *hook = "grads", *dtype = "all";
     int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1,
-        sleep_rank = -1;
+        sleep_rank = -1, kill_rank = -1;
     int local_device = 0, current = -1, capture_after = 0;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--hook") && a + 1 < argc)
@@ -147,6 +150,8 @@ int main(int argc, char **argv)
             steps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--sleep-rank") && a + 1 < argc)
             sleep_rank = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--kill-rank") && a + 1 < argc)
+            kill_rank = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--nan-if-empty"))
             nan_if_empty = 1;
         else if (!strcmp(argv[a], "--late"))
@@ -187,6 +192,7 @@ int main(int argc, char **argv)
     }
     for (int step = 0; step < steps; step++) {
         if (step == 1 && rank == sleep_rank) sleep(120);
+        if (step == 1 && rank == kill_rank) raise(SIGKILL);
         for (int dt = 0; dt < 7; dt++) {
             if (strcmp(dtype, "all") && strcmp(dtype, dnames[dt])) continue;
             if (!strcmp(hook, "bn") && dt != DP_F32 && dt != DP_F64) continue;
