@@ -131,8 +131,9 @@ typedef struct dps_error {
       "the CUDA runtime the GPU plugin opens (else the program's own, else the "                             \
       "library path's)")                                                                                     \
     X("DPSHIM_NCCL_LIB", "you",                                                                              \
-      "the NCCL the GPU plugin opens (else the program's own, else the library "                             \
-      "path's)")                                                                                             \
+      "the NCCL the GPU plugin opens where the program has none loaded (a program's own "                    \
+      "NCCL is kept, with a warning, as two copies in one process fail), else the "                          \
+      "library path's")                                                                                      \
     X("DPSHIM_LIB", "you",                                                                                   \
       "the libdpshim.so that dpshim-diag env asks (else the one its install or build "                       \
       "tree has)")                                                                                           \
