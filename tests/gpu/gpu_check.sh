@@ -144,11 +144,9 @@ if want staged; then
         check "np=2 on one GPU, staged: gpu_hooks --hook $hook, every dtype, against the host path" "$STAGED_PATH" \
             mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$G" --hook $hook --dtype all
     done
-fi
-# Going on after a lost rank: three ranks on the one GPU under the launcher's recovery mode, rank
-# 2 SIGKILLed before its second step; the others finish (status 0), and in every step their GPU
-# sums equal the host path's among the same ranks.
-if want staged; then
+    # going on after a lost rank: three ranks on the one GPU under the launcher's recovery mode,
+    # rank 2 SIGKILLed before its second step; the others finish (status 0), and in every step
+    # their GPU sums equal the host path's among the same ranks
     check "elastic: 3 ranks on one GPU, rank 2 SIGKILLed before its second step, the others go on" \
         "lost rank 2 .* 2 rank\(s\) go on" env CUDA_VISIBLE_DEVICES=0 DPSHIM_GUARD_TIMEOUT=30 \
         "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$G" --dtype f32 --steps 4 --kill-rank 2

@@ -189,18 +189,18 @@ static int same_file(const char *a, const char *b)
 static void *open_lib(const char *env, const char *const *names, int one_copy, char *which, size_t len)
 {
     const char *user = getenv(env);
+    int named = user && user[0];
     void *program = NULL;
-    for (const char *const *n = names; *n && !program && (one_copy || !(user && user[0])); n++)
+    for (const char *const *n = names; *n && !program && (one_copy || !named); n++)
         program = dlopen(*n, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
-    if (user && user[0] && !(program && one_copy)) {
-        if (program) dlclose(program);
+    if (named && !program) {
         snprintf(which, len, "%s", user);
         return dlopen(user, RTLD_NOW | RTLD_GLOBAL);
     }
     if (program) {
         const char *path = loaded_from(program);
         snprintf(which, len, "%s, the program's", path);
-        if (user && user[0] && !same_file(user, path))
+        if (named && !same_file(user, path))
             snprintf(notice_text, sizeof notice_text,
                      "%s names %s, but the program already has NCCL loaded (%s): that one is used, as two "
                      "copies of NCCL in one process call into each other and fail; unset %s, or point it "
