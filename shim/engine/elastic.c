@@ -59,10 +59,7 @@ void dps_elastic_setup(const dps_backend_t *be)
                  !el.lost_in_step || !el.batch_ranks))
         why = "no memory for its tables";
     uint64_t min_ranks = dps_policy_num(&dps_g.policy, DPS_P_elastic_min_ranks);
-    /* rank 0 leads the gated files' protocol, which does not pass to another rank (yet) */
-    int rank0_may_go = !atomic_load(&dps_files_on);
-    if (!why && dps_guard_elastic_start((int)(min_ranks < (uint64_t)size ? min_ranks : (uint64_t)size),
-                                        rank0_may_go) != 0)
+    if (!why && dps_guard_elastic_start((int)(min_ranks < (uint64_t)size ? min_ranks : (uint64_t)size)) != 0)
         why = "the guard has no watchdog thread or no side channel (MPI below MPI_THREAD_MULTIPLE)";
     if (why) {
         if (dps_g.eff_rank == 0)
@@ -220,6 +217,7 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
         }
         memcpy(el.ranks, d.ranks, (size_t)d.n * sizeof *el.ranks);
         el.n = d.n, el.generation++;
+        if (dps_files_new_leader(d.ranks, d.n)) dps_files_lead_handles(); /* rank 0 lost: this rank leads */
         int me = 0, lag = 0;
         for (int i = 0; i < d.n; i++) {
             if (d.ranks[i] == dps_g.rank) me = i;

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static const dps_files_channel_t files_channel; /* below, next to the backend's opening */
@@ -162,14 +163,40 @@ static void files_watch_end(files_watch_t w)
     if (w.on) dps_guard_own_end(w.mark);
 }
 
+/* Where the job goes on after a loss, the main thread's wait polls, to leave it when the rank it
+ * waits for is lost (the first polls spinning, as the blocking wait would, then in naps). */
 static int files_wait(void *msg, size_t len, const char *what)
 {
     const dps_backend_t *be = files_backend();
     if (!be) return -1;
     files_watch_t w = files_watch_begin(what, 1);
-    int rc = be->files_wait(msg, len);
+    int rc;
+    if (!w.on || !dps_elastic_on()) {
+        rc = be->files_wait(msg, len);
+    } else {
+        for (unsigned polls = 0;; polls++) {
+            int got = be->files_poll(msg, len); /* 1: a message came */
+            if (got != 0 || dps_guard_leader_lost()) {
+                rc = got == 1 ? 0 : got < 0 ? -1 : DPS_FILES_LEADER_LOST;
+                break;
+            }
+            if (polls > 4096) {
+                struct timespec nap = {0, 50000};
+                nanosleep(&nap, NULL);
+            }
+        }
+    }
     files_watch_end(w);
     return rc;
+}
+
+/* The survivors' agreement, from the main thread's wait for a lost leader. */
+static int files_recover(const char *what)
+{
+    const dps_backend_t *be = files_backend();
+    if (!be || gettid() != getpid()) return -1;
+    dps_elastic_recover(be, what, 0, NULL, 0);
+    return 0;
 }
 
 static int files_poll(void *msg, size_t len)
@@ -194,8 +221,8 @@ static int files_next_ack(void *msg, size_t len, int *src, const char *what)
     return rc;
 }
 
-static const dps_files_channel_t files_channel = {files_post, files_wait, files_poll, files_ack,
-                                                  files_next_ack};
+static const dps_files_channel_t files_channel = {files_post, files_wait,     files_poll,
+                                                  files_ack,  files_next_ack, files_recover};
 
 /* A rank that leaves before its first collective still takes part in the exit barrier, for which
  * it opens the backend now: the others may be waiting for it in the backend's start-up, and

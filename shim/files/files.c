@@ -35,6 +35,16 @@ typedef struct glob_list {
 DPS_STARTUP_DATA static glob_list_t rank0_only, per_rank;
 DPS_STARTUP_DATA static int my_rank, my_size, need_cwd;
 
+/* The rank that leads: rank 0, or after its loss the lowest survivor (dps_files_new_leader), and
+ * the ranks that follow it (NULL: every other rank of the job). By the job's ranks. */
+static _Atomic int leader;
+static int *followers, nfollowers;
+
+static int leads(void)
+{
+    return my_rank == atomic_load_explicit(&leader, memory_order_relaxed);
+}
+
 DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 {
     for (const char *s = text; *s;) {
@@ -58,6 +68,7 @@ DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, size_t errlen)
 {
     my_rank = rank, my_size = size;
+    atomic_store(&leader, 0);
     if (parse_globs(&rank0_only, dps_policy_text(p, DPS_P_files_rank0_only)) ||
         parse_globs(&per_rank, dps_policy_text(p, DPS_P_files_per_rank))) {
         snprintf(err, errlen, "out of memory reading [files] globs");
@@ -226,7 +237,7 @@ static void learn(int dirfd, const char *src, const char *dst)
         free(copy);
     }
     pthread_mutex_unlock(&learned_lock);
-    if (my_rank == 0)
+    if (leads())
         DPS_WARN_ONCE("[files] %s is renamed onto %s, which rank0_only matches, but no glob matches %s: "
                       "every rank wrote it. It is rank 0's from now on; add it to [files] rank0_only so "
                       "that the first save is rank 0's alone too",
@@ -259,6 +270,7 @@ static void classify(dps_redirect_t *r, int dirfd, const char *path)
     r->sink = -1;
     r->rc0 = 0, r->err0 = 0;
     r->seq = UINT64_MAX;
+    r->hollow = 0;
     if (!path || !*path || system_path(path)) return;
     views_t v;
     make_views(&v, dirfd, path);
@@ -269,7 +281,7 @@ static void classify(dps_redirect_t *r, int dirfd, const char *path)
         return;
     }
     r->gated = matches(&rank0_only, &v) || is_learned(dirfd, path);
-    if (r->gated && my_size > 1) r->action = my_rank == 0 ? DPS_FILE_LEAD : DPS_FILE_FOLLOW;
+    if (r->gated && my_size > 1) r->action = leads() ? DPS_FILE_LEAD : DPS_FILE_FOLLOW;
 }
 
 void dps_files_path(dps_redirect_t *r, dps_file_op_t op, int dirfd, const char *path)
@@ -324,6 +336,7 @@ typedef struct message {
     uint64_t id;         /* MSG_WRITE, MSG_STREAM_CALL: the handle, by the number of the open */
     int64_t off, asked;  /* MSG_WRITE: at off, asked bytes written (0 where it failed);
                           * MSG_STREAM_CALL: the call's number on the stream, what it returned */
+    uint32_t again;      /* told again by rank 0's successor (dps_files_new_leader) */
 } message_t;
 enum { WRITE_FAILED = -1, WRITE_WHOLE, WRITE_SHORT };
 _Static_assert(sizeof(message_t) <= 64, "a message fits the channel's");
@@ -398,6 +411,13 @@ static const dps_files_channel_t *usable_channel(void)
 {
     if (dps_g.role != DPS_ROLE_RANK || atomic_load_explicit(&dps_g.forked, memory_order_relaxed)) return NULL;
     return atomic_load(&channel);
+}
+
+/* The same for a follower's waits: none on the leader (a stand-in it kept where it could not take
+ * rank 0's place in a file: dps_files_lead_handles). */
+static const dps_files_channel_t *follower_channel(void)
+{
+    return leads() ? NULL : usable_channel();
 }
 
 /* The places where a rank blocks on the others (collectives, the guard's checks) it has reached:
@@ -497,6 +517,12 @@ static unsigned rank0_files_next;      /* the slot taken when none is free: the 
 static uint64_t rank0_seq, rank0_coll; /* rank 0's place: the most its messages said */
 static message_t pending;              /* an outcome that came during a write's wait */
 static int have_pending;
+/* The last messages taken in: where rank 0 is lost, the survivor that takes its place tells them
+ * again, for a survivor that had not received them all (no survivor is more than one collective
+ * ahead of another, and the calls between two collectives are few) */
+#define HISTORY 256
+static message_t history[HISTORY];
+static uint64_t nhistory;
 
 static rank0_file_t *rank0_file(uint64_t id, int make)
 {
@@ -513,6 +539,11 @@ static rank0_file_t *rank0_file(uint64_t id, int make)
 
 static void take_in(const message_t *m)
 {
+    /* told again by rank 0's successor: an outcome this rank took already, or the writes of a file
+     * this rank has closed, or not opened yet (it did not take the open), are not news */
+    if (m->again && m->op < MSG_WRITE && m->seq < next_seq + (uint64_t)have_pending) return;
+    if (m->again && m->op >= MSG_WRITE && !rank0_file(m->id, 0)) return;
+    if (m->op != MSG_MARK) history[nhistory++ % HISTORY] = *m;
     uint64_t at = m->op < MSG_WRITE ? m->seq + 1 : m->seq;
     if (at > rank0_seq) rank0_seq = at;
     if (m->coll > rank0_coll) rank0_coll = m->coll;
@@ -575,15 +606,32 @@ static int call_known(const rank0_file_t *f, const paired_t *p)
     return f && f->calls > p->k;
 }
 
-/* With order_lock held: rank 0's messages taken in until known(rank 0's record of p's handle, p)
- * says rank 0's outcome is here, rank 0 is past this rank's place, or the channel is gone. The
- * record, or NULL. `what` names the wait for the guard (static: it may read it meanwhile). */
-static rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t *p,
-                                    int (*known)(const rank0_file_t *, const paired_t *), const char *what)
+/* A follower's wait the leader's loss ended (DPS_FILES_LEADER_LOST): the survivors agree, and the
+ * lowest of them leads from now on. 0: wait again (for the new leader, or not at all where that is
+ * this rank); -1: no agreement here (not the main thread), the rank decides alone. Without
+ * order_lock, which the new leader's take-over takes. */
+static int leader_lost(const dps_files_channel_t *c, const char *what)
 {
+    dps_in_shim++;
+    int rc = c->recover(what);
+    dps_in_shim--;
+    return rc;
+}
+
+/* With order_lock held: rank 0's messages taken in until known(rank 0's record of p's handle, p)
+ * says rank 0's outcome is here, rank 0 is past this rank's place, or the channel is gone (*lost:
+ * by the leader's loss). The record, or NULL. `what` names the wait for the guard (static: it may
+ * read it meanwhile). */
+static rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t *p,
+                                    int (*known)(const rank0_file_t *, const paired_t *), const char *what,
+                                    int *lost)
+{
+    *lost = 0;
     while (!known(rank0_file(p->id, 0), p) && !rank0_is_past()) {
         message_t m;
-        if (c->wait(&m, sizeof m, what) != 0) break;
+        int rc = c->wait(&m, sizeof m, what);
+        *lost = rc == DPS_FILES_LEADER_LOST;
+        if (rc != 0) break;
         take_in(&m);
     }
     return rank0_file(p->id, 0);
@@ -591,32 +639,43 @@ static rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t
 
 ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, int *err)
 {
-    const dps_files_channel_t *c = usable_channel();
-    if (!c || id == UINT64_MAX) return b - a;
     static char what[DPS_PATH_BUF + 96]; /* as in dps_files_take */
     paired_t p = {.id = id, .a = a, .b = b};
     ssize_t n = b - a;
-    dps_in_shim++;
-    pthread_mutex_lock(&order_lock);
-    snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a,
-             (long long)b);
-    const rank0_file_t *f = wait_for_rank0(c, &p, write_known, what);
-    if (write_failed(f, &p)) n = a < f->fail_at ? f->fail_at - a : -1, *err = f->err;
-    pthread_mutex_unlock(&order_lock);
-    dps_in_shim--;
+    for (int lost = 1; lost;) {
+        const dps_files_channel_t *c = follower_channel();
+        if (!c || id == UINT64_MAX) return b - a;
+        dps_in_shim++;
+        pthread_mutex_lock(&order_lock);
+        snprintf(what, sizeof what, "wait for rank 0's write of %s (bytes %lld to %lld)", path, (long long)a,
+                 (long long)b);
+        const rank0_file_t *f = wait_for_rank0(c, &p, write_known, what, &lost);
+        if (!lost && write_failed(f, &p)) n = a < f->fail_at ? f->fail_at - a : -1, *err = f->err;
+        pthread_mutex_unlock(&order_lock);
+        dps_in_shim--;
+        if (lost && leader_lost(c, what) != 0) break;
+    }
     return n;
 }
 
 int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64_t *ret, int *err)
 {
-    const dps_files_channel_t *c = usable_channel();
-    if (!c || id == UINT64_MAX) return 0;
     static char what[DPS_PATH_BUF + 96]; /* as in dps_files_take */
     paired_t p = {.id = id, .k = k};
-    dps_in_shim++;
-    pthread_mutex_lock(&order_lock);
-    snprintf(what, sizeof what, "wait for rank 0's write call #%llu to %s", (unsigned long long)k + 1, path);
-    rank0_file_t *f = wait_for_rank0(c, &p, call_known, what);
+    rank0_file_t *f = NULL;
+    for (int lost = 1; lost;) {
+        const dps_files_channel_t *c = follower_channel();
+        if (!c || id == UINT64_MAX) return 0;
+        dps_in_shim++;
+        pthread_mutex_lock(&order_lock);
+        snprintf(what, sizeof what, "wait for rank 0's write call #%llu to %s", (unsigned long long)k + 1,
+                 path);
+        f = wait_for_rank0(c, &p, call_known, what, &lost);
+        if (!lost) break; /* with the lock */
+        pthread_mutex_unlock(&order_lock);
+        dps_in_shim--;
+        if (leader_lost(c, what) != 0) return 0;
+    }
     int failed = 0, n = 0;
     for (int i = 0; f && i < f->nfailed; i++) {
         struct failed_run *run = &f->failed[i];
@@ -645,7 +704,7 @@ static void mark_place(uint64_t coll)
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
     dps_in_shim++;
-    if (my_rank == 0) {
+    if (leads()) {
         message_t m = {.op = MSG_MARK, .coll = coll};
         post(c, &m);
     } else if (pthread_mutex_trylock(&order_lock) == 0) { /* a waiting write holds it: it takes them in */
@@ -668,27 +727,32 @@ void dps_files_leaving(void)
 
 static void acknowledge(uint64_t seq, uint32_t path);
 
-/* Rank 0's outcome of this call into r->rc0/err0; 0, or -1 where there is no channel. */
+/* Rank 0's outcome of this call into r->rc0/err0; 0, -1 where there is no channel, or
+ * DPS_FILES_LEAD_NOW: rank 0 was lost meanwhile, and this rank took its place. */
 int dps_files_take(dps_redirect_t *r)
 {
-    const dps_files_channel_t *c = usable_channel();
-    if (!c) return -1;
     message_t o;
     /* static, so the guard may read it while this rank waits; one waiter at a time (order_lock) */
     static char what[DPS_PATH_BUF + 96];
-    int rc = 0;
-    dps_in_shim++;
-    pthread_mutex_lock(&order_lock);
-    snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)",
-             (unsigned long long)next_seq + 1, dps_files_op_name(r->op), r->orig);
-    while (!have_pending && rc == 0) {
-        rc = c->wait(&o, sizeof o, what);
-        if (rc == 0) take_in(&o);
+    for (;;) {
+        const dps_files_channel_t *c = follower_channel();
+        if (!c) return leads() && usable_channel() ? DPS_FILES_LEAD_NOW : -1;
+        int rc = 0;
+        dps_in_shim++;
+        pthread_mutex_lock(&order_lock);
+        snprintf(what, sizeof what, "wait for rank 0's file operation #%llu (%s %s)",
+                 (unsigned long long)next_seq + 1, dps_files_op_name(r->op), r->orig);
+        while (!have_pending && rc == 0) {
+            rc = c->wait(&o, sizeof o, what);
+            if (rc == 0) take_in(&o);
+        }
+        if (rc == 0) o = pending, have_pending = 0, next_seq++;
+        pthread_mutex_unlock(&order_lock);
+        dps_in_shim--;
+        if (rc == DPS_FILES_LEADER_LOST && leader_lost(c, what) == 0) continue;
+        if (rc != 0) return -1;
+        break;
     }
-    if (rc == 0) o = pending, have_pending = 0, next_seq++;
-    pthread_mutex_unlock(&order_lock);
-    dps_in_shim--;
-    if (rc != 0) return -1;
     atomic_fetch_add_explicit(&dps_diag_count.followed, 1, memory_order_relaxed);
     if (o.op != (int32_t)r->op) {
         DPS_WARN_ONCE("[files] rank 0's gated file operation #%llu was '%s', this rank's is '%s' of %s: the "
@@ -702,6 +766,62 @@ int dps_files_take(dps_redirect_t *r)
     }
     r->rc0 = o.rc, r->err0 = o.err, r->path0 = o.path, r->seq = o.seq;
     return 0;
+}
+
+/* --- rank 0 lost: the lowest survivor leads ------------------------------------------------- */
+
+int dps_files_new_leader(const int *ranks, int n)
+{
+    const dps_files_channel_t *c = usable_channel();
+    int was = atomic_load(&leader), kept = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == was) kept = i;
+    int *f = malloc((size_t)(n > 1 ? n - 1 : 1) * sizeof *f);
+    if (!atomic_load(&dps_files_on) || !c || !f || n < 1) {
+        free(f);
+        if (n >= 1) atomic_store(&leader, ranks[0]);
+        return 0;
+    }
+    for (int i = 0, k = 0; i < n; i++) /* the survivors, less the one that leads */
+        if (i != (kept >= 0 ? kept : 0)) f[k++] = ranks[i];
+    if (kept >= 0) { /* the leader survived: it waits no more for the lost ones' acknowledgements */
+        pthread_mutex_lock(&ack_lock);
+        free(followers);
+        followers = f, nfollowers = n - 1;
+        pthread_mutex_unlock(&ack_lock);
+        return 0;
+    }
+    dps_in_shim++;
+    pthread_mutex_lock(&order_lock);
+    pthread_mutex_lock(&ack_lock);
+    free(followers);
+    followers = f, nfollowers = n - 1;
+    reads.n = acks.n = 0; /* the reads the lost rank waited for are no one's now */
+    pthread_mutex_unlock(&ack_lock);
+    atomic_store(&leader, ranks[0]);
+    /* the lost rank's place is no one's either: the new leader's messages say its own */
+    rank0_seq = next_seq, rank0_coll = 0;
+    if (leads()) {
+        /* what the lost rank told this rank, told again, in order: a survivor that had not taken it
+         * all in takes the rest (and drops what it has) */
+        uint64_t first = nhistory > HISTORY ? nhistory - HISTORY : 0;
+        for (uint64_t i = first; i < nhistory; i++) {
+            message_t m = history[i % HISTORY];
+            m.coll = 0, m.again = 1;
+            c->post(&m, sizeof m);
+        }
+        if (have_pending) {
+            message_t m = pending;
+            m.coll = 0, m.again = 1;
+            c->post(&m, sizeof m);
+            have_pending = 0; /* its call, not made here yet, this rank now makes as the leader */
+        }
+        for (int i = 0; i < MAX_RANK0_FILES; i++)
+            rank0_files[i].id = UINT64_MAX;
+    }
+    pthread_mutex_unlock(&order_lock);
+    dps_in_shim--;
+    return leads();
 }
 
 /* --- reads before changes ------------------------------------------------------------------ */
@@ -732,13 +852,16 @@ static void settle_path(const dps_files_channel_t *c, int dirfd, const char *pat
     if (!until) return;
     static char what[DPS_PATH_BUF + 96]; /* as in wait_for_leader; one waiter at a time (ack_lock) */
     snprintf(what, sizeof what, "wait for the other ranks' reads of %s before rank 0's %s", path, op);
-    for (int q = 1; q < my_size; q++)
+    for (int i = 0; i < (followers ? nfollowers : my_size - 1); i++) {
+        int q = followers ? followers[i] : i + 1;
         while (mark_of(&acks, q, h) < until) {
             ack_t a;
             int src;
-            if (c->next_ack(&a, sizeof a, &src, what) != 0 || src <= 0 || src >= my_size) return;
+            if (c->next_ack(&a, sizeof a, &src, what) != 0 || src < 0 || src >= my_size || src == my_rank)
+                return;
             set_mark(&acks, src, a.path, a.seq + 1);
         }
+    }
 }
 
 static void settle_reads(const dps_redirect_t *r)
@@ -781,6 +904,7 @@ static int make_sink(dps_redirect_t *r)
             /* what it reads back: the content, up to the bound the stand-in keeps */
             off_t keep = (r->flags & O_ACCMODE) == O_WRONLY ? 0 : st.st_size;
             if (keep > dps_files_standin_bytes) keep = dps_files_standin_bytes;
+            if (!keep) r->hollow = st.st_size;
             if (ftruncate(fd, st.st_size) != 0) DPS_DEBUG("sink for %s: %s", r->orig, strerror(errno));
             if (keep) {
                 for (off_t left = keep; left > 0;) { /* in the kernel; a copy where it cannot */
@@ -810,10 +934,20 @@ static int sink_flags(int flags)
 
 /* --- followers -------------------------------------------------------------------------------- */
 
+/* A follower's call whose wait ended with this rank in the lost rank 0's place: made as the leader. */
+static int lead_now(dps_redirect_t *r, int saved)
+{
+    r->action = DPS_FILE_LEAD;
+    before_change(r);
+    errno = saved;
+    return 1;
+}
+
 int dps_files_follow(dps_redirect_t *r)
 {
-    int saved = errno;
-    if (dps_files_take(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's call is taken to succeed */
+    int saved = errno, took = dps_files_take(r);
+    if (took == DPS_FILES_LEAD_NOW) return lead_now(r, saved);
+    if (took != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's call is taken to succeed */
     int real = 1;
     if (r->op == DPS_FOP_OPEN_WRITE) {
         if (r->rc0 == 0) {
@@ -849,7 +983,9 @@ int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb)
     int saved = errno;
     uint32_t mine = path_key(ra->dirfd, ra->orig);
     rb->path0 = mine; /* without a channel: rank 0's name is taken for ours */
-    if (dps_files_take(rb) != 0) rb->rc0 = 0, rb->err0 = 0;
+    int took = dps_files_take(rb);
+    if (took == DPS_FILES_LEAD_NOW) return lead_now(rb, saved);
+    if (took != 0) rb->rc0 = 0, rb->err0 = 0;
     /* A rename takes the source away. Under a name of this rank's own (a per-call temporary)
      * the source is this rank's file: it goes. Under rank 0's name it was rank 0's, renamed by
      * now, or a copy on a file system rank 0 does not see: left alone. */

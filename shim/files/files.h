@@ -78,6 +78,7 @@ typedef struct dps_redirect {
     int rc0, err0;     /* FOLLOW: rank 0's outcome (0 or -1, and its errno) */
     uint32_t path0;    /* FOLLOW: the key of rank 0's path (its first, for rename and link) */
     uint64_t seq;      /* FOLLOW: the number of rank 0's call; UINT64_MAX where none was taken */
+    off_t hollow;      /* FOLLOW, an open that writes: the sink's first bytes, not the file's */
     const char *orig;  /* the program's path */
     const char *first; /* rename and link: the first path, whose key rank 0 posts */
     int first_dirfd;
@@ -98,11 +99,16 @@ int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, si
  * for the guard. */
 typedef struct dps_files_channel {
     int (*post)(const void *msg, size_t len);
+    /* DPS_FILES_LEADER_LOST: the leader was lost while this rank waited for it; then recover: the
+     * survivors agree (0; -1 where this rank cannot take part: not the main thread), and the lowest
+     * of them leads from now on (dps_files_new_leader) */
     int (*wait)(void *msg, size_t len, const char *what);
     int (*poll)(void *msg, size_t len); /* 1: a message came, 0: none has */
     int (*ack)(const void *msg, size_t len);
     int (*next_ack)(void *msg, size_t len, int *src, const char *what);
+    int (*recover)(const char *what);
 } dps_files_channel_t;
+enum { DPS_FILES_LEADER_LOST = 1 };
 void dps_files_set_channel(const dps_files_channel_t *c);
 
 /* Classification (fills r): the open family with its flags; calls on one path, which change it
@@ -115,7 +121,8 @@ void dps_files_pair(dps_redirect_t *ra, dps_redirect_t *rb, dps_file_op_t op, in
                     const char *b);
 
 /* FOLLOW: waits for rank 0's outcome of this call. 1: make the real call now (on r->path with
- * r->flags: the sink, for an open that writes), then dps_files_done. 0: the call is complete;
+ * r->flags: the sink, for an open that writes; the program's path, where rank 0 was lost meanwhile
+ * and this rank leads now: r->action is LEAD), then dps_files_done. 0: the call is complete;
  * return r->rc0 with errno = r->err0. For a rename or link, ra is the first path's redirect. */
 int dps_files_follow(dps_redirect_t *r);
 int dps_files_follow_pair(dps_redirect_t *ra, dps_redirect_t *rb);
@@ -185,13 +192,24 @@ typedef struct dps_fdcall {
 } dps_fdcall_t;
 int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op);
 int dps_files_fd_end(dps_fdcall_t *c, int rc, int err);
-/* Rank 0 at exit: the gated files left shorter than the program wrote them, each reported;
- * their number. */
+/* Rank 0 at exit: the gated files left shorter than the program wrote them, or incomplete after
+ * rank 0's loss (below), each reported; their number. */
 int dps_files_exit_check(void);
+
+/* --- rank 0 lost ---
+ * The survivors ranks[0..n) (the job's ranks, in order) go on: called on every survivor after
+ * each loss, once the backend's channel goes among them. Where the rank that led was lost, the
+ * lowest survivor leads from now on: it tells the others again the last messages it took in (a
+ * survivor that missed some takes them, the others drop them), and returns 1; it then calls
+ * dps_files_lead_handles, and its stand-ins become the files (written from what the stand-in
+ * holds where the file may lack it; a file left incomplete is reported at exit). */
+int dps_files_new_leader(const int *ranks, int n);
+void dps_files_lead_handles(void);
 
 /* Between files.c and handles.c: an absolute path, the channel's two ends, an op's name. */
 int dps_files_absolute(int dirfd, const char *path, char *out, size_t cap);
 void dps_files_post(dps_redirect_t *r, int ok);
+enum { DPS_FILES_LEAD_NOW = 1 }; /* dps_files_take: rank 0 was lost, and this rank leads now */
 int dps_files_take(dps_redirect_t *r);
 const char *dps_files_op_name(dps_file_op_t op);
 

@@ -34,6 +34,7 @@ typedef struct handle {
     off_t end;             /* rank 0: how far the program wrote (the end of its furthest write) */
     int err;               /* rank 0: the errno of the first write that failed; 0 while none did */
     int dropped;           /* stand-in: bytes past the bound were counted, not kept */
+    off_t hollow;          /* stand-in: its first bytes are not the file's (made for writing only) */
     uint64_t stream_calls; /* stdio write calls on its stream so far */
 } handle_t;
 
@@ -49,6 +50,15 @@ typedef struct short_file {
 } short_file_t;
 static short_file_t *shorts;
 static size_t nshorts;
+
+/* The files this rank took over from a lost rank 0 without the whole content (dps_files_lead_handles):
+ * what is wrong with each, until the program writes it anew. */
+typedef struct partial_file {
+    char *path;
+    char why[160];
+} partial_file_t;
+static partial_file_t *partials;
+static size_t npartials;
 
 
 static int slot_of(int fd)
@@ -93,6 +103,16 @@ static int lock_checked(int fd)
     return i;
 }
 
+static void forget_partial(const char *path)
+{
+    for (size_t k = 0; k < npartials; k++)
+        if (!strcmp(partials[k].path, path)) {
+            free(partials[k].path);
+            partials[k] = partials[--npartials];
+            return;
+        }
+}
+
 static void forget_short(const char *path)
 {
     for (size_t k = 0; k < nshorts; k++)
@@ -117,6 +137,7 @@ void dps_files_opened(const dps_redirect_t *r, int fd)
     if (dps_files_absolute(r->dirfd, r->orig, abs, sizeof abs) != 0) snprintf(abs, sizeof abs, "%s", r->orig);
     char *path = strdup(abs);
     pthread_mutex_lock(&handles_lock);
+    if (r->action == DPS_FILE_LEAD && (r->flags & O_TRUNC)) forget_partial(abs); /* written anew */
     int i = slot_of(fd);
     if (i >= 0) release(i); /* closed behind the shim's back */
     for (i = 0; i < MAX_HANDLES && atomic_load(&handles[i].fd) >= 0; i++) {
@@ -127,6 +148,7 @@ void dps_files_opened(const dps_redirect_t *r, int fd)
                                 .id = r->seq,
                                 .dev = st.st_dev,
                                 .ino = st.st_ino,
+                                .hollow = r->hollow,
                                 .path = path};
         atomic_fetch_add(&dps_files_handles, 1);
         atomic_store_explicit(&handles[i].fd, fd, memory_order_release);
@@ -200,6 +222,16 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
     }
     /* what rank 0's write of these bytes returned: all of them, fewer, or an error */
     ssize_t rc = pos >= 0 ? dps_files_rank0_write(id, path, pos, pos + (off_t)total, &err) : (ssize_t)total;
+    if (i >= 0 && (i = lock_checked(fd)) >= 0) {
+        int lead = !handles[i].sink; /* rank 0 was lost meanwhile: this rank's file is the file now */
+        pthread_mutex_unlock(&handles_lock);
+        if (lead) {
+            dps_in_shim--;
+            rc = off < 0 ? dps_sys_writev(fd, iov, n) : dps_sys_pwritev(fd, iov, n, off);
+            dps_files_wrote(fd, total, off, rc, rc < 0 ? errno : saved);
+            return rc;
+        }
+    }
     if (rc < 0) {
         dps_in_shim--;
         errno = err;
@@ -282,9 +314,20 @@ int dps_files_fd_begin(dps_fdcall_t *c, int fd, dps_file_op_t op)
     snprintf(r->buf, sizeof r->buf, "%s", handles[i].path);
     r->orig = r->path = r->buf;
     /* before the real close: from it on, another thread's open may get the same number */
-    if (op == DPS_FOP_CLOSE) release(i);
+    if (op == DPS_FOP_CLOSE && !c->sink) release(i);
     pthread_mutex_unlock(&handles_lock);
-    if (c->sink && dps_files_take(r) != 0) r->rc0 = 0, r->err0 = 0; /* alone: rank 0's taken to succeed */
+    if (!c->sink) return 1;
+    int took = dps_files_take(r);
+    if (took != 0 && took != DPS_FILES_LEAD_NOW)
+        r->rc0 = 0, r->err0 = 0; /* alone: rank 0's taken to succeed */
+    /* the handle stayed in the table through the wait: where rank 0 was lost meanwhile and this
+     * rank leads now, its stand-in became the file (dps_files_lead_handles), closed as rank 0's */
+    if ((i = lock_handle(fd)) >= 0) {
+        c->sink = handles[i].sink, c->end = handles[i].end, c->err = handles[i].err;
+        if (op == DPS_FOP_CLOSE) release(i);
+        pthread_mutex_unlock(&handles_lock);
+    }
+    if (took == DPS_FILES_LEAD_NOW) c->sink = 0, r->action = DPS_FILE_LEAD;
     if (c->sink && op == DPS_FOP_CLOSE) dps_files_forget_writes(c->id);
     return 1;
 }
@@ -318,11 +361,99 @@ int dps_files_fd_end(dps_fdcall_t *c, int rc, int err)
     return rc < 0 && r->op != DPS_FOP_CLOSE ? rc : 0;
 }
 
+/* --- rank 0 lost: its successor's stand-ins become the files ------------------------------------ */
+
+/* The stand-in on fd becomes h's file, and fd the file from then on (same offset and flags). A
+ * stand-in's write waits for rank 0's of the same bytes, so the file holds what this rank wrote
+ * through write(2); a stdio stream writes its buffer past the shim, and rank 0's buffer died with
+ * it: what the stand-in holds is written to the file again, at its place (the same bytes, where
+ * rank 0 wrote them). NULL, or what failed; *missing: the bytes neither holds. */
+static const char *take_place(handle_t *h, int fd, off_t *missing)
+{
+    struct stat st, real;
+    int fl = fcntl(fd, F_GETFL), fdfl = fcntl(fd, F_GETFD);
+    off_t pos = lseek(fd, 0, SEEK_CUR);
+    *missing = 0;
+    if (fl < 0 || fdfl < 0 || pos < 0 || fstat(fd, &st) != 0) return "the stand-in";
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    int src = dps_sys_open(self, O_RDONLY | O_CLOEXEC, 0);
+    int dst = dps_sys_open(h->path, O_WRONLY | O_CREAT | O_CLOEXEC, st.st_mode & 07777);
+    const char *failed = src < 0 ? "the stand-in" : dst < 0 ? "open" : NULL;
+    off_t at = h->hollow,
+          kept = h->dropped && st.st_size > dps_files_standin_bytes ? dps_files_standin_bytes : st.st_size;
+    while (!failed && at < kept) {
+        char buf[1 << 16];
+        size_t want = (size_t)(kept - at) < sizeof buf ? (size_t)(kept - at) : sizeof buf;
+        ssize_t k = pread(src, buf, want, at);
+        if (k <= 0 || dps_sys_pwrite(dst, buf, (size_t)k, at) != k) failed = "write";
+        at += k > 0 ? k : 0;
+    }
+    if (!failed && fstat(dst, &real) == 0 && real.st_size < st.st_size) *missing = st.st_size - real.st_size;
+    if (src >= 0) dps_sys_close(src);
+    if (dst >= 0 && dps_sys_close(dst) != 0 && !failed) failed = "close";
+    if (failed) return failed;
+    int keep = fl & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_SYNC | O_DSYNC);
+    int file = dps_sys_open(h->path, keep | O_CLOEXEC, 0);
+    if (file < 0) return "open";
+    struct stat now;
+    if (lseek(file, pos, SEEK_SET) != pos || dup3(file, fd, fdfl & FD_CLOEXEC ? O_CLOEXEC : 0) != fd ||
+        fstat(fd, &now) != 0) {
+        dps_sys_close(file);
+        return "reopen";
+    }
+    dps_sys_close(file);
+    h->dev = now.st_dev, h->ino = now.st_ino, h->end = st.st_size, h->err = 0;
+    return NULL;
+}
+
+void dps_files_lead_handles(void)
+{
+    int saved = errno;
+    pthread_mutex_lock(&handles_lock);
+    for (int i = 0; i < MAX_HANDLES; i++) {
+        handle_t *h = &handles[i];
+        int fd = atomic_load(&h->fd);
+        if (fd < 0 || !h->sink) continue;
+        off_t missing;
+        const char *failed = take_place(h, fd, &missing);
+        /* a leader's handle from now on, the file or not: its writes and its close are told to the
+         * others, who wait for them */
+        h->sink = 0;
+        char why[160] = "";
+        if (failed)
+            snprintf(why, sizeof why, "its %s failed (%s) as this rank took rank 0's place", failed,
+                     strerror(errno));
+        else if (missing)
+            snprintf(why, sizeof why,
+                     "%lld bytes that rank 0 had not written are past what this rank's stand-in kept "
+                     "([files] standin_mb = %lld)",
+                     (long long)missing, (long long)(dps_files_standin_bytes >> 20));
+        if (why[0])
+            DPS_WARN("[files] %s was open when rank 0 was lost: %s", h->path, why);
+        else
+            DPS_INFO("[files] %s was open when rank 0 was lost: this rank writes it from now on", h->path);
+        partial_file_t *p = why[0] ? realloc(partials, (npartials + 1) * sizeof *p) : NULL;
+        if (p) {
+            partials = p;
+            partials[npartials] = (partial_file_t){.path = strdup(h->path)};
+            snprintf(partials[npartials].why, sizeof partials[npartials].why, "%s", why);
+            if (partials[npartials].path) npartials++;
+        }
+    }
+    pthread_mutex_unlock(&handles_lock);
+    errno = saved;
+}
+
 int dps_files_exit_check(void)
 {
     int left = 0;
     dps_in_shim++;
     pthread_mutex_lock(&handles_lock);
+    for (size_t k = 0; k < npartials; k++, left++)
+        DPS_ERROR("[files] %s is incomplete: it was open when rank 0 was lost, and %s. Write it again (or "
+                  "run the job again); this rank exits %d",
+                  partials[k].path, partials[k].why, DPS_EXIT_IO);
     for (size_t k = 0; k < nshorts; k++) {
         struct stat st;
         if (dps_sys_stat(shorts[k].path, &st) != 0 || st.st_size >= shorts[k].end) continue;

@@ -96,13 +96,15 @@ int dps_guard_end_peer(int r);
 
 /* Elastic mode: a lost rank does not end the job (watchdog.c, with survivors.c). Started once the
  * backend is open (0; -1 where it cannot be: no watchdog or side channel). From then on a rank
- * found lost (rank 0 too where rank0_may_go; else its loss ends the job) goes to the survivors'
- * agreement, the desync and drift checks are off, and dps_guard_lost_pending says the main thread
- * must give up its collective. dps_guard_elastic_off: a loss ends the job after all, for the
+ * found lost (rank 0 too: the lowest survivor takes its place) goes to the survivors' agreement,
+ * the desync and drift checks are off, and dps_guard_lost_pending says the main thread must give
+ * up its collective. dps_guard_elastic_off: a loss ends the job after all, for the
  * reason given (a path that cannot give up a collective). */
-int dps_guard_elastic_start(int min_ranks, int rank0_may_go);
+int dps_guard_elastic_start(int min_ranks);
 void dps_guard_elastic_off(const char *why);
 int dps_guard_lost_pending(void);
+/* Elastic mode: the rank that leads the gated files (rank 0, or the lowest survivor) is lost. */
+int dps_guard_leader_lost(void);
 /* How many ranks' processes ended without leaving the program, as the watchdog found them. */
 int dps_guard_ranks_gone(void);
 /* Why rank r was lost, for messages: "its process ended", "stalled ..." (found by the guard's

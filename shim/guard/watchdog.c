@@ -51,8 +51,9 @@ static struct {
     atomic_int on;
     atomic_int pending; /* a loss the main thread has not yet recovered from */
     int min_ranks;
-    int rank0_may_go;    /* no duty of rank 0's ties the job to it: its loss is as another's */
-    int members, lowest; /* the ranks of the last decision (at first the job's), and its lowest */
+    int members; /* the ranks of the last decision (at first the job's) */
+    /* their lowest: rank 0 of the job as it is, which leads the gated files' protocol */
+    atomic_int lowest;
     /* the watchdog's: the collective the main thread was in at the last loss, and when */
     uint64_t loss_seq, loss_ns;
     _Atomic(const char *)
@@ -82,9 +83,6 @@ static int stall_of(const peer_t *p)
     return !p->status.in_coll && !p->status.leaving ? LOST_STALLED : 0;
 }
 
-/* Where rank 0's loss ends the job after all: it leads the gated files' protocol. */
-#define RANK0_LEADS_FILES "rank 0 leads the gated files, and that does not pass to another rank"
-
 /* The watchdog's own state: the thread, and what it knows of the job, one entry per rank
  * (allocated for the job's size when the watchdog starts). */
 static struct {
@@ -103,7 +101,6 @@ static struct {
      * its answers in a row found it in the same collective this rank has not entered */
     uint64_t asked_ns, wait_since, rank0_seq; /* rank0_seq: rank 0's place (place()) at the last hit */
     int rank0_hits;
-    int rank0_stalled;  /* elastic mode: the report found rank 0 stalled, which ends the job */
     int gone_at_report; /* ngone as the report started */
 } watch;
 
@@ -253,9 +250,6 @@ static void headline(const guard_msg_t *f)
             "timeout = %.0f s: the job is stuck",
             f->hook, (unsigned long long)f->seq, (unsigned long long)f->step, f->seconds, f->rank,
             dps_guard_conf.timeout);
-    if (f->why == WHY_PEER_GONE && f->left_rank == 0 && atomic_load(&elastic.on) && !elastic.rank0_may_go)
-        DPS_ERROR("guard: [elastic] lost_rank = continue goes on without rank 0 only where no [files] "
-                  "rank0_only globs are set: " RANK0_LEADS_FILES);
 }
 
 /* A rank that did not answer: gone (crashed, killed, _exit) or frozen (SIGSTOP), or out of reach
@@ -326,10 +320,6 @@ static _Noreturn void finish_report(void)
                   "launcher's recovery mode: dpshim-run --enable-recovery (mpirun --enable-recovery); "
                   "under Slurm, mpirun --enable-recovery inside the allocation (srun --mpi=pmix ends the "
                   "whole step when a task dies, --no-kill or not)");
-    if (watch.rank0_stalled)
-        DPS_ERROR(
-            "guard: [elastic] lost_rank = continue goes on without a stalled rank 0 only where no [files] "
-            "rank0_only globs are set: " RANK0_LEADS_FILES);
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
@@ -409,7 +399,7 @@ static int settle_by_loss(void)
             watch.first = watch.peers[r].status;
     if (watch.first.why != WHY_TIMEOUT) return 0; /* a failure, a rank that left: no stall */
     const int me = dps_guard_conf.rank;
-    int nstalled = 0, nwaiting = 0, rank0_stalled = 0;
+    int nstalled = 0, nwaiting = 0;
     /* the waiting ranks' collectives: one, or two in a row (a ring a lost rank broke off may have
      * completed on some ranks: the survivors' agreement replays it to the others), each at one
      * place */
@@ -420,7 +410,7 @@ static int settle_by_loss(void)
         if (p->gone) continue;
         if (p->left || (p->have && p->status.leaving)) return 0; /* left the program: no stall */
         if (stall_of(p)) {
-            nstalled++, rank0_stalled |= r == 0;
+            nstalled++;
         } else {
             nwaiting++;
             if (p->status.seq > seq) seq = p->status.seq;
@@ -435,9 +425,7 @@ static int settle_by_loss(void)
         if (seen[i]++ && place(&p->status) != at[i]) return 0; /* other calls: a desync */
         at[i] = place(&p->status);
     }
-    if (elastic.rank0_may_go) rank0_stalled = 0;
-    if (rank0_stalled && nwaiting) watch.rank0_stalled = 1; /* said in the report */
-    if (!nwaiting || rank0_stalled) return 0;
+    if (!nwaiting) return 0;
     if (!nstalled) {
         /* all in one collective: a loss found meanwhile, or just before in the same collective,
          * explains the wait (the main thread gives that collective up); nothing else does */
@@ -484,7 +472,7 @@ static void receive(void)
             here.kind = MSG_HERE;
             dps_guard_conf.be->guard_send(&here, sizeof here, src);
         } else if (m.kind == MSG_HERE) {
-            if (src == 0) rank0_answered(&m);
+            if (src == atomic_load(&elastic.lowest)) rank0_answered(&m);
         } else if (m.kind == MSG_LEAVING) {
             if (!p->left) p->left = 1, atomic_fetch_add(&watch.nleft, 1);
             p->left_seq = m.seq, p->left_step = m.step, p->tally = m.tally;
@@ -498,31 +486,34 @@ static void receive(void)
     }
 }
 
-/* A wait for rank 0's file operation that no waiting can end: rank 0 left, or is inside a
- * collective this rank has not entered (a decision only one rank has: a time budget, a
- * rank-dependent branch, a file touched on some ranks only). Said at once, naming both places. */
+/* A wait for rank 0's file operation that no waiting can end: rank 0 (the lowest survivor, after
+ * its loss) left or was lost, or is inside a collective this rank has not entered (a decision only
+ * one rank has: a time budget, a rank-dependent branch, a file touched on some ranks only). Said
+ * at once, naming both places. */
 static _Noreturn void file_deadlock(const guard_msg_t *rank0)
 {
     char mine[DPS_GUARD_HOOK_NAME + 256], theirs[DPS_GUARD_HOOK_NAME + 256],
         why[2 * DPS_GUARD_HOOK_NAME + 1024];
     guard_msg_t me = snapshot(WHY_TIMEOUT);
+    int lead = atomic_load(&elastic.lowest);
+    int lost = !rank0 && atomic_load(&watch.peers[lead].lost_cause);
     describe(&me, mine, sizeof mine);
     if (rank0)
         describe(rank0, theirs, sizeof theirs);
+    else if (lost)
+        snprintf(theirs, sizeof theirs, "lost (%s)", dps_guard_lost_cause(lead));
     else
         snprintf(theirs, sizeof theirs, "left the program");
-    snprintf(
-        why, sizeof why,
-        "guard: rank %d is %s, while rank 0 is %s%s: neither can go on, since only rank 0's file operation "
-        "ends this rank's wait",
-        me.rank, mine, theirs, rank0 ? ", which this rank has not entered" : "");
+    snprintf(why, sizeof why,
+             "guard: rank %d is %s, while rank %d is %s%s: neither can go on, since only rank %d's file "
+             "operation ends this rank's wait",
+             me.rank, mine, lead, theirs, rank0 ? ", which this rank has not entered" : "", lead);
     dps_guard_diag_fail(why);
     DPS_ERROR("%s", why);
-    DPS_ERROR("guard: a decision only one rank has leads here (a time budget, a rank-dependent branch, a "
-              "rank0_only "
-              "file touched on some ranks only): take it on rank 0 and share it (dp_metric, a broadcast), or "
-              "make the "
-              "same file calls on every rank");
+    if (!lost) /* a lost one: the loss ends the job for its own reason, said where it was found */
+        DPS_ERROR("guard: a decision only one rank has leads here (a time budget, a rank-dependent branch, a "
+                  "rank0_only file touched on some ranks only): take it on rank 0 and share it (dp_metric, "
+                  "a broadcast), or make the same file calls on every rank");
     DPS_ERROR("guard: ending the job (exit status %d)", DPS_EXIT_GUARD);
     dps_guard_end_job(1);
 }
@@ -554,23 +545,25 @@ static void rank0_answered(const guard_msg_t *m)
     if (watch.rank0_hits >= 2) file_deadlock(m);
 }
 
-/* This rank waits for rank 0's file operation: rank 0 is asked where it is once a second, from
- * the first second of the wait on. */
+/* This rank waits for rank 0's file operation: rank 0 (the lowest survivor, after its loss) is
+ * asked where it is once a second, from the first second of the wait on. */
 static void look_at_file_wait(void)
 {
     const dps_guard_pos_t *pos = &dps_guard_pos;
-    if (atomic_load(&pos->files_wait) != FILES_WAIT_RANK0 || dps_guard_conf.rank == 0) {
+    int lead = atomic_load(&elastic.lowest);
+    if (atomic_load(&pos->files_wait) != FILES_WAIT_RANK0 || dps_guard_conf.rank == lead) {
         watch.rank0_hits = 0;
         return;
     }
     uint64_t since = atomic_load(&pos->since_ns), now = dps_guard_now_ns();
     if (since != watch.wait_since) watch.wait_since = since, watch.rank0_hits = 0, watch.asked_ns = 0;
     if (now - since < 1000000000u) return;
-    if (watch.peers[0].left) file_deadlock(NULL);
+    /* a lost leader, where the job goes on: the main thread leaves its wait for the agreement */
+    if (watch.peers[lead].left && !dps_guard_leader_lost()) file_deadlock(NULL);
     if (now - watch.asked_ns < 1000000000u) return;
     watch.asked_ns = now;
     guard_msg_t ask = {.kind = MSG_WHERE, .rank = dps_guard_conf.rank, .left_rank = -1};
-    dps_guard_conf.be->guard_send(&ask, sizeof ask, 0);
+    dps_guard_conf.be->guard_send(&ask, sizeof ask, lead);
 }
 
 /* The processes of this host's other ranks, while this rank needs them: inside a collective (one
@@ -586,7 +579,7 @@ static void look_at_processes(void)
     for (int r = 0; known(r); r++) {
         peer_t *p = &watch.peers[r];
         if (r == dps_guard_conf.rank || p->left || p->gone || !dps_guard_peer_gone(r)) continue;
-        if (going_on && !leaving && (r != 0 || elastic.rank0_may_go)) {
+        if (going_on && !leaving) {
             lost_elastic(r, LOST_GONE);
             continue;
         }
@@ -616,11 +609,6 @@ static void lost_elastic(int r, int cause)
     while ((was == 0 || was == LOST_TOLD) &&
            !atomic_compare_exchange_weak(&p->lost_cause, &was, (unsigned char)cause))
         ;
-    /* found lost by a rank of another host: those of rank 0's host end the job */
-    if (r == 0 && !elastic.rank0_may_go) {
-        dps_guard_elastic_off("rank 0 was lost, and " RANK0_LEADS_FILES);
-        return;
-    }
     pthread_mutex_lock(&elastic.lock); /* a no-op where the agreement told this rank */
     dps_surv_lost(elastic.agreement, r);
     pthread_mutex_unlock(&elastic.lock);
@@ -647,15 +635,16 @@ static void send_agreement(void)
     pthread_mutex_unlock(&elastic.lock);
 }
 
-int dps_guard_elastic_start(int min_ranks, int rank0_may_go)
+int dps_guard_elastic_start(int min_ranks)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
     if (!conf->be || !conf->be->guard_send || !atomic_load(&watch.running) || atomic_load(&watch.alone))
         return -1; /* no watchdog, or no side channel: nobody could tell the survivors */
     dps_survivors_t *a = dps_surv_new(conf->size, conf->rank);
     if (!a) return -1;
-    elastic.agreement = a, elastic.min_ranks = min_ranks, elastic.rank0_may_go = rank0_may_go;
-    elastic.members = conf->size, elastic.lowest = 0;
+    elastic.agreement = a, elastic.min_ranks = min_ranks;
+    elastic.members = conf->size;
+    atomic_store(&elastic.lowest, 0);
     /* the desync and drift checks are collectives of every rank on the side channel, which a
      * lost rank would never join */
     dps_guard_conf.desync = DPS_V_guard_desync_off, dps_guard_conf.drift_every = 0;
@@ -669,6 +658,12 @@ void dps_guard_elastic_off(const char *why)
     if (atomic_load(&elastic.on) && atomic_compare_exchange_strong(&elastic.off_why, &none, why)) {
         if (dps_guard_conf.rank == 0) DPS_INFO("[elastic] a lost rank ends the job after all: %s", why);
     }
+}
+
+int dps_guard_leader_lost(void)
+{
+    if (!atomic_load(&elastic.on) || atomic_load(&elastic.off_why) || !watch.peers) return 0;
+    return atomic_load(&watch.peers[atomic_load(&elastic.lowest)].lost_cause) != 0;
 }
 
 int dps_guard_ranks_gone(void)
@@ -702,7 +697,7 @@ static int quorum(dps_guard_decision_t *out)
 {
     int has_lowest = 0;
     for (int i = 0; i < out->n; i++)
-        has_lowest |= out->ranks[i] == elastic.lowest;
+        has_lowest |= out->ranks[i] == atomic_load(&elastic.lowest);
     if (out->n < elastic.min_ranks) {
         snprintf(out->why, sizeof out->why, "%d rank(s) are left, fewer than [elastic] min_ranks = %d",
                  out->n, elastic.min_ranks);
@@ -713,10 +708,11 @@ static int quorum(dps_guard_decision_t *out)
             out->why, sizeof out->why,
             "the %d rank(s) this rank still reaches are not a quorum of the %d before (more than half, or "
             "half with rank %d): the others may go on, so these end (a cut link?)",
-            out->n, elastic.members, elastic.lowest);
+            out->n, elastic.members, atomic_load(&elastic.lowest));
         return -1;
     }
-    elastic.members = out->n, elastic.lowest = out->ranks[0];
+    elastic.members = out->n;
+    atomic_store(&elastic.lowest, out->ranks[0]);
     return 0;
 }
 

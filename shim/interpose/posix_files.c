@@ -195,10 +195,7 @@ out:
         dps_in_shim--;                                                                                       \
         errno = saved_;                                                                                      \
         if (rb_.action != DPS_FILE_PASS) dps_files_start_channel();                                          \
-        if (rb_.action == DPS_FILE_FOLLOW) {                                                                 \
-            dps_files_follow_pair(&ra_, &rb_);                                                               \
-            return LEADERS_RESULT(rb_);                                                                      \
-        }                                                                                                    \
+        if (rb_.action == DPS_FILE_FOLLOW && !dps_files_follow_pair(&ra_, &rb_)) return LEADERS_RESULT(rb_); \
         int rc_ = CALL(ra_.path, rb_.path);                                                                  \
         dps_files_done(&rb_, rc_ == 0);                                                                      \
         return rc_;                                                                                          \

@@ -83,7 +83,7 @@ survivors_agree() {
     survivors_agree 2
 }
 
-@test "rank 0 lost: rank 1 takes its place, its output included; with rank0_only files the job ends" {
+@test "rank 0 lost: rank 1 takes its place, its output included" {
     elastic 3 6 0 3
     assert_success
     # said by the new rank 0, which started as rank 1
@@ -98,11 +98,47 @@ survivors_agree() {
     assert_success
     assert_output --partial "rank 0 of 2 (started as 1 of 3): small -0.139999986 large -0.139999986"
     assert_equal "$(grep -c '^rank .* checksum' <<<"$output")" 1
-    # rank 0 leads the gated files: with rank0_only globs its loss ends the job
-    DPSHIM_FILES_RANK0_ONLY='*.ckpt' elastic 3 6 0 3
-    assert_failure 75
-    assert_output --partial "goes on without rank 0 only where no [files] rank0_only globs are set"
-    [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
+}
+
+# saves N ARGS...: elastic N ARGS with the trainer's log and checkpoint rank0_only, in a new $dir.
+saves() {
+    dir=$(mktemp -d "$BATS_TEST_TMPDIR/saves.XXXX")
+    DPSHIM_FILES_RANK0_ONLY='*.ckpt *.log' ELASTIC_TRAIN_SAVE=$dir elastic "$@"
+}
+
+# whole_files STEPS: the log, open through the loss, holds each step once, in order; the
+# checkpoint, read back on each of the two survivors, holds their weights.
+whole_files() {
+    assert_equal "$(tr '\n' ' ' <"$dir/train.log")" "$(for s in $(seq "$1"); do printf 'step %d ' "$s"; done)"
+    local weights
+    weights=$(grep -o 'checksum [0-9a-f]*, ' <<<"$output" | sort -u)
+    [ "$(grep -c "checkpoint 1204000 bytes, ${weights%, }\$" <<<"$output")" -eq 2 ] ||
+        fail "the checkpoint does not hold the survivors' weights"
+}
+
+@test "rank 0 lost with rank0_only files: the lowest survivor writes them from then on, each whole" {
+    local how
+    # rank 0 killed before its step's sum (the others wait in the sum), while the sum runs (they
+    # go on to the save and wait for rank 0's), halfway through its save (they wait for the rest)
+    for how in before during save; do
+        saves 3 6 0 3 $how
+        assert_success
+        assert_output --partial "elastic: the job lost rank 0 in step"
+        survivors_agree 2
+        whole_files 6
+        [ "$elapsed" -lt 30 ] || fail "$how: took $elapsed s"
+    done
+    # the lead passes twice: rank 0 lost at step 3, then rank 1 at step 6 (of 4 ranks)
+    dir=$(mktemp -d "$BATS_TEST_TMPDIR/saves.XXXX")
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=30 DPSHIM_FILES_RANK0_ONLY='*.ckpt *.log' \
+        ELASTIC_TRAIN_SAVE="$dir" "$BUILD/bin/dpshim-run" -np 4 --oversubscribe --enable-recovery \
+        sh -c 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$0" 8 1 6 save; else exec "$0" 8 0 3; fi' \
+        "$TRAIN" </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "elastic: the job lost rank 0 in step 3, rank 1 in step 7 and went on with 2 of its 4 ranks"
+    survivors_agree 2
+    whole_files 8
 }
 
 @test "a rank stalled in its own code, or stopped: past [guard] timeout it is ended, and the others go on" {
@@ -123,16 +159,16 @@ survivors_agree() {
     ! pgrep -f "elastic_train 6 1 3 stop" || fail "the stopped rank is still there"
 }
 
-@test "rank 0 stalled: ended past [guard] timeout, and rank 1 takes its place; with rank0_only files the job ends" {
+@test "rank 0 stalled: ended past [guard] timeout, and rank 1 takes its place, its files too" {
     DPSHIM_GUARD_TIMEOUT=4 elastic 3 6 0 3 stall
     assert_success
     assert_output --regexp "elastic: lost rank 0 \([^,]+, process [0-9]+: stalled in the program's own code past \[guard\] timeout; ended\) during step 3"
     assert_output --partial "rank 0 of 2 (started as 1 of 3): small -0.139999986 large -0.139999986"
     survivors_agree 2
-    DPSHIM_FILES_RANK0_ONLY='*.ckpt' DPSHIM_GUARD_TIMEOUT=4 elastic 3 6 0 3 stall
-    assert_failure 75
-    assert_output --regexp "rank 0 \([^)]*\): in the program.s own code for [0-9.]+ s.*<-- culprit"
-    assert_output --partial "goes on without a stalled rank 0 only where no [files] rank0_only globs are set"
+    DPSHIM_GUARD_TIMEOUT=4 saves 3 6 0 3 stall
+    assert_success
+    survivors_agree 2
+    whole_files 6
 }
 
 @test "two of 3 ranks stalled: the one left is no quorum (more than half of the ranks), and the job ends" {
@@ -159,7 +195,9 @@ survivors_agree() {
 @test "a PyTorch script, rank 1 or rank 0 of 3 killed at step 5: the survivors' parameters agree, exit 0" {
     local lost
     for lost in 1 0; do
-        run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=$lost "$BUILD/bin/dpshim-run" \
+        # torch.save of each epoch's model, rank 0's alone
+        run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=$lost \
+            DPSHIM_FILES_RANK0_ONLY='*.pt' SAVE="$BATS_TEST_TMPDIR/model.pt" "$BUILD/bin/dpshim-run" \
             -np 3 --oversubscribe --enable-recovery /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
         echo "$output"
         assert_success
@@ -167,11 +205,15 @@ survivors_agree() {
         assert_output --regexp "elastic: lost rank $lost \([^)]*\) during step 5; the step's lost share \($((lost == 0 ? 22 : 21)) of 64 samples\) is missing"
         # counted, not as lines: under PYTHONUNBUFFERED=1 print writes the line and its newline
         # apart, and the launcher may put another rank's line in between
-        [ "$(grep -o 'started as rank' <<<"$output" | wc -l)" -eq 2 ] || fail "two survivors should finish"
+        [ "$(grep -o 'steps, loss' <<<"$output" | wc -l)" -eq 2 ] || fail "two survivors should finish"
         # the loss step's batch is the lost share short; every later step is the whole batch
         [ "$(grep -o 'loss [0-9.]*, parameters [-0-9.]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] ||
             fail "the survivors' parameters differ"
         assert_output --partial "24 steps"
+        # the last checkpoint, loaded on each survivor, holds those parameters
+        [ "$(grep -o 'the checkpoint holds' <<<"$output" | wc -l)" -eq 2 ] || fail "two survivors should load it"
+        [ "$(grep -o 'parameters [-0-9.]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] ||
+            fail "the checkpoint does not hold the survivors' parameters"
     done
 }
 

@@ -1,7 +1,8 @@
 """A plain PyTorch training script (nothing of dpshim in it) for elastic.bats: a small MLP, SGD,
 a shuffled DataLoader over 512 samples in batches of 64, 3 epochs. The rank that started as
 $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with SIGKILL before step 5's forward pass.
-Prints the final loss and a sum of the parameters."""
+Prints the final loss and a sum of the parameters; with $SAVE, saves the model there after each
+epoch (torch.save) and prints the sum of the parameters the file holds at the end."""
 import os
 import signal
 
@@ -15,6 +16,7 @@ Y = (X[:, 0] > 0).long()
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=64, shuffle=True)
 kill = int(os.environ.get("KILL_RANK", "-1"))
 started_as = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+save = os.environ.get("SAVE")
 step = 0
 for epoch in range(3):
     for x, y in loader:
@@ -25,5 +27,10 @@ for epoch in range(3):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+    if save:
+        torch.save(model.state_dict(), save)
 total = sum(p.double().sum().item() for p in model.parameters())
 print(f"started as rank {started_as}: {step} steps, loss {loss.item():.6f}, parameters {total:.12f}", flush=True)
+if save:
+    saved = sum(t.double().sum().item() for t in torch.load(save).values())
+    print(f"started as rank {started_as}: the checkpoint holds parameters {saved:.12f}", flush=True)

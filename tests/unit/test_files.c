@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -522,6 +523,56 @@ static void test_channel_writes(void)
     CHECK(queue.head == queue.tail, "every message taken");
 }
 
+/* Rank 0 lost: rank 1 leads from then on. It tells the others again what rank 0 told it (a
+ * survivor that missed some takes them), makes its gated calls as the leader, and its stand-in
+ * of a file open at the loss becomes the file, whole, at the same offset. */
+static void test_new_leader(void)
+{
+    configure_main(0);
+    dps_redirect_t r;
+    dps_files_open(&r, AT_FDCWD, "ckpt/open.txt", O_WRONLY | O_CREAT | O_TRUNC);
+    int fd0 = open("ckpt/open.txt", O_WRONLY | O_CREAT | O_TRUNC, 0640);
+    dps_files_done(&r, fd0 >= 0);
+    uint64_t id = r.seq;
+    CHECK(write(fd0, "step 1\n", 7) == 7, "rank 0's write");
+    dps_files_post_write(id, 0, 7, 7, 0);
+    close(fd0); /* rank 0 is lost with the file open: it holds its first line only */
+
+    configure_main(1);
+    dps_files_open(&r, AT_FDCWD, "ckpt/open.txt", O_WRONLY | O_CREAT | O_TRUNC);
+    CHECK(dps_files_follow(&r) == 1 && r.sink >= 0, "the follower's stand-in");
+    int fd = open(r.path, r.flags, 0640);
+    dps_files_done(&r, fd >= 0);
+    dps_files_opened(&r, fd);
+    CHECK(dps_files_handle_kind(fd) == DPS_HANDLE_STANDIN, "a stand-in");
+    struct iovec line = {"step 1\n", 7};
+    CHECK(dps_files_standin_write(fd, &line, 1, -1) == 7, "the follower's write pairs with rank 0's");
+    /* rank 0's line the buffer of a stream held, written past the shim: only the stand-in has it */
+    CHECK(write(fd, "step 2\n", 7) == 7, "a write past the shim");
+    int posted = queue.tail;
+    static const int survivors[] = {1, 2};
+    CHECK(dps_files_new_leader(survivors, 2) == 1, "this rank leads now");
+    dps_files_lead_handles();
+    CHECK(queue.tail - posted >= 2, "the new leader told again the open and the write it took");
+    queue.head = queue.tail;
+    CHECK(dps_files_handle_kind(fd) == DPS_HANDLE_RANK0, "the stand-in is the leader's file now");
+    struct stat a, b;
+    CHECK(fstat(fd, &a) == 0 && stat("ckpt/open.txt", &b) == 0 && a.st_ino == b.st_ino, "fd is the file");
+    CHECK(lseek(fd, 0, SEEK_CUR) == 14, "at the stand-in's offset");
+    line.iov_base = "step 3\n";
+    CHECK(writev(fd, &line, 1) == 7 && close(fd) == 0, "written on as the file");
+    char got[64] = "";
+    int in = open("ckpt/open.txt", O_RDONLY);
+    CHECK(in >= 0 && read(in, got, sizeof got - 1) == 21 && !strcmp(got, "step 1\nstep 2\nstep 3\n"),
+          "the file is whole: '%s'", got);
+    if (in >= 0) close(in);
+    dps_files_path(&r, DPS_FOP_UNLINK, AT_FDCWD, "ckpt/open.txt");
+    CHECK(r.action == DPS_FILE_LEAD, "the new leader's gated calls are the leader's");
+    dps_files_done(&r, unlink("ckpt/open.txt") == 0);
+    CHECK(queue.tail - queue.head == 1, "and their outcomes go to the others");
+    queue.head = queue.tail;
+}
+
 static void test_channel(void)
 {
     dps_files_set_channel(&queue_channel);
@@ -567,6 +618,7 @@ static void test_channel(void)
     CHECK(dps_files_follow(&r) == 1 && dps_files_done(&r, 1) == 1 && acks_sent == 1, "lookup: %d acks",
           acks_sent);
     test_channel_writes();
+    test_new_leader();
     dps_files_set_channel(NULL);
 }
 

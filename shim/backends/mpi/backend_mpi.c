@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +37,11 @@ typedef struct channel {
 
 static channel_t main_ch = {.comm = MPI_COMM_NULL}, bg_ch = {.comm = MPI_COMM_NULL};
 static MPI_Comm guard_comm = MPI_COMM_NULL, files_comm = MPI_COMM_NULL;
+/* The file channel's leader (a world rank) and the ranks it tells (NULL: every other rank):
+ * rank 0's, until the survivors of its loss go on (mpi_set_survivors) */
+static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int files_leader;
+static int *files_targets, nfiles_targets;
 static int initialized_by_us;
 
 /* Elastic mode (set_abandon): the main channel's waits give up when this says so. */
@@ -454,6 +460,18 @@ static int mpi_set_survivors(const int *ranks, int n, uint32_t generation)
         return -1;
     }
     memcpy(map, ranks, (size_t)n * sizeof *map);
+    int *targets = malloc((size_t)(n > 1 ? n - 1 : 1) * sizeof *targets);
+    if (!targets) {
+        free(map);
+        snprintf(main_ch.err, sizeof main_ch.err, "no memory for the survivors' table");
+        return -1;
+    }
+    memcpy(targets, ranks + 1, (size_t)(n - 1) * sizeof *targets);
+    pthread_mutex_lock(&files_lock);
+    free(files_targets);
+    files_targets = targets, nfiles_targets = n - 1;
+    atomic_store(&files_leader, ranks[0]);
+    pthread_mutex_unlock(&files_lock);
     free(main_ch.map);
     main_ch.map = map, main_ch.rank = me, main_ch.size = n, main_ch.ring_always = 1;
     main_ch.tag_base = 1000 + (int)(generation % 100000) * 16; /* 3, 11, 12 within each 16 */
@@ -628,20 +646,23 @@ static int mpi_guard_allgather(const void *mine, void *all, size_t bytes)
 /* The file policy's channel: rank 0 tells every other rank the outcome of each operation on a
  * gated path, in order, on a communicator of its own (tag 0). Rank 0's sends never block (it
  * keeps the requests and frees those done at its next send); the others wait for the next
- * message. The others' acknowledgements go to rank 0 with tag 1. */
+ * message. The others' acknowledgements go to rank 0 with tag 1. After a loss, the lowest
+ * survivor leads in rank 0's place and tells the other survivors (mpi_set_survivors). */
 typedef struct files_send {
     MPI_Request req;
     unsigned char buf[DPS_FILES_MSG_MAX];
 } files_send_t;
 static files_send_t *files_sends;
 static size_t nfiles_sends, cap_files_sends;
-static pthread_mutex_t files_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int mpi_files_post(const void *msg, size_t len)
 {
     int size = 0, rc = 0;
     PMPI_Comm_size(files_comm, &size);
     if (len > DPS_FILES_MSG_MAX) return -1;
+    pthread_mutex_lock(&files_lock);
+    if (files_targets) size = nfiles_targets + 1;
+    pthread_mutex_unlock(&files_lock);
     pthread_mutex_lock(&files_lock);
     size_t kept = 0; /* the sends still in flight move to the front */
     for (size_t i = 0; i < nfiles_sends; i++) {
@@ -658,8 +679,9 @@ static int mpi_files_post(const void *msg, size_t len)
         else
             files_sends = p, cap_files_sends = c;
     }
-    for (int r = 1; r < size && rc == 0; r++) {
+    for (int i = 1; i < size && rc == 0; i++) {
         files_send_t *s = &files_sends[nfiles_sends];
+        int r = files_targets ? files_targets[i - 1] : i;
         memcpy(s->buf, msg, len);
         if (PMPI_Isend(s->buf, (int)len, MPI_BYTE, r, 0, files_comm, &s->req) != MPI_SUCCESS)
             rc = -1;
@@ -672,19 +694,24 @@ static int mpi_files_post(const void *msg, size_t len)
 
 static int mpi_files_wait(void *msg, size_t len)
 {
-    return PMPI_Recv(msg, (int)len, MPI_BYTE, 0, 0, files_comm, MPI_STATUS_IGNORE) == MPI_SUCCESS ? 0 : -1;
+    return PMPI_Recv(msg, (int)len, MPI_BYTE, atomic_load(&files_leader), 0, files_comm, MPI_STATUS_IGNORE) ==
+                   MPI_SUCCESS
+               ? 0
+               : -1;
 }
 
 static int mpi_files_poll(void *msg, size_t len)
 {
     int ready = 0;
-    if (PMPI_Iprobe(0, 0, files_comm, &ready, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    if (PMPI_Iprobe(atomic_load(&files_leader), 0, files_comm, &ready, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return -1;
     return ready ? (mpi_files_wait(msg, len) == 0 ? 1 : -1) : 0;
 }
 
 static int mpi_files_ack(const void *msg, size_t len)
 {
-    return PMPI_Send(msg, (int)len, MPI_BYTE, 0, 1, files_comm) == MPI_SUCCESS ? 0 : -1;
+    return PMPI_Send(msg, (int)len, MPI_BYTE, atomic_load(&files_leader), 1, files_comm) == MPI_SUCCESS ? 0
+                                                                                                        : -1;
 }
 
 static int mpi_files_next_ack(void *msg, size_t len, int *src)

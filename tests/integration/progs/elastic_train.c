@@ -1,13 +1,17 @@
 /* A training loop on the hook ABI for the elastic tests: each rank's gradient is (the rank it
  * started as + 1) everywhere, a small tensor (packed in a bucket) and a large one (reduced in
  * place), so the average says which ranks took part in each step.
- *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|stall|stop]]
+ *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|stall|stop]]
  * KILL_RANK dies with SIGKILL at step KILL_STEP: before its gradients go out, or (during) from a
- * thread while the gradient sum runs; or it stalls there in its own code (stall: sleeps for ever;
- * stop: SIGSTOP to itself). At the end each rank prints its ranks, the two weights'
+ * thread while the gradient sum runs, or (save) halfway through writing that step's checkpoint;
+ * or it stalls there in its own code (stall: sleeps for ever; stop: SIGSTOP to itself). At the end each rank prints its ranks, the two weights'
  * first elements and a checksum of all of them, and dp_metric's count of ranks.
- * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step. */
+ * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step.
+ * ELASTIC_TRAIN_SAVE=DIR: DIR/train.log, open from the start, gets "step S" after each step, and
+ * DIR/w.ckpt the weights (made anew each step); at the end each rank reads w.ckpt back and prints
+ * its checksum (for [files] rank0_only). */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -21,6 +25,33 @@
 
 enum { SMALL = 1000, LARGE = 300000 };
 
+static uint64_t checksum(const void *p, size_t n)
+{
+    uint64_t sum = 1469598103934665603ull;
+    for (size_t i = 0; i + 4 <= n; i += 4) {
+        uint32_t b;
+        memcpy(&b, (const char *)p + i, sizeof b);
+        sum = (sum ^ b) * 1099511628211ull;
+    }
+    return sum;
+}
+
+/* In pieces, as a serializer writes; die_halfway: SIGKILL after the first half. */
+static void save(const char *dir, const char *name, const void *p, size_t n, int die_halfway)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    for (size_t at = 0, piece = 64 << 10; f && at < n; at += piece) {
+        if (die_halfway && at >= n / 2) raise(SIGKILL);
+        if (fwrite((const char *)p + at, 1, n - at < piece ? n - at : piece, f) == 0) break;
+    }
+    if (!f || ferror(f) || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+}
+
 static void *kill_soon(void *arg)
 {
     (void)arg;
@@ -32,8 +63,9 @@ static void *kill_soon(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr, "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during|stall|stop]], under "
-                        "libdpshim.so\n");
+        fprintf(stderr,
+                "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|stall|stop]], under "
+                "libdpshim.so\n");
         return 2;
     }
     int steps = atoi(argv[1]), kill_rank = argc > 3 ? atoi(argv[2]) : -1,
@@ -46,15 +78,25 @@ int main(int argc, char **argv)
     dp_tensor tg[2] = {{g, SMALL, DP_F32, DP_HOST, "small.grad"},
                        {g + SMALL, LARGE, DP_F32, DP_HOST, "large.grad"}};
     dp_params(tw, 2);
+    const char *dir = getenv("ELASTIC_TRAIN_SAVE");
+    char logpath[4096];
+    int log = -1;
+    if (dir) {
+        snprintf(logpath, sizeof logpath, "%s/train.log", dir);
+        if ((log = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+            perror(logpath);
+            return 1;
+        }
+    }
     for (int s = 1; s <= steps; s++) {
         if (start_rank == kill_rank && s == kill_step) {
             if (!strcmp(how, "stall"))
                 for (;;)
                     pause();
             if (!strcmp(how, "stop")) raise(SIGSTOP);
-            if (!during) raise(SIGKILL);
+            if (!strcmp(how, "before")) raise(SIGKILL);
             pthread_t t;
-            pthread_create(&t, NULL, kill_soon, NULL);
+            if (during) pthread_create(&t, NULL, kill_soon, NULL);
         }
         for (int i = 0; i < SMALL + LARGE; i++)
             g[i] = (float)(start_rank + 1);
@@ -65,16 +107,34 @@ int main(int argc, char **argv)
             fprintf(stderr, "rank %d step %d: small %g large %g\n", start_rank, s, (double)g[0],
                     (double)g[SMALL]);
         dp_step_end((uint64_t)s);
+        char line[32];
+        int len = snprintf(line, sizeof line, "step %d\n", s);
+        if (log >= 0 && write(log, line, (size_t)len) != len) {
+            perror(logpath);
+            return 1;
+        }
+        if (dir)
+            save(dir, "w.ckpt", w, sizeof w,
+                 start_rank == kill_rank && s == kill_step && !strcmp(how, "save"));
         if (getenv("ELASTIC_TRAIN_SLEEP_MS"))
             usleep((useconds_t)atoi(getenv("ELASTIC_TRAIN_SLEEP_MS")) * 1000);
     }
     double ranks = 1;
     dp_metric(&ranks, 1, DP_SUM);
-    uint64_t sum = 1469598103934665603ull;
-    for (int i = 0; i < SMALL + LARGE; i++) {
-        uint32_t b;
-        memcpy(&b, &w[i], sizeof b);
-        sum = (sum ^ b) * 1099511628211ull;
+    uint64_t sum = checksum(w, sizeof w);
+    if (log >= 0 && close(log) != 0) {
+        perror(logpath);
+        return 1;
+    }
+    if (dir) { /* the checkpoint as the file holds it */
+        static float back[SMALL + LARGE];
+        char path[4096];
+        snprintf(path, sizeof path, "%s/w.ckpt", dir);
+        FILE *f = fopen(path, "rb");
+        size_t got = f ? fread(back, 1, sizeof back + 1, f) : 0;
+        if (f) fclose(f);
+        printf("rank %d: checkpoint %zu bytes, checksum %016llx\n", start_rank, got,
+               (unsigned long long)checksum(back, got));
     }
     printf("rank %d of %d (started as %d of %d): small %.9g large %.9g checksum %016llx, %g ranks\n",
            dp_rank(), dp_world_size(), start_rank, start_size, (double)w[0], (double)w[SMALL],
