@@ -163,8 +163,9 @@ static void files_watch_end(files_watch_t w)
     if (w.on) dps_guard_own_end(w.mark);
 }
 
-/* Where the job goes on after a loss, the main thread's wait polls, to leave it when the rank it
- * waits for is lost (the first polls spinning, as the blocking wait would, then in naps). */
+/* Where the job goes on after a loss, the main thread's wait polls, to leave it at a loss and take
+ * part in the survivors' agreement (the rank it waits for may be the one lost, or may wait for the
+ * agreement itself); the first polls spin, as the blocking wait would, then in naps. */
 static int files_wait(void *msg, size_t len, const char *what)
 {
     const dps_backend_t *be = files_backend();
@@ -176,8 +177,8 @@ static int files_wait(void *msg, size_t len, const char *what)
     } else {
         for (unsigned polls = 0;; polls++) {
             int got = be->files_poll(msg, len); /* 1: a message came */
-            if (got != 0 || dps_guard_leader_lost()) {
-                rc = got == 1 ? 0 : got < 0 ? -1 : DPS_FILES_LEADER_LOST;
+            if (got != 0 || dps_guard_lost_pending()) {
+                rc = got == 1 ? 0 : got < 0 ? -1 : DPS_FILES_RANK_LOST;
                 break;
             }
             if (polls > 4096) {
@@ -190,7 +191,7 @@ static int files_wait(void *msg, size_t len, const char *what)
     return rc;
 }
 
-/* The survivors' agreement, from the main thread's wait for a lost leader. */
+/* The survivors' agreement, from the main thread's file wait a loss ended. */
 static int files_recover(const char *what)
 {
     const dps_backend_t *be = files_backend();
@@ -218,7 +219,7 @@ static int files_next_ack(void *msg, size_t len, int *src, const char *what)
     files_watch_t w = files_watch_begin(what, 0);
     int rc = be->files_next_ack(msg, len, src);
     files_watch_end(w);
-    return rc;
+    return rc == DPS_BACKEND_ABANDONED ? DPS_FILES_RANK_LOST : rc;
 }
 
 static const dps_files_channel_t files_channel = {files_post, files_wait,     files_poll,

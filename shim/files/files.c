@@ -606,11 +606,11 @@ static int call_known(const rank0_file_t *f, const paired_t *p)
     return f && f->calls > p->k;
 }
 
-/* A follower's wait the leader's loss ended (DPS_FILES_LEADER_LOST): the survivors agree, and the
+/* A wait a loss ended (DPS_FILES_RANK_LOST): the survivors agree, and where the leader was lost the
  * lowest of them leads from now on. 0: wait again (for the new leader, or not at all where that is
  * this rank); -1: no agreement here (not the main thread), the rank decides alone. Without
- * order_lock, which the new leader's take-over takes. */
-static int leader_lost(const dps_files_channel_t *c, const char *what)
+ * order_lock and ack_lock, which the new leader's take-over takes. */
+static int rank_lost(const dps_files_channel_t *c, const char *what)
 {
     dps_in_shim++;
     int rc = c->recover(what);
@@ -630,7 +630,7 @@ static rank0_file_t *wait_for_rank0(const dps_files_channel_t *c, const paired_t
     while (!known(rank0_file(p->id, 0), p) && !rank0_is_past()) {
         message_t m;
         int rc = c->wait(&m, sizeof m, what);
-        *lost = rc == DPS_FILES_LEADER_LOST;
+        *lost = rc == DPS_FILES_RANK_LOST;
         if (rc != 0) break;
         take_in(&m);
     }
@@ -653,7 +653,7 @@ ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, i
         if (!lost && write_failed(f, &p)) n = a < f->fail_at ? f->fail_at - a : -1, *err = f->err;
         pthread_mutex_unlock(&order_lock);
         dps_in_shim--;
-        if (lost && leader_lost(c, what) != 0) break;
+        if (lost && rank_lost(c, what) != 0) break;
     }
     return n;
 }
@@ -674,7 +674,7 @@ int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64
         if (!lost) break; /* with the lock */
         pthread_mutex_unlock(&order_lock);
         dps_in_shim--;
-        if (leader_lost(c, what) != 0) return 0;
+        if (rank_lost(c, what) != 0) return 0;
     }
     int failed = 0, n = 0;
     for (int i = 0; f && i < f->nfailed; i++) {
@@ -749,7 +749,7 @@ int dps_files_take(dps_redirect_t *r)
         if (rc == 0) o = pending, have_pending = 0, next_seq++;
         pthread_mutex_unlock(&order_lock);
         dps_in_shim--;
-        if (rc == DPS_FILES_LEADER_LOST && leader_lost(c, what) == 0) continue;
+        if (rc == DPS_FILES_RANK_LOST && rank_lost(c, what) == 0) continue;
         if (rc != 0) return -1;
         break;
     }
@@ -845,11 +845,11 @@ static void acknowledge(uint64_t seq, uint32_t path)
 /* Rank 0, before it changes a gated path: every follower has made the reads of that path rank 0
  * made before, so none reads what this change puts in place of what rank 0 read. Reads of other
  * paths are not waited for: code that reads a path on rank 0 alone never holds rank 0 up. */
-static void settle_path(const dps_files_channel_t *c, int dirfd, const char *path, const char *op)
+static int settle_path(const dps_files_channel_t *c, int dirfd, const char *path, const char *op)
 {
     uint32_t h = path_key(dirfd, path);
     uint64_t until = mark_of(&reads, 0, h);
-    if (!until) return;
+    if (!until) return 0;
     static char what[DPS_PATH_BUF + 96]; /* as in wait_for_leader; one waiter at a time (ack_lock) */
     snprintf(what, sizeof what, "wait for the other ranks' reads of %s before rank 0's %s", path, op);
     for (int i = 0; i < (followers ? nfollowers : my_size - 1); i++) {
@@ -857,25 +857,31 @@ static void settle_path(const dps_files_channel_t *c, int dirfd, const char *pat
         while (mark_of(&acks, q, h) < until) {
             ack_t a;
             int src;
-            if (c->next_ack(&a, sizeof a, &src, what) != 0 || src < 0 || src >= my_size || src == my_rank)
-                return;
+            int rc = c->next_ack(&a, sizeof a, &src, what);
+            if (rc == DPS_FILES_RANK_LOST) return rc;
+            if (rc != 0 || src < 0 || src >= my_size || src == my_rank) return 0;
             set_mark(&acks, src, a.path, a.seq + 1);
         }
     }
+    return 0;
 }
 
 static void settle_reads(const dps_redirect_t *r)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
-    dps_in_shim++;
-    pthread_mutex_lock(&ack_lock);
-    if (reads.n) {
-        settle_path(c, r->dirfd, r->orig, dps_files_op_name(r->op));
-        if (r->first) settle_path(c, r->first_dirfd, r->first, dps_files_op_name(r->op));
+    const char *op = dps_files_op_name(r->op);
+    for (int rc = DPS_FILES_RANK_LOST; rc == DPS_FILES_RANK_LOST;) {
+        dps_in_shim++;
+        pthread_mutex_lock(&ack_lock);
+        rc = reads.n ? settle_path(c, r->dirfd, r->orig, op) : 0;
+        if (rc == 0 && reads.n && r->first) rc = settle_path(c, r->first_dirfd, r->first, op);
+        pthread_mutex_unlock(&ack_lock);
+        dps_in_shim--;
+        /* a follower lost: once the survivors agree, the leader waits for the others only */
+        if (rc == DPS_FILES_RANK_LOST && rank_lost(c, "the other ranks' reads before rank 0's change") != 0)
+            break;
     }
-    pthread_mutex_unlock(&ack_lock);
-    dps_in_shim--;
 }
 
 /* --- sinks ----------------------------------------------------------------------------------- */

@@ -545,6 +545,13 @@ static void rank0_answered(const guard_msg_t *m)
     if (watch.rank0_hits >= 2) file_deadlock(m);
 }
 
+/* Elastic mode: the rank that leads the gated files (rank 0, or the lowest survivor) is lost. */
+static int leader_lost(void)
+{
+    if (!atomic_load(&elastic.on) || atomic_load(&elastic.off_why) || !watch.peers) return 0;
+    return atomic_load(&watch.peers[atomic_load(&elastic.lowest)].lost_cause) != 0;
+}
+
 /* This rank waits for rank 0's file operation: rank 0 (the lowest survivor, after its loss) is
  * asked where it is once a second, from the first second of the wait on. */
 static void look_at_file_wait(void)
@@ -559,7 +566,7 @@ static void look_at_file_wait(void)
     if (since != watch.wait_since) watch.wait_since = since, watch.rank0_hits = 0, watch.asked_ns = 0;
     if (now - since < 1000000000u) return;
     /* a lost leader, where the job goes on: the main thread leaves its wait for the agreement */
-    if (watch.peers[lead].left && !dps_guard_leader_lost()) file_deadlock(NULL);
+    if (watch.peers[lead].left && !leader_lost()) file_deadlock(NULL);
     if (now - watch.asked_ns < 1000000000u) return;
     watch.asked_ns = now;
     guard_msg_t ask = {.kind = MSG_WHERE, .rank = dps_guard_conf.rank, .left_rank = -1};
@@ -658,12 +665,6 @@ void dps_guard_elastic_off(const char *why)
     if (atomic_load(&elastic.on) && atomic_compare_exchange_strong(&elastic.off_why, &none, why)) {
         if (dps_guard_conf.rank == 0) DPS_INFO("[elastic] a lost rank ends the job after all: %s", why);
     }
-}
-
-int dps_guard_leader_lost(void)
-{
-    if (!atomic_load(&elastic.on) || atomic_load(&elastic.off_why) || !watch.peers) return 0;
-    return atomic_load(&watch.peers[atomic_load(&elastic.lowest)].lost_cause) != 0;
 }
 
 int dps_guard_ranks_gone(void)

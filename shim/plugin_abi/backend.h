@@ -63,7 +63,9 @@ typedef struct dps_backend {
     /* rank 0's next message where one has come: 1 (in msg), 0 where none has, -1 on error */
     int (*files_poll)(void *msg, size_t len);
     /* The other way: a rank tells rank 0 it has made a call (never blocking for long: a small
-     * message), and rank 0 waits for the next such message from any rank. */
+     * message), and rank 0 waits for the next such message from any rank; with set_abandon's
+     * function set, it gives that wait up (DPS_BACKEND_ABANDONED) when the function says a rank
+     * was lost. After a loss (set_survivors) the lowest survivor is rank 0 here. */
     int (*files_ack)(const void *msg, size_t len);
     int (*files_next_ack)(void *msg, size_t len, int *src);
     /* The job's sizes, once after the agreement, on every rank (a collective of the main thread):

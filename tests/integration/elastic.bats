@@ -159,6 +159,21 @@ whole_files() {
     ! pgrep -f "elastic_train 6 1 3 stop" || fail "the stopped rank is still there"
 }
 
+@test "a rank lost as every rank reads the checkpoint back, before rank 0 replaces it: no wait for it" {
+    # rank 0 waits for the others to have read the file before it renames the next one onto it;
+    # rank 2 dies before its read (rank 0 stops waiting for it), or rank 0 before its own (the
+    # others stop waiting for rank 0, and rank 1 reads and replaces it instead)
+    local lost
+    for lost in 2 0; do
+        saves 3 6 $lost 3 load
+        assert_success
+        assert_output --partial "elastic: the job lost rank $lost in step"
+        survivors_agree 2
+        whole_files 6
+        [ "$elapsed" -lt 30 ] || fail "rank $lost: took $elapsed s"
+    done
+}
+
 @test "rank 0 stalled: ended past [guard] timeout, and rank 1 takes its place, its files too" {
     DPSHIM_GUARD_TIMEOUT=4 elastic 3 6 0 3 stall
     assert_success

@@ -717,7 +717,19 @@ static int mpi_files_ack(const void *msg, size_t len)
 static int mpi_files_next_ack(void *msg, size_t len, int *src)
 {
     MPI_Status st;
-    if (PMPI_Recv(msg, (int)len, MPI_BYTE, MPI_ANY_SOURCE, 1, files_comm, &st) != MPI_SUCCESS) return -1;
+    for (unsigned polls = 0; abandon_fn; polls++) { /* elastic mode: given up at a loss */
+        int ready = 0;
+        if (PMPI_Iprobe(MPI_ANY_SOURCE, 1, files_comm, &ready, &st) != MPI_SUCCESS) return -1;
+        if (ready) break;
+        if (abandon_fn()) return DPS_BACKEND_ABANDONED;
+        if (polls > 4096) {
+            struct timespec nap = {0, 50000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    if (PMPI_Recv(msg, (int)len, MPI_BYTE, abandon_fn ? st.MPI_SOURCE : MPI_ANY_SOURCE, 1, files_comm, &st) !=
+        MPI_SUCCESS)
+        return -1;
     *src = st.MPI_SOURCE;
     return 0;
 }

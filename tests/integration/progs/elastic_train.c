@@ -1,16 +1,18 @@
 /* A training loop on the hook ABI for the elastic tests: each rank's gradient is (the rank it
  * started as + 1) everywhere, a small tensor (packed in a bucket) and a large one (reduced in
  * place), so the average says which ranks took part in each step.
- *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|stall|stop]]
+ *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|load|stall|stop]]
  * KILL_RANK dies with SIGKILL at step KILL_STEP: before its gradients go out, or (during) from a
- * thread while the gradient sum runs, or (save) halfway through writing that step's checkpoint;
- * or it stalls there in its own code (stall: sleeps for ever; stop: SIGSTOP to itself). At the end each rank prints its ranks, the two weights'
+ * thread while the gradient sum runs, or (save) halfway through writing that step's checkpoint,
+ * or (load) as every rank reads the last checkpoint back before saving the next (each step from
+ * the second on); or it stalls there in its own code (stall: sleeps for ever; stop: SIGSTOP). At the end each rank prints its ranks, the two weights'
  * first elements and a checksum of all of them, and dp_metric's count of ranks.
  * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step.
  * ELASTIC_TRAIN_SAVE=DIR: DIR/train.log, open from the start, gets "step S" after each step, and
  * DIR/w.ckpt the weights (made anew each step); at the end each rank reads w.ckpt back and prints
  * its checksum (for [files] rank0_only). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -36,17 +38,20 @@ static uint64_t checksum(const void *p, size_t n)
     return sum;
 }
 
-/* In pieces, as a serializer writes; die_halfway: SIGKILL after the first half. */
-static void save(const char *dir, const char *name, const void *p, size_t n, int die_halfway)
+/* In pieces, as a serializer writes; die_halfway: SIGKILL after the first half. Through a
+ * temporary and a rename where a reader may still read the last one (in place, a reader would see
+ * the file shrink under it). */
+static void save(const char *dir, const char *name, const void *p, size_t n, int die_halfway, int via_temp)
 {
-    char path[4096];
+    char path[4096], temp[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
+    snprintf(temp, sizeof temp, "%s/next.%s", dir, name);
+    FILE *f = fopen(via_temp ? temp : path, "wb");
     for (size_t at = 0, piece = 64 << 10; f && at < n; at += piece) {
         if (die_halfway && at >= n / 2) raise(SIGKILL);
         if (fwrite((const char *)p + at, 1, n - at < piece ? n - at : piece, f) == 0) break;
     }
-    if (!f || ferror(f) || fclose(f) != 0) {
+    if (!f || ferror(f) || fclose(f) != 0 || (via_temp && rename(temp, path) != 0)) {
         perror(path);
         exit(1);
     }
@@ -63,9 +68,10 @@ static void *kill_soon(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(stderr,
-                "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|stall|stop]], under "
-                "libdpshim.so\n");
+        fprintf(
+            stderr,
+            "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|load|stall|stop]], under "
+            "libdpshim.so\n");
         return 2;
     }
     int steps = atoi(argv[1]), kill_rank = argc > 3 ? atoi(argv[2]) : -1,
@@ -113,9 +119,22 @@ int main(int argc, char **argv)
             perror(logpath);
             return 1;
         }
+        if (dir && s > 1 && !strcmp(how, "load")) {
+            if (start_rank == kill_rank && s == kill_step) raise(SIGKILL);
+            static float back[SMALL + LARGE];
+            char path[4096];
+            snprintf(path, sizeof path, "%s/w.ckpt", dir);
+            FILE *f = fopen(path, "rb");
+            size_t got = f ? fread(back, 1, sizeof back, f) : 0;
+            if (!f || got != sizeof back || fclose(f) != 0) {
+                fprintf(stderr, "rank %d, step %d: read %zu bytes of %s: %s\n", start_rank, s, got, path,
+                        f ? "short" : strerror(errno));
+                return 1;
+            }
+        }
         if (dir)
             save(dir, "w.ckpt", w, sizeof w,
-                 start_rank == kill_rank && s == kill_step && !strcmp(how, "save"));
+                 start_rank == kill_rank && s == kill_step && !strcmp(how, "save"), !strcmp(how, "load"));
         if (getenv("ELASTIC_TRAIN_SLEEP_MS"))
             usleep((useconds_t)atoi(getenv("ELASTIC_TRAIN_SLEEP_MS")) * 1000);
     }
