@@ -7,7 +7,9 @@
  * - one that no survivor completed runs again among them; a gradient sum of the hook call under
  *   way (the step at the loss) is then weighted over the shares the survivors hold;
  * - from the next hook call on, the survivors are the job: dp_rank and dp_world_size, the
- *   batches' shares, the gradients' weights and the epochs' shards follow their number. */
+ *   batches' shares, the gradients' weights and the epochs' shards follow their number;
+ * - in scale mode, what a lost rank had not trained of its shard of the epoch under way is shared
+ *   out among the survivors at the end of their own shards (dps_elastic_rest). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -145,6 +147,99 @@ int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w)
     return 1;
 }
 
+/* --- scale mode: the shards of the ranks lost in an epoch ------------------------------------ */
+
+static struct {
+    uint64_t *order, n;    /* the epoch's order, as every rank drew it (dp_epoch) */
+    int *ranks, size;      /* the ranks it was cut among (by their ranks at the job's start) */
+    uint64_t trained;      /* samples of it this rank trained: the batches of the steps ended */
+    unsigned generation;   /* recoveries at its start */
+    uint64_t *rest, nrest; /* what the ranks lost in it had not trained */
+    uint64_t *mine, nmine; /* this rank's share of the job's rest, once shared out */
+    int shared;
+} ep;
+
+void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
+{
+    if (!el.on || dps_g.split_mode) return;
+    uint64_t *o = realloc(ep.order, (n ? n : 1) * sizeof *o);
+    if (o) ep.order = o;
+    int *r = realloc(ep.ranks, (size_t)el.n * sizeof *r);
+    if (r) ep.ranks = r;
+    ep.n = 0, ep.nrest = 0, ep.nmine = 0, ep.shared = 0;
+    if (!o || !r) {
+        DPS_WARN_ONCE("[elastic] no memory to keep the epoch's order: the samples a lost rank had not "
+                      "trained are not trained in the epoch of its loss");
+        return;
+    }
+    memcpy(ep.order, order, n * sizeof *order);
+    memcpy(ep.ranks, el.ranks, (size_t)el.n * sizeof *el.ranks);
+    ep.n = n, ep.size = el.n, ep.trained = 0, ep.generation = el.generation;
+}
+
+void dps_elastic_step_end(void)
+{
+    if (ep.n && dps_e.have_batch) ep.trained += dps_e.batch_n; /* the batch the step was given */
+}
+
+/* Rank r was lost: what it had not trained of its shard of the epoch joins the rest. Every rank
+ * steps alike, so it trained as many samples as this rank in the steps that ended; those of the
+ * step under way are lost with it. */
+static void note_rest(int r)
+{
+    int j = 0;
+    while (j < ep.size && ep.ranks[j] != r)
+        j++;
+    if (!ep.n || j == ep.size) return;
+    uint64_t count = dps_epoch_count(ep.n, j, ep.size, (dps_uneven_t)dps_g.uneven);
+    uint64_t done = ep.trained, s = (uint64_t)ep.size;
+    uint64_t head = ep.n < s ? ep.n : s;
+    if (done >= count) return;
+    uint64_t *rest = realloc(ep.rest, (ep.nrest + count - done) * sizeof *rest);
+    if (!rest) {
+        DPS_WARN_ONCE("[elastic] no memory for the samples rank %d had not trained: they are not trained in "
+                      "this epoch",
+                      r);
+        return;
+    }
+    ep.rest = rest;
+    for (uint64_t k = done; k < count; k++) { /* its shard as dps_epoch_shard cuts it */
+        uint64_t p = (uint64_t)j + k * s;
+        ep.rest[ep.nrest++] = p < ep.n ? ep.order[p] : ep.order[(p - ep.n) % head];
+    }
+}
+
+int dps_elastic_rest_due(void)
+{
+    /* with [data] uneven = join the shards differ in length: the survivors would not meet here */
+    return el.on && !dps_g.split_mode && dps_g.uneven != DPS_UNEVEN_JOIN && ep.n &&
+           ep.generation != el.generation && !ep.shared;
+}
+
+const uint64_t *dps_elastic_rest(uint64_t *n)
+{
+    *n = ep.nrest;
+    return ep.rest;
+}
+
+const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t *count)
+{
+    if (!ep.shared && rest) {
+        uint64_t keep = dps_epoch_count(n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven);
+        uint64_t *mine = malloc((n ? n : 1) * sizeof *mine),
+                 *head = malloc((size_t)dps_g.eff_size * sizeof *head);
+        if (mine && head) {
+            memcpy(mine, rest, n * sizeof *rest);
+            keep = dps_epoch_shard(mine, n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven, head);
+        }
+        free(head);
+        free(ep.mine);
+        ep.mine = mine, ep.nmine = mine ? keep : 0, ep.shared = 1;
+    }
+    *count = ep.nmine;
+    return ep.mine;
+}
+
 /* Rank 0 was lost, and this rank is rank 0 now: its output is the job's. */
 static void take_over_rank0(void)
 {
@@ -170,6 +265,7 @@ static void say_loss(const int *before, int nbefore)
         if (kept) continue;
         lost++;
         el.lost_in_step[r] = dps_e.step + 1;
+        note_rest(r);
         char what[160];
         snprintf(what, sizeof what, "rank %d in step %llu (%s)", r, (unsigned long long)dps_e.step + 1,
                  dps_guard_lost_cause(r));

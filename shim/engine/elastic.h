@@ -22,6 +22,17 @@ void dps_elastic_note_batch(void);
 /* A rank was lost since: the gradients' weight for this rank's share of that batch (each survivor's
  * share of what the survivors hold), 1 with *w set; 0 where no rank was. */
 int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w);
+/* Scale mode: the epoch's order drawn (dp_epoch, before it is cut); a step ended (dp_step_end),
+ * on the batch dp_batch gave it last. */
+void dps_elastic_note_epoch(const uint64_t *order, uint64_t n);
+void dps_elastic_step_end(void);
+/* Scale mode, at the end of this rank's shard: 1 where ranks were lost in this epoch and their
+ * rest is yet to be shared out; what they had not trained (this rank's view: the lowest survivor's
+ * is the job's); this rank's share of the job's rest (given: cut as an epoch is, and kept until the
+ * next epoch; NULL: the share kept, if any). */
+int dps_elastic_rest_due(void);
+const uint64_t *dps_elastic_rest(uint64_t *n);
+const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t *count);
 /* A collective of the main thread completed. */
 void dps_elastic_completed(void);
 /* At exit, on the lowest survivor: the job's losses said once more, and left for dpshim-run. */

@@ -154,6 +154,7 @@ static size_t epoch_(uint64_t *idx, size_t n)
     if (dps_g.split_mode || dps_g.eff_size == 1) return n;
     dps_e.shared_work = 1;
     size_t head = n < (size_t)dps_g.eff_size ? n : (size_t)dps_g.eff_size;
+    dps_elastic_note_epoch(idx, n);                                  /* for the shards of ranks lost in it */
     uint64_t *scratch = malloc((head ? head : 1) * sizeof *scratch); /* once per epoch */
     if (!scratch) {
         DPS_ERROR("dp_epoch: out of memory");
@@ -163,6 +164,52 @@ static size_t epoch_(uint64_t *idx, size_t n)
         dps_epoch_shard(idx, n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven, scratch);
     free(scratch);
     return keep;
+}
+
+/* How many samples of an epoch of n dp_epoch keeps on this rank now, without drawing one. */
+static size_t epoch_count_(size_t n)
+{
+    if (dps_g.split_mode || dps_g.eff_size == 1) return n;
+    return dps_epoch_count(n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven);
+}
+
+/* Scale mode, at the end of this rank's shard of an epoch in which ranks were lost: this rank's
+ * share of what they had not trained, the lowest survivor's list for every survivor (one list,
+ * one truth: each cut alike), into idx[0..cap); its length (0: none). Every survivor calls it at
+ * the same place (shards of one length: [data] uneven = pad or drop). */
+static size_t epoch_rest_(uint64_t *idx, size_t cap)
+{
+    uint64_t n = 0;
+    const uint64_t *mine = NULL;
+    if (dps_elastic_rest_due()) {
+        const dps_backend_t *be = dps_comm("dpshim_epoch_rest");
+        uint64_t count;
+        const uint64_t *rest = dps_elastic_rest(&count);
+        dp_tensor t = {&count, 1, DP_I64, DP_HOST, "epoch rest count"};
+        if (!be || collective("dpshim_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM))
+            return 0;
+        uint64_t *all = malloc((count ? count : 1) * sizeof *all);
+        if (!all) {
+            DPS_ERROR("dpshim_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
+            return 0;
+        }
+        if (dps_g.eff_rank == 0 && count) memcpy(all, rest, count * sizeof *all);
+        t = (dp_tensor){all, count, DP_I64, DP_HOST, "epoch rest"};
+        int rc = count
+                     ? collective("dpshim_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM)
+                     : 0;
+        if (!rc) mine = dps_elastic_rest_share(all, count, &n);
+        free(all);
+        if (rc) return 0;
+        if (dps_g.eff_rank == 0 && count)
+            DPS_WARN("elastic: the %llu samples of this epoch the lost rank(s) had not trained are trained "
+                     "now, %llu by each survivor ([data] uneven applies)",
+                     (unsigned long long)count, (unsigned long long)n);
+    } else {
+        mine = dps_elastic_rest_share(NULL, 0, &n);
+    }
+    if (idx && mine) memcpy(idx, mine, (n < cap ? n : cap) * sizeof *idx);
+    return n;
 }
 
 /* Weight of this rank's gradient in the reduced one. Every rank shares it unless split mode cut
@@ -359,6 +406,7 @@ static int scope_end_(void)
 static int step_end_(uint64_t step)
 {
     dps_e.step = step;
+    dps_elastic_step_end();
     dps_guard_step(step, dps_e.scope_depth > 0);
     dps_diag_step(step);
     if (dps_ready_outstanding(&ready) || dps_device_outstanding())
@@ -438,6 +486,9 @@ DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor * t, s
     ONE_AT_A_TIME(int, dp_seed, "dp_seed", seed_, (uint64_t * seed), (seed)) DPS_EXPORT
     ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t * idx, size_t n), (idx, n)) DPS_EXPORT
     ONE_AT_A_TIME(size_t, dpshim_batch_whole, "dp_batch", whole_batch_, (uint64_t n), (n)) DPS_EXPORT
+    ONE_AT_A_TIME(size_t, dpshim_epoch_count, "dp_epoch", epoch_count_, (size_t n), (n)) DPS_EXPORT
+    ONE_AT_A_TIME(size_t, dpshim_epoch_rest, "dpshim_epoch_rest", epoch_rest_, (uint64_t * idx, size_t cap),
+                  (idx, cap)) DPS_EXPORT
     ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t * idx, size_t n), (idx, n)) DPS_EXPORT
     ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t)) DPS_EXPORT
     ONE_AT_A_TIME(int, dp_grads, "dp_grads", grads_, (dp_tensor * t, size_t n), (t, n)) DPS_EXPORT

@@ -232,6 +232,39 @@ whole_files() {
     done
 }
 
+@test "scale mode, rank 1 or rank 0 of 3 killed in an epoch: the survivors train what it had not, once" {
+    local lost
+    for lost in 1 0; do
+        rm -f "$BATS_TEST_TMPDIR"/trained.*
+        run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=$lost \
+            DPSHIM_DATA_MODE=scale TRACE="$BATS_TEST_TMPDIR/trained" "$BUILD/bin/dpshim-run" \
+            -np 3 --oversubscribe --enable-recovery /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
+        echo "$output"
+        assert_success
+        # 512 samples at np=3: shards of 171 (one sample twice), batches of 64, 64, 43; killed in
+        # epoch 1's second step, after one batch: 107 left, 54 for each survivor (one twice)
+        assert_output --partial "elastic: the 107 samples of this epoch the lost rank(s) had not trained are trained now, 54 by each survivor"
+        [ "$(grep -o 'loss [0-9.]*, parameters [-0-9.]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] ||
+            fail "the survivors' parameters differ"
+        # what every rank trained, the lost one's steps before its loss included: each epoch
+        # every sample, the padding's few twice
+        run python3 -c '
+import collections, glob, sys
+seen = collections.defaultdict(collections.Counter)
+for f in glob.glob(sys.argv[1] + ".*"):
+    for line in open(f):
+        epoch, *samples = map(int, line.split())
+        seen[epoch].update(samples)
+for epoch in range(3):
+    c = seen[epoch]
+    print(f"epoch {epoch}: {len(c)} samples, {sum(c.values()) - len(c)} twice")' "$BATS_TEST_TMPDIR/trained"
+        echo "$output"
+        assert_output "epoch 0: 512 samples, 1 twice
+epoch 1: 512 samples, 2 twice
+epoch 2: 512 samples, 0 twice"
+    done
+}
+
 # Through mpirun itself (the ThreadSanitizer build runs this one: its runtime comes first in $SHIM):
 # the watchdog finds the loss and carries the agreement while the main thread gives up its sum.
 @test "the watchdog and the main thread through a loss: rank 1 of 3 killed during the sum at step 3" {

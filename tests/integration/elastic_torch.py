@@ -2,7 +2,9 @@
 a shuffled DataLoader over 512 samples in batches of 64, 3 epochs. The rank that started as
 $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with SIGKILL before step 5's forward pass.
 Prints the final loss and a sum of the parameters; with $SAVE, saves the model there after each
-epoch (torch.save) and prints the sum of the parameters the file holds at the end."""
+epoch (torch.save) and prints the sum of the parameters the file holds at the end; with $TRACE,
+each rank appends the samples of each step it trained to $TRACE.<rank it started as>, a line
+"EPOCH INDEX..." per step."""
 import os
 import signal
 
@@ -13,13 +15,15 @@ model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.L
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 X = torch.randn(512, 20)
 Y = (X[:, 0] > 0).long()
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=64, shuffle=True)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y, torch.arange(512)), batch_size=64,
+                                     shuffle=True)
 kill = int(os.environ.get("KILL_RANK", "-1"))
 started_as = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 save = os.environ.get("SAVE")
+trace = open(f"{os.environ['TRACE']}.{started_as}", "a") if "TRACE" in os.environ else None
 step = 0
 for epoch in range(3):
-    for x, y in loader:
+    for x, y, i in loader:
         step += 1
         if started_as == kill and step == 5:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -27,6 +31,8 @@ for epoch in range(3):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        if trace:
+            print(epoch, *i.tolist(), file=trace, flush=True)
     if save:
         torch.save(model.state_dict(), save)
 total = sum(p.double().sum().item() for p in model.parameters())

@@ -661,10 +661,8 @@ static int mpi_files_post(const void *msg, size_t len)
     PMPI_Comm_size(files_comm, &size);
     if (len > DPS_FILES_MSG_MAX) return -1;
     pthread_mutex_lock(&files_lock);
-    if (files_targets) size = nfiles_targets + 1;
-    pthread_mutex_unlock(&files_lock);
-    pthread_mutex_lock(&files_lock);
-    size_t kept = 0; /* the sends still in flight move to the front */
+    if (files_targets) size = nfiles_targets + 1; /* after a loss: the survivors */
+    size_t kept = 0;                              /* the sends still in flight move to the front */
     for (size_t i = 0; i < nfiles_sends; i++) {
         int done = 0;
         if (PMPI_Test(&files_sends[i].req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)

@@ -61,6 +61,12 @@ def _patch_samplers(torch):
         idx = shard(self, whole)
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
         self.__dict__["_dpshim_backwards"] = gradients._backwards
+        yield from cut(self, idx, whole, pending)
+        if not whole and not _shim.split:
+            # scale mode: what ranks lost in this epoch had not trained, shared out (none: no loss)
+            yield from cut(self, epoch_rest(), whole, pending)
+
+    def cut(self, idx, whole, pending):
         for start in range(0, len(idx), self.batch_size):
             batch = idx[start:start + self.batch_size]
             if len(batch) < self.batch_size and self.drop_last:
@@ -80,6 +86,14 @@ def _patch_samplers(torch):
             pending.append((len(batch), 1, False))
             yield [arr[i] for i in range(keep)]
 
+    def epoch_rest():
+        n = _shim.dpshim_epoch_rest(None, 0)
+        if not n:
+            return []
+        arr = (ctypes.c_uint64 * n)()
+        _shim.dpshim_epoch_rest(arr, n)
+        return list(arr)
+
     def length(self):
         if isinstance(self.sampler, torch.utils.data.distributed.DistributedSampler):
             _step_aside("a DistributedSampler")
@@ -88,7 +102,7 @@ def _patch_samplers(torch):
         n = len(self.sampler)
         whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
         if n and not (_evaluation_now(self) if whole is None else whole):
-            n = _shim.dp_epoch(_index_array(range(n)), n)
+            n = _shim.dpshim_epoch_count(n)
         return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
 
     sampler.BatchSampler.__iter__ = batches
