@@ -153,7 +153,6 @@ static struct {
     uint64_t *order, n;    /* the epoch's order, as every rank drew it (dp_epoch) */
     int *ranks, size;      /* the ranks it was cut among (by their ranks at the job's start) */
     uint64_t trained;      /* samples of it this rank trained: the batches of the steps ended */
-    unsigned generation;   /* recoveries at its start */
     uint64_t *rest, nrest; /* what the ranks lost in it had not trained */
     uint64_t *mine, nmine; /* this rank's share of the job's rest, once shared out */
     int shared;
@@ -174,7 +173,7 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
     }
     memcpy(ep.order, order, n * sizeof *order);
     memcpy(ep.ranks, el.ranks, (size_t)el.n * sizeof *el.ranks);
-    ep.n = n, ep.size = el.n, ep.trained = 0, ep.generation = el.generation;
+    ep.n = n, ep.size = el.n, ep.trained = 0;
 }
 
 void dps_elastic_step_end(void)
@@ -211,9 +210,8 @@ static void note_rest(int r)
 
 int dps_elastic_rest_due(void)
 {
-    /* with [data] uneven = join the shards differ in length: the survivors would not meet here */
-    return el.on && !dps_g.split_mode && dps_g.uneven != DPS_UNEVEN_JOIN && ep.n &&
-           ep.generation != el.generation && !ep.shared;
+    /* with [data] uneven = join the shards differ in length: the survivors would not meet there */
+    return el.on && !dps_g.split_mode && dps_g.uneven != DPS_UNEVEN_JOIN && ep.n && !ep.shared;
 }
 
 const uint64_t *dps_elastic_rest(uint64_t *n)

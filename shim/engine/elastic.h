@@ -26,10 +26,10 @@ int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w);
  * on the batch dp_batch gave it last. */
 void dps_elastic_note_epoch(const uint64_t *order, uint64_t n);
 void dps_elastic_step_end(void);
-/* Scale mode, at the end of this rank's shard: 1 where ranks were lost in this epoch and their
- * rest is yet to be shared out; what they had not trained (this rank's view: the lowest survivor's
- * is the job's); this rank's share of the job's rest (given: cut as an epoch is, and kept until the
- * next epoch; NULL: the share kept, if any). */
+/* Scale mode, at the end of this rank's shard: 1 where the rest of this epoch is yet to be shared
+ * out (elastic mode, shards of one length); what ranks lost in it had not trained (this rank's
+ * view: the lowest survivor's is the job's); this rank's share of the job's rest (given: cut as an
+ * epoch is, and kept until the next epoch; NULL: the share kept, if any). */
 int dps_elastic_rest_due(void);
 const uint64_t *dps_elastic_rest(uint64_t *n);
 const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t *count);

@@ -163,21 +163,22 @@ static void files_watch_end(files_watch_t w)
     if (w.on) dps_guard_own_end(w.mark);
 }
 
-/* Where the job goes on after a loss, the main thread's wait polls, to leave it at a loss and take
- * part in the survivors' agreement (the rank it waits for may be the one lost, or may wait for the
- * agreement itself); the first polls spin, as the blocking wait would, then in naps. */
+/* Where the job goes on after a loss, the wait polls, to leave it when the rank it waits for is
+ * lost (the main thread then takes part in the survivors' agreement); the first polls spin, as the
+ * blocking wait would, then in naps. A loss of another rank leaves it alone: the leader answers,
+ * and every rank meets the agreement at its next collective. */
 static int files_wait(void *msg, size_t len, const char *what)
 {
     const dps_backend_t *be = files_backend();
     if (!be) return -1;
     files_watch_t w = files_watch_begin(what, 1);
     int rc;
-    if (!w.on || !dps_elastic_on()) {
+    if (!dps_elastic_on()) {
         rc = be->files_wait(msg, len);
     } else {
         for (unsigned polls = 0;; polls++) {
             int got = be->files_poll(msg, len); /* 1: a message came */
-            if (got != 0 || dps_guard_lost_pending()) {
+            if (got != 0 || dps_guard_leader_lost()) {
                 rc = got == 1 ? 0 : got < 0 ? -1 : DPS_FILES_RANK_LOST;
                 break;
             }
@@ -191,7 +192,7 @@ static int files_wait(void *msg, size_t len, const char *what)
     return rc;
 }
 
-/* The survivors' agreement, from the main thread's file wait a loss ended. */
+/* The survivors' agreement, from the main thread's file wait the leader's loss ended. */
 static int files_recover(const char *what)
 {
     const dps_backend_t *be = files_backend();
@@ -222,8 +223,8 @@ static int files_next_ack(void *msg, size_t len, int *src, const char *what)
     return rc == DPS_BACKEND_ABANDONED ? DPS_FILES_RANK_LOST : rc;
 }
 
-static const dps_files_channel_t files_channel = {files_post, files_wait,     files_poll,
-                                                  files_ack,  files_next_ack, files_recover};
+static const dps_files_channel_t files_channel = {
+    files_post, files_wait, files_poll, files_ack, files_next_ack, files_recover, dps_guard_rank_lost};
 
 /* A rank that leaves before its first collective still takes part in the exit barrier, for which
  * it opens the backend now: the others may be waiting for it in the backend's start-up, and

@@ -151,10 +151,11 @@ _Static_assert(
 
 static size_t epoch_(uint64_t *idx, size_t n)
 {
-    if (dps_g.split_mode || dps_g.eff_size == 1) return n;
+    if (dps_g.split_mode) return n;
+    dps_elastic_note_epoch(idx, n); /* for the shards of ranks lost in it (one survivor too) */
+    if (dps_g.eff_size == 1) return n;
     dps_e.shared_work = 1;
     size_t head = n < (size_t)dps_g.eff_size ? n : (size_t)dps_g.eff_size;
-    dps_elastic_note_epoch(idx, n);                                  /* for the shards of ranks lost in it */
     uint64_t *scratch = malloc((head ? head : 1) * sizeof *scratch); /* once per epoch */
     if (!scratch) {
         DPS_ERROR("dp_epoch: out of memory");
@@ -173,27 +174,29 @@ static size_t epoch_count_(size_t n)
     return dps_epoch_count(n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven);
 }
 
-/* Scale mode, at the end of this rank's shard of an epoch in which ranks were lost: this rank's
- * share of what they had not trained, the lowest survivor's list for every survivor (one list,
- * one truth: each cut alike), into idx[0..cap); its length (0: none). Every survivor calls it at
- * the same place (shards of one length: [data] uneven = pad or drop). */
+/* Scale mode, at the end of this rank's shard of an epoch (elastic mode): this rank's share of what
+ * ranks lost in it had not trained, the lowest survivor's list for every survivor (one list, one
+ * truth: each cut alike), into idx[0..cap); its length (0: none, or not elastic). Every survivor
+ * calls it at the same place (shards of one length: [data] uneven = pad or drop) and makes the
+ * same broadcasts, whether it met a loss or not: the count, then the list where there is one. */
 static size_t epoch_rest_(uint64_t *idx, size_t cap)
 {
     uint64_t n = 0;
     const uint64_t *mine = NULL;
     if (dps_elastic_rest_due()) {
         const dps_backend_t *be = dps_comm("dpshim_epoch_rest");
-        uint64_t count;
-        const uint64_t *rest = dps_elastic_rest(&count);
+        uint64_t count, have;
+        dps_elastic_rest(&count);
         dp_tensor t = {&count, 1, DP_I64, DP_HOST, "epoch rest count"};
         if (!be || collective("dpshim_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM))
             return 0;
-        uint64_t *all = malloc((count ? count : 1) * sizeof *all);
+        uint64_t *all = calloc(count ? count : 1, sizeof *all);
         if (!all) {
             DPS_ERROR("dpshim_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
             return 0;
         }
-        if (dps_g.eff_rank == 0 && count) memcpy(all, rest, count * sizeof *all);
+        const uint64_t *rest = dps_elastic_rest(&have); /* after the broadcast: a loss inside it may add */
+        if (dps_g.eff_rank == 0 && count) memcpy(all, rest, (have < count ? have : count) * sizeof *all);
         t = (dp_tensor){all, count, DP_I64, DP_HOST, "epoch rest"};
         int rc = count
                      ? collective("dpshim_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM)

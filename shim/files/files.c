@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/dps.h"
@@ -39,6 +40,7 @@ DPS_STARTUP_DATA static int my_rank, my_size, need_cwd;
  * the ranks that follow it (NULL: every other rank of the job). By the job's ranks. */
 static _Atomic int leader;
 static int *followers, nfollowers;
+static int lead_changed; /* rank 0 was lost: outcomes may come twice (told again, made again) */
 
 static int leads(void)
 {
@@ -68,7 +70,8 @@ DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 DPS_STARTUP int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, size_t errlen)
 {
     my_rank = rank, my_size = size;
-    atomic_store(&leader, 0);
+    atomic_store(&leader, 0); /* the job as it starts */
+    free(followers), followers = NULL, nfollowers = 0, lead_changed = 0;
     if (parse_globs(&rank0_only, dps_policy_text(p, DPS_P_files_rank0_only)) ||
         parse_globs(&per_rank, dps_policy_text(p, DPS_P_files_per_rank))) {
         snprintf(err, errlen, "out of memory reading [files] globs");
@@ -336,7 +339,6 @@ typedef struct message {
     uint64_t id;         /* MSG_WRITE, MSG_STREAM_CALL: the handle, by the number of the open */
     int64_t off, asked;  /* MSG_WRITE: at off, asked bytes written (0 where it failed);
                           * MSG_STREAM_CALL: the call's number on the stream, what it returned */
-    uint32_t again;      /* told again by rank 0's successor (dps_files_new_leader) */
 } message_t;
 enum { WRITE_FAILED = -1, WRITE_WHOLE, WRITE_SHORT };
 _Static_assert(sizeof(message_t) <= 64, "a message fits the channel's");
@@ -517,9 +519,10 @@ static unsigned rank0_files_next;      /* the slot taken when none is free: the 
 static uint64_t rank0_seq, rank0_coll; /* rank 0's place: the most its messages said */
 static message_t pending;              /* an outcome that came during a write's wait */
 static int have_pending;
-/* The last messages taken in: where rank 0 is lost, the survivor that takes its place tells them
+/* The last outcomes taken in: where rank 0 is lost, the survivor that takes its place tells them
  * again, for a survivor that had not received them all (no survivor is more than one collective
- * ahead of another, and the calls between two collectives are few) */
+ * ahead of another, and the calls between two collectives are few). Writes are not kept: a save
+ * posts thousands; a stand-in's write that misses rank 0's goes on at the leader's next place. */
 #define HISTORY 256
 static message_t history[HISTORY];
 static uint64_t nhistory;
@@ -539,11 +542,10 @@ static rank0_file_t *rank0_file(uint64_t id, int make)
 
 static void take_in(const message_t *m)
 {
-    /* told again by rank 0's successor: an outcome this rank took already, or the writes of a file
-     * this rank has closed, or not opened yet (it did not take the open), are not news */
-    if (m->again && m->op < MSG_WRITE && m->seq < next_seq + (uint64_t)have_pending) return;
-    if (m->again && m->op >= MSG_WRITE && !rank0_file(m->id, 0)) return;
-    if (m->op != MSG_MARK) history[nhistory++ % HISTORY] = *m;
+    /* after rank 0's loss, an outcome this rank took already: told again by its successor, or made
+     * again by it (the successor had not heard of it): the first one stands */
+    if (lead_changed && m->op < MSG_WRITE && m->seq < next_seq + (uint64_t)have_pending) return;
+    if (m->op < MSG_WRITE) history[nhistory++ % HISTORY] = *m;
     uint64_t at = m->op < MSG_WRITE ? m->seq + 1 : m->seq;
     if (at > rank0_seq) rank0_seq = at;
     if (m->coll > rank0_coll) rank0_coll = m->coll;
@@ -606,10 +608,10 @@ static int call_known(const rank0_file_t *f, const paired_t *p)
     return f && f->calls > p->k;
 }
 
-/* A wait a loss ended (DPS_FILES_RANK_LOST): the survivors agree, and where the leader was lost the
- * lowest of them leads from now on. 0: wait again (for the new leader, or not at all where that is
- * this rank); -1: no agreement here (not the main thread), the rank decides alone. Without
- * order_lock and ack_lock, which the new leader's take-over takes. */
+/* A wait the leader's loss ended (DPS_FILES_RANK_LOST): the survivors agree, and the lowest of them
+ * leads from now on. 0: wait again (for the new leader, or not at all where that is this rank);
+ * -1: no agreement here (not the main thread), the rank decides alone. Without order_lock, which
+ * the new leader's take-over takes. */
 static int rank_lost(const dps_files_channel_t *c, const char *what)
 {
     dps_in_shim++;
@@ -800,19 +802,19 @@ int dps_files_new_leader(const int *ranks, int n)
     pthread_mutex_unlock(&ack_lock);
     atomic_store(&leader, ranks[0]);
     /* the lost rank's place is no one's either: the new leader's messages say its own */
-    rank0_seq = next_seq, rank0_coll = 0;
+    rank0_seq = next_seq, rank0_coll = 0, lead_changed = 1;
     if (leads()) {
         /* what the lost rank told this rank, told again, in order: a survivor that had not taken it
          * all in takes the rest (and drops what it has) */
         uint64_t first = nhistory > HISTORY ? nhistory - HISTORY : 0;
         for (uint64_t i = first; i < nhistory; i++) {
             message_t m = history[i % HISTORY];
-            m.coll = 0, m.again = 1;
+            m.coll = 0;
             c->post(&m, sizeof m);
         }
         if (have_pending) {
             message_t m = pending;
-            m.coll = 0, m.again = 1;
+            m.coll = 0;
             c->post(&m, sizeof m);
             have_pending = 0; /* its call, not made here yet, this rank now makes as the leader */
         }
@@ -845,11 +847,11 @@ static void acknowledge(uint64_t seq, uint32_t path)
 /* Rank 0, before it changes a gated path: every follower has made the reads of that path rank 0
  * made before, so none reads what this change puts in place of what rank 0 read. Reads of other
  * paths are not waited for: code that reads a path on rank 0 alone never holds rank 0 up. */
-static int settle_path(const dps_files_channel_t *c, int dirfd, const char *path, const char *op)
+static void settle_path(const dps_files_channel_t *c, int dirfd, const char *path, const char *op)
 {
     uint32_t h = path_key(dirfd, path);
     uint64_t until = mark_of(&reads, 0, h);
-    if (!until) return 0;
+    if (!until) return;
     static char what[DPS_PATH_BUF + 96]; /* as in wait_for_leader; one waiter at a time (ack_lock) */
     snprintf(what, sizeof what, "wait for the other ranks' reads of %s before rank 0's %s", path, op);
     for (int i = 0; i < (followers ? nfollowers : my_size - 1); i++) {
@@ -858,30 +860,30 @@ static int settle_path(const dps_files_channel_t *c, int dirfd, const char *path
             ack_t a;
             int src;
             int rc = c->next_ack(&a, sizeof a, &src, what);
-            if (rc == DPS_FILES_RANK_LOST) return rc;
-            if (rc != 0 || src < 0 || src >= my_size || src == my_rank) return 0;
+            if (rc == DPS_FILES_RANK_LOST && c->lost(q)) break; /* q's read will never come */
+            if (rc == DPS_FILES_RANK_LOST) { /* another rank's loss: q's read may still come */
+                struct timespec nap = {0, 100000};
+                nanosleep(&nap, NULL);
+                continue;
+            }
+            if (rc != 0 || src < 0 || src >= my_size || src == my_rank) return;
             set_mark(&acks, src, a.path, a.seq + 1);
         }
     }
-    return 0;
 }
 
 static void settle_reads(const dps_redirect_t *r)
 {
     const dps_files_channel_t *c = usable_channel();
     if (!c) return;
-    const char *op = dps_files_op_name(r->op);
-    for (int rc = DPS_FILES_RANK_LOST; rc == DPS_FILES_RANK_LOST;) {
-        dps_in_shim++;
-        pthread_mutex_lock(&ack_lock);
-        rc = reads.n ? settle_path(c, r->dirfd, r->orig, op) : 0;
-        if (rc == 0 && reads.n && r->first) rc = settle_path(c, r->first_dirfd, r->first, op);
-        pthread_mutex_unlock(&ack_lock);
-        dps_in_shim--;
-        /* a follower lost: once the survivors agree, the leader waits for the others only */
-        if (rc == DPS_FILES_RANK_LOST && rank_lost(c, "the other ranks' reads before rank 0's change") != 0)
-            break;
+    dps_in_shim++;
+    pthread_mutex_lock(&ack_lock);
+    if (reads.n) {
+        settle_path(c, r->dirfd, r->orig, dps_files_op_name(r->op));
+        if (r->first) settle_path(c, r->first_dirfd, r->first, dps_files_op_name(r->op));
     }
+    pthread_mutex_unlock(&ack_lock);
+    dps_in_shim--;
 }
 
 /* --- sinks ----------------------------------------------------------------------------------- */

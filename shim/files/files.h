@@ -99,15 +99,16 @@ int dps_files_configure(const dps_policy_t *p, int rank, int size, char *err, si
  * for the guard. */
 typedef struct dps_files_channel {
     int (*post)(const void *msg, size_t len);
-    /* wait and next_ack: DPS_FILES_RANK_LOST where a rank was lost meanwhile (the leader, or one
-     * whose acknowledgement the leader waits for, or one whose loss others must agree on); then
-     * recover: the survivors agree (0; -1 where this rank cannot take part: not the main thread),
-     * and where the leader was lost the lowest of them leads from now on (dps_files_new_leader) */
+    /* wait: DPS_FILES_RANK_LOST where the leader was lost meanwhile; then recover: the survivors
+     * agree (0; -1 where this rank cannot take part: not the main thread), and the lowest of them
+     * leads from now on (dps_files_new_leader). next_ack: DPS_FILES_RANK_LOST while a rank's loss
+     * is pending; lost(r): rank r was lost (its acknowledgements will never come). */
     int (*wait)(void *msg, size_t len, const char *what);
     int (*poll)(void *msg, size_t len); /* 1: a message came, 0: none has */
     int (*ack)(const void *msg, size_t len);
     int (*next_ack)(void *msg, size_t len, int *src, const char *what);
     int (*recover)(const char *what);
+    int (*lost)(int rank);
 } dps_files_channel_t;
 enum { DPS_FILES_RANK_LOST = 1 };
 void dps_files_set_channel(const dps_files_channel_t *c);

@@ -367,7 +367,8 @@ int dps_files_fd_end(dps_fdcall_t *c, int rc, int err)
  * stand-in's write waits for rank 0's of the same bytes, so the file holds what this rank wrote
  * through write(2); a stdio stream writes its buffer past the shim, and rank 0's buffer died with
  * it: what the stand-in holds is written to the file again, at its place (the same bytes, where
- * rank 0 wrote them). NULL, or what failed; *missing: the bytes neither holds. */
+ * rank 0 wrote them), and the file is cut to the stand-in's length (what rank 0 wrote further,
+ * this rank writes again). NULL, or what failed; *missing: the bytes neither holds. */
 static const char *take_place(handle_t *h, int fd, off_t *missing)
 {
     struct stat st, real;
@@ -390,6 +391,8 @@ static const char *take_place(handle_t *h, int fd, off_t *missing)
         at += k > 0 ? k : 0;
     }
     if (!failed && fstat(dst, &real) == 0 && real.st_size < st.st_size) *missing = st.st_size - real.st_size;
+    /* rank 0 was ahead: this rank writes what it wrote past here again (appends too) */
+    if (!failed && ftruncate(dst, st.st_size) != 0) failed = "truncate";
     if (src >= 0) dps_sys_close(src);
     if (dst >= 0 && dps_sys_close(dst) != 0 && !failed) failed = "close";
     if (failed) return failed;

@@ -103,6 +103,10 @@ int dps_guard_end_peer(int r);
 int dps_guard_elastic_start(int min_ranks);
 void dps_guard_elastic_off(const char *why);
 int dps_guard_lost_pending(void);
+/* Elastic mode, where a loss lets the job go on: rank r is lost; the rank that leads the gated
+ * files (rank 0, or the lowest survivor) is. */
+int dps_guard_rank_lost(int r);
+int dps_guard_leader_lost(void);
 /* How many ranks' processes ended without leaving the program, as the watchdog found them. */
 int dps_guard_ranks_gone(void);
 /* Why rank r was lost, for messages: "its process ended", "stalled ..." (found by the guard's

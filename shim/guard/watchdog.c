@@ -545,11 +545,15 @@ static void rank0_answered(const guard_msg_t *m)
     if (watch.rank0_hits >= 2) file_deadlock(m);
 }
 
-/* Elastic mode: the rank that leads the gated files (rank 0, or the lowest survivor) is lost. */
-static int leader_lost(void)
+int dps_guard_rank_lost(int r)
 {
-    if (!atomic_load(&elastic.on) || atomic_load(&elastic.off_why) || !watch.peers) return 0;
-    return atomic_load(&watch.peers[atomic_load(&elastic.lowest)].lost_cause) != 0;
+    if (!atomic_load(&elastic.on) || atomic_load(&elastic.off_why) || !watch.peers || !known(r)) return 0;
+    return atomic_load(&watch.peers[r].lost_cause) != 0;
+}
+
+int dps_guard_leader_lost(void)
+{
+    return dps_guard_rank_lost(atomic_load(&elastic.lowest));
 }
 
 /* This rank waits for rank 0's file operation: rank 0 (the lowest survivor, after its loss) is
@@ -566,7 +570,7 @@ static void look_at_file_wait(void)
     if (since != watch.wait_since) watch.wait_since = since, watch.rank0_hits = 0, watch.asked_ns = 0;
     if (now - since < 1000000000u) return;
     /* a lost leader, where the job goes on: the main thread leaves its wait for the agreement */
-    if (watch.peers[lead].left && !leader_lost()) file_deadlock(NULL);
+    if (watch.peers[lead].left && !dps_guard_leader_lost()) file_deadlock(NULL);
     if (now - watch.asked_ns < 1000000000u) return;
     watch.asked_ns = now;
     guard_msg_t ask = {.kind = MSG_WHERE, .rank = dps_guard_conf.rank, .left_rank = -1};
