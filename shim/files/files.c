@@ -47,6 +47,11 @@ static int leads(void)
     return my_rank == atomic_load_explicit(&leader, memory_order_relaxed);
 }
 
+int dps_files_leads(void)
+{
+    return leads();
+}
+
 DPS_STARTUP static int parse_globs(glob_list_t *l, const char *text)
 {
     for (const char *s = text; *s;) {
@@ -612,7 +617,7 @@ static int call_known(const rank0_file_t *f, const paired_t *p)
  * leads from now on. 0: wait again (for the new leader, or not at all where that is this rank);
  * -1: no agreement here (not the main thread), the rank decides alone. Without order_lock, which
  * the new leader's take-over takes. */
-static int rank_lost(const dps_files_channel_t *c, const char *what)
+static int leader_lost(const dps_files_channel_t *c, const char *what)
 {
     dps_in_shim++;
     int rc = c->recover(what);
@@ -655,7 +660,7 @@ ssize_t dps_files_rank0_write(uint64_t id, const char *path, off_t a, off_t b, i
         if (!lost && write_failed(f, &p)) n = a < f->fail_at ? f->fail_at - a : -1, *err = f->err;
         pthread_mutex_unlock(&order_lock);
         dps_in_shim--;
-        if (lost && rank_lost(c, what) != 0) break;
+        if (lost && leader_lost(c, what) != 0) break;
     }
     return n;
 }
@@ -676,7 +681,7 @@ int dps_files_rank0_stream_call(uint64_t id, uint64_t k, const char *path, int64
         if (!lost) break; /* with the lock */
         pthread_mutex_unlock(&order_lock);
         dps_in_shim--;
-        if (rank_lost(c, what) != 0) return 0;
+        if (leader_lost(c, what) != 0) return 0;
     }
     int failed = 0, n = 0;
     for (int i = 0; f && i < f->nfailed; i++) {
@@ -751,7 +756,7 @@ int dps_files_take(dps_redirect_t *r)
         if (rc == 0) o = pending, have_pending = 0, next_seq++;
         pthread_mutex_unlock(&order_lock);
         dps_in_shim--;
-        if (rc == DPS_FILES_RANK_LOST && rank_lost(c, what) == 0) continue;
+        if (rc == DPS_FILES_RANK_LOST && leader_lost(c, what) == 0) continue;
         if (rc != 0) return -1;
         break;
     }

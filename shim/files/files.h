@@ -206,6 +206,8 @@ int dps_files_exit_check(void);
  * dps_files_lead_handles, and its stand-ins become the files (written from what the stand-in
  * holds where the file may lack it; a file left incomplete is reported at exit). */
 int dps_files_new_leader(const int *ranks, int n);
+/* This rank leads (rank 0, or the survivor that took its place). */
+int dps_files_leads(void);
 void dps_files_lead_handles(void);
 
 /* Between files.c and handles.c: an absolute path, the channel's two ends, an op's name. */

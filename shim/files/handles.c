@@ -222,8 +222,9 @@ ssize_t dps_files_standin_write(int fd, const struct iovec *iov, int n, off_t of
     }
     /* what rank 0's write of these bytes returned: all of them, fewer, or an error */
     ssize_t rc = pos >= 0 ? dps_files_rank0_write(id, path, pos, pos + (off_t)total, &err) : (ssize_t)total;
-    if (i >= 0 && (i = lock_checked(fd)) >= 0) {
-        int lead = !handles[i].sink; /* rank 0 was lost meanwhile: this rank's file is the file now */
+    /* rank 0 was lost meanwhile and this rank took its place: its stand-in is the file now */
+    if (i >= 0 && dps_files_leads() && (i = lock_checked(fd)) >= 0) {
+        int lead = !handles[i].sink;
         pthread_mutex_unlock(&handles_lock);
         if (lead) {
             dps_in_shim--;
