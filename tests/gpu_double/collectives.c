@@ -227,7 +227,7 @@ static void late_set(comm_t *c, int to, int until)
     pthread_mutex_lock(&c->mu);
     c->late = to;
     pthread_cond_broadcast(&c->cv);
-    while (until && c->late != until && !atomic_load(&c->aborted)) {
+    while (until && c->late != until && !dps_dbl_stopped(c)) {
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
         t.tv_nsec += 100 * 1000 * 1000;
@@ -256,19 +256,19 @@ static void coll_run(dps_dbl_work_t *w)
     const dps_dbl_conf_t *conf = dps_dbl_conf();
     /* A comm's collectives run one at a time in enqueue order, whatever streams carry them. */
     pthread_mutex_lock(&c->mu);
-    while (c->next_run < x->k && !atomic_load(&c->aborted))
+    while (c->next_run < x->k && !dps_dbl_stopped(c))
         pthread_cond_wait(&c->cv, &c->mu);
     c->busy++;
     pthread_mutex_unlock(&c->mu);
     dps_dbl_trace("collective #%llu runs on rank %d", (unsigned long long)x->k, c->rank);
     int state = atomic_load(&c->async); /* in progress: a later collective's launch */
-    if (atomic_load(&c->aborted) || (state != NCCL_OK && state != NCCL_IN_PROGRESS)) {
-        /* nothing: an aborted or failed comm's collectives end without results */
+    if (dps_dbl_stopped(c) || (state != NCCL_OK && state != NCCL_IN_PROGRESS)) {
+        /* nothing: an aborted, cancelled or failed comm's collectives end without results */
     } else if (conf->stall_rank == c->rank && (uint64_t)conf->stall_at == x->k) {
         dps_dbl_trace("collective #%llu stalls (GPU_DOUBLE_STALL_RANK)", (unsigned long long)x->k);
-        while (!atomic_load(&c->aborted)) {
+        while (!dps_dbl_stopped(c)) {
             unsigned seen = atomic_load(&c->seg->bell);
-            if (!atomic_load(&c->aborted)) dps_dbl_doze(c->seg, seen);
+            if (!dps_dbl_stopped(c)) dps_dbl_doze(c->seg, seen);
         }
     } else if (conf->async_error_rank == c->rank && (uint64_t)conf->async_error_at == x->k) {
         if (conf->async_error_late) late_set(c, LATE_WAITING, LATE_GO);

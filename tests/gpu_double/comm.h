@@ -82,6 +82,7 @@ typedef struct comm {
     pid_t pid;        /* a forked child does not own its parent's communicators */
     atomic_int async; /* ncclInProgress during init, then 0 or the first error */
     atomic_int aborted;
+    atomic_int cancel; /* ncclCommShrink's NCCL_SHRINK_ABORT: ongoing collectives end, no results */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int busy;                            /* under mu: the init thread and running collectives */
@@ -96,6 +97,8 @@ typedef struct comm {
     int nops;
     int late; /* under mu, GPU_DOUBLE_ASYNC_ERROR_LATE: LATE_WAITING, LATE_GO, LATE_FAILED */
     int nonblocking;
+    dps_dbl_unique_id_t id; /* what its segment was named from: a shrink's id derives from it */
+    unsigned shrinks;       /* ncclCommShrink calls on it so far: each child gets an id of its own */
     atomic_int caller;     /* the thread (tid) inside an API call on this comm, 0: none */
     const char *call_name; /* what it called */
     int dead;              /* under comms_lock: aborted or destroyed; the handle must not be used */
@@ -104,6 +107,13 @@ typedef struct comm {
     dps_dbl_work_t pending;
     void *pending_stream;
 } comm_t;
+
+/* The comm's waits and collectives end now: it was aborted, or its ongoing work is being
+ * cancelled (a shrink with NCCL_SHRINK_ABORT). */
+static inline int dps_dbl_stopped(comm_t *c)
+{
+    return atomic_load(&c->aborted) || atomic_load(&c->cancel);
+}
 
 static inline size_t dps_dbl_slots_offset(int nranks)
 {

@@ -293,7 +293,7 @@ int dps_dbl_wait_ranks(comm_t *c, int which, uint64_t v)
     seg_hdr_t *h = c->seg;
     for (;;) {
         unsigned seen = atomic_load(&h->bell);
-        if (atomic_load(&c->aborted)) return -1;
+        if (dps_dbl_stopped(c)) return -1;
         int all = 1;
         for (int r = 0; r < c->nranks; r++) {
             seg_rank_t *p = &h->rank[r];
@@ -450,21 +450,10 @@ DPS_DBL_API int ncclGetUniqueId(dps_dbl_unique_id_t *id)
     return NCCL_OK;
 }
 
-DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique_id_t id, int rank,
-                                       void *config)
+/* A communicator on the calling thread's current device, joining the others of `id`: init (a
+ * non-blocking one on a thread of its own). */
+static int comm_create(void **comm_p, int nranks, const dps_dbl_unique_id_t *id, int rank, int blocking)
 {
-    dps_dbl_trace("ncclCommInitRankConfig nranks=%d rank=%d", nranks, rank);
-    if (!comm_p) {
-        dps_dbl_nccl_error("ncclCommInitRank: comm argument is NULL");
-        return NCCL_INVALID_ARGUMENT;
-    }
-    *comm_p = NULL;
-    if (nranks < 1 || rank < 0 || rank >= nranks) {
-        dps_dbl_nccl_error("Invalid rank requested : %d/%d", rank, nranks);
-        return NCCL_INVALID_ARGUMENT;
-    }
-    const dps_dbl_nccl_config_t *cfg = config;
-    int blocking = !cfg || cfg->blocking == INT_MIN || cfg->blocking != 0;
     int dev = 0;
     char bus[32];
     int cerr = dps_dbl_current_device(&dev);
@@ -476,11 +465,11 @@ DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique
     comm_t *c = calloc(1, sizeof *c);
     if (!c) return NCCL_SYSTEM_ERROR;
     c->refs = 1, c->nranks = nranks, c->rank = rank, c->dev = dev, c->next_run = 1, c->pid = getpid();
-    c->nonblocking = !blocking;
+    c->nonblocking = !blocking, c->id = *id;
     atomic_init(&c->async, NCCL_IN_PROGRESS);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    int err = seg_attach(c, &id);
+    int err = seg_attach(c, id);
     if (err) {
         dps_dbl_comm_put(c);
         return err;
@@ -491,7 +480,8 @@ DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique
     c->refs++; /* the init's own, dropped below or by the init thread */
     pthread_mutex_unlock(&comms_lock);
     *comm_p = c;
-    dps_dbl_trace("ncclCommInitRankConfig -> %p blocking=%d dev=%d bus=%s", (void *)c, blocking, dev, bus);
+    dps_dbl_trace("comm %p: nranks=%d rank=%d blocking=%d dev=%d bus=%s", (void *)c, nranks, rank, blocking,
+                  dev, bus);
     init_arg_t *a = blocking ? NULL : malloc(sizeof *a);
     if (a) {
         a->c = c;
@@ -513,9 +503,138 @@ DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique
     return err;
 }
 
+static int config_blocking(const void *config)
+{
+    const dps_dbl_nccl_config_t *cfg = config;
+    return !cfg || cfg->blocking == INT_MIN || cfg->blocking != 0;
+}
+
+DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique_id_t id, int rank,
+                                       void *config)
+{
+    dps_dbl_trace("ncclCommInitRankConfig nranks=%d rank=%d", nranks, rank);
+    if (!comm_p) {
+        dps_dbl_nccl_error("ncclCommInitRank: comm argument is NULL");
+        return NCCL_INVALID_ARGUMENT;
+    }
+    *comm_p = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks) {
+        dps_dbl_nccl_error("Invalid rank requested : %d/%d", rank, nranks);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    return comm_create(comm_p, nranks, &id, rank, config_blocking(config));
+}
+
 DPS_DBL_API int ncclCommInitRank(void **comm_p, int nranks, dps_dbl_unique_id_t id, int rank)
 {
     return ncclCommInitRankConfig(comm_p, nranks, id, rank, NULL);
+}
+
+enum { SHRINK_ABORT = 1 }; /* NCCL_SHRINK_ABORT */
+
+static int cmp_int(const void *a, const void *b)
+{
+    return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
+
+/* NCCL_SHRINK_ABORT: the comm's collectives under way and queued end without results (NCCL sets
+ * its abort flag until its kernels have left), and the comm stays valid for an abort or a
+ * destroy. Waits for them as NCCL waits for its stream. */
+static void cancel_ongoing(comm_t *c)
+{
+    dps_dbl_launch_pending(c, 1);
+    atomic_store(&c->cancel, 1);
+    if (c->seg) dps_dbl_ring(c->seg);
+    pthread_mutex_lock(&c->mu);
+    pthread_cond_broadcast(&c->cv);
+    while (c->finished < c->queued) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 10 * 1000 * 1000;
+        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&c->cv, &c->mu, &t);
+    }
+    pthread_mutex_unlock(&c->mu);
+    atomic_store(&c->cancel, 0);
+}
+
+/* The child's id: the parent's, this shrink's number on it and the ranks left out, so that the
+ * same shrink on every survivor meets in one segment and no other does. */
+static dps_dbl_unique_id_t child_id(const comm_t *c, const int *sorted, int n)
+{
+    dps_dbl_unique_id_t id = c->id;
+    uint64_t h[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 16; i++)
+            h[k] = (h[k] ^ (unsigned char)c->id.internal[i]) * 0x100000001b3ull;
+        h[k] = (h[k] ^ c->shrinks) * 0x100000001b3ull;
+        for (int i = 0; i < n; i++)
+            h[k] = (h[k] ^ (uint64_t)(unsigned)sorted[i]) * 0x100000001b3ull;
+    }
+    memcpy(id.internal, h, sizeof h);
+    return id;
+}
+
+DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **newcomm, void *config, int flags)
+{
+    dps_dbl_trace("ncclCommShrink comm=%p nexclude=%d flags=%d", comm, nexclude, flags);
+    if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
+    comm_t *c = dps_dbl_comm_get(comm);
+    if (!c) {
+        dps_dbl_nccl_error("test double: ncclCommShrink: invalid or destroyed communicator %p", comm);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    if (!newcomm || !exclude || nexclude <= 0 || nexclude >= c->nranks) {
+        dps_dbl_nccl_error("ncclCommShrink: %s", !newcomm ? "newcomm argument is NULL"
+                                                : !exclude ? "excludeRanksList argument is NULL"
+                                                           : "excludeRanksCount must leave 1 to nranks-1 ranks");
+        dps_dbl_comm_put(c);
+        return NCCL_INVALID_ARGUMENT;
+    }
+    *newcomm = NULL;
+    dps_dbl_comm_enter(c, "ncclCommShrink");
+    int *sorted = malloc((size_t)nexclude * sizeof *sorted), err = NCCL_OK, below = 0;
+    if (!sorted) err = NCCL_SYSTEM_ERROR;
+    for (int i = 0; !err && i < nexclude; i++)
+        sorted[i] = exclude[i];
+    if (!err) qsort(sorted, (size_t)nexclude, sizeof *sorted, cmp_int);
+    for (int i = 0; !err && i < nexclude; i++) {
+        if (sorted[i] < 0 || sorted[i] >= c->nranks || (i && sorted[i] == sorted[i - 1]) || sorted[i] == c->rank) {
+            dps_dbl_nccl_error("ncclCommShrink: excluded rank %d is %s", sorted[i],
+                               sorted[i] == c->rank ? "this rank (an excluded rank must not call it)"
+                                                    : "out of range or listed twice");
+            err = NCCL_INVALID_ARGUMENT;
+        }
+        below += sorted[i] < c->rank;
+    }
+    int state = atomic_load(&c->async);
+    if (!err && dps_dbl_busy_comm(c))
+        err = NCCL_INVALID_ARGUMENT;
+    else if (!err && state != NCCL_OK)
+        err = state; /* NCCL's ncclCommEnsureReady: a failed comm answers its error */
+    if (!err && (flags & SHRINK_ABORT))
+        cancel_ongoing(c);
+    else if (!err) {
+        pthread_mutex_lock(&c->mu);
+        uint64_t stuck = c->finished < c->queued ? c->finished + 1 : 0;
+        pthread_mutex_unlock(&c->mu);
+        if (stuck) {
+            dps_dbl_nccl_error("test double: ncclCommShrink without NCCL_SHRINK_ABORT while collective #%llu is "
+                               "unfinished (where a peer was lost, it never ends)",
+                               (unsigned long long)stuck);
+            err = NCCL_INVALID_USAGE;
+        }
+    }
+    if (!err) {
+        dps_dbl_unique_id_t id = child_id(c, sorted, nexclude);
+        c->shrinks++;
+        err = comm_create(newcomm, c->nranks - nexclude, &id, c->rank - below,
+                          config ? config_blocking(config) : !c->nonblocking);
+    }
+    free(sorted);
+    dps_dbl_comm_leave(c);
+    dps_dbl_comm_put(c);
+    return err;
 }
 
 /* Ends the communicator's part: peers see it gone (HEALTH_ABORTED), its waits end; waits up to

@@ -83,6 +83,7 @@ enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4 };
     X(int, ncclCommInitRankConfig, (void **, int, nccl_id_t, int, void *))                                   \
     X(int, ncclCommGetAsyncError, (void *, int *))                                                           \
     X(int, ncclCommAbort, (void *))                                                                          \
+    X(int, ncclCommShrink, (void *, int *, int, void **, void *, int))                                       \
     X(int, ncclCommDestroy, (void *))                                                                        \
     X(int, ncclCommFinalize, (void *))                                                                       \
     X(int, ncclCommCount, (void *, int *))                                                                   \
@@ -830,6 +831,45 @@ static void case_mismatch(int rank, int nranks)
     CHECK(ncclCommAbort(comm) == 0, "abort");
 }
 
+static void case_lost_peer_shrink(int rank, int nranks)
+{
+    /* 3 ranks, rank 2's process ends after the first collective: the others' second one never
+     * completes, until a shrink with NCCL_SHRINK_ABORT ends it and makes the comm of the two */
+    CHECK(cudaSetDevice(rank) == 0, "set device");
+    void *comm = comm_init(rank, nranks, 0), *stream = NULL;
+    CHECK(cudaStreamCreateWithFlags(&stream, 1) == 0, "stream");
+    float v = (float)(rank + 1), back = 0, *d = dev_alloc(4);
+    h2d(d, &v, 4);
+    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream), comm) == 0 &&
+              cudaStreamSynchronize(stream) == 0,
+          "first");
+    if (rank == 2) _exit(0); /* gone without a word, as a killed process */
+    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, comm, stream), comm) == 0, "second: launched");
+    usleep(300 * 1000);
+    int st = -1;
+    CHECK(cudaStreamQuery(stream) == 600 && ncclCommGetAsyncError(comm, &st) == 0 && st == 0,
+          "rank %d: the second hangs, and NCCL reports nothing: %d", rank, st);
+    void *child = NULL;
+    int lost[1] = {2}, self[1] = {rank};
+    CHECK(ncclCommShrink(comm, self, 1, &child, NULL, 1) == 4, "excluding itself is refused");
+    CHECK(ncclCommShrink(comm, lost, 1, &child, NULL, 0) == 5 && strstr(ncclGetLastError(comm), "#2"),
+          "without NCCL_SHRINK_ABORT, the stuck collective is named: %s", ncclGetLastError(comm));
+    CHECK(ncclCommShrink(comm, lost, 1, &child, NULL, 1) == 7, "with it: in progress (non-blocking parent)");
+    CHECK(cudaStreamSynchronize(stream) == 0, "the stuck collective ended");
+    CHECK(launched(7, child) == 0, "the child's init completed");
+    int n = 0, me = -1;
+    CHECK(ncclCommCount(child, &n) == 0 && n == 2 && ncclCommUserRank(child, &me) == 0 && me == rank,
+          "2 ranks, renumbered: %d, %d", n, me);
+    v = 10.0f * (float)(rank + 1);
+    h2d(d, &v, 4);
+    CHECK(launched(ncclAllReduce(d, d, 1, NCCL_F32, SUM, child, stream), child) == 0 &&
+              cudaStreamSynchronize(stream) == 0,
+          "a collective of the two");
+    d2h(&back, d, 4);
+    CHECK(back == 30.0f, "rank %d: the two ranks' sum %g", rank, back);
+    CHECK(ncclCommAbort(comm) == 0 && ncclCommDestroy(child) == 0, "abort the parent, destroy the child");
+}
+
 static char trace_path[64];
 
 static void case_trace(int rank, int nranks)
@@ -916,6 +956,7 @@ int main(void)
               (const char *const[]){"GPU_DOUBLE_DEVICES=4", "GPU_DOUBLE_INIT_FAIL_RANK=1", NULL},
               case_init_fail, 0);
     run_ranks("shape mismatch", 2, four, case_mismatch, 0);
+    run_ranks("lost peer, shrink", 3, four, case_lost_peer_shrink, 0);
     snprintf(trace_path, sizeof trace_path, "/tmp/dpshim-double-trace-%d", (int)getpid());
     char trace_env[96];
     snprintf(trace_env, sizeof trace_env, "GPU_DOUBLE_TRACE=%s", trace_path);
