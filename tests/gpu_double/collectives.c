@@ -6,6 +6,7 @@
 #include "comm.h"
 
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,6 +157,9 @@ static void coll_steps(coll_t *x)
         m->desc.chunk = chunk;
         atomic_store(&m->posted, step);
         dps_dbl_ring(h);
+        /* GPU_DOUBLE_DIE_RANK: the process ends with its data given, mid-collective: peers can
+         * complete this one, but each at its own pace */
+        if (dps_dbl_conf()->die_rank == c->rank && (uint64_t)dps_dbl_conf()->die_at == x->k) raise(SIGKILL);
         if ((w = dps_dbl_wait_ranks(c, WAIT_POSTED, step))) {
             if (w > 0) peer_gone(c, w - 1, x->k);
             return;

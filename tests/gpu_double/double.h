@@ -49,6 +49,8 @@ enum {
     X(one_device, "GPU_DOUBLE_ONE_DEVICE", 0)                                                                \
     X(slow_rank, "GPU_DOUBLE_SLOW_RANK", -1)                                                                 \
     X(slow_ms, "GPU_DOUBLE_SLOW_MS", 0)                                                                      \
+    X(die_rank, "GPU_DOUBLE_DIE_RANK", -1)                                                                   \
+    X(die_at, "GPU_DOUBLE_DIE_AT", 1)                                                                        \
     X(call_us, "GPU_DOUBLE_CALL_US", 100)
 
 typedef struct dps_dbl_conf {

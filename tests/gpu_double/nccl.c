@@ -575,7 +575,8 @@ static dps_dbl_unique_id_t child_id(const comm_t *c, const int *sorted, int n)
     return id;
 }
 
-DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **newcomm, void *config, int flags)
+DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **newcomm, void *config,
+                               int flags)
 {
     dps_dbl_trace("ncclCommShrink comm=%p nexclude=%d flags=%d", comm, nexclude, flags);
     if (dps_dbl_nccl_runtime_gone()) return NCCL_CUDA_ERROR;
@@ -586,8 +587,9 @@ DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **ne
     }
     if (!newcomm || !exclude || nexclude <= 0 || nexclude >= c->nranks) {
         dps_dbl_nccl_error("ncclCommShrink: %s", !newcomm ? "newcomm argument is NULL"
-                                                : !exclude ? "excludeRanksList argument is NULL"
-                                                           : "excludeRanksCount must leave 1 to nranks-1 ranks");
+                                                 : !exclude
+                                                     ? "excludeRanksList argument is NULL"
+                                                     : "excludeRanksCount must leave 1 to nranks-1 ranks");
         dps_dbl_comm_put(c);
         return NCCL_INVALID_ARGUMENT;
     }
@@ -599,7 +601,8 @@ DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **ne
         sorted[i] = exclude[i];
     if (!err) qsort(sorted, (size_t)nexclude, sizeof *sorted, cmp_int);
     for (int i = 0; !err && i < nexclude; i++) {
-        if (sorted[i] < 0 || sorted[i] >= c->nranks || (i && sorted[i] == sorted[i - 1]) || sorted[i] == c->rank) {
+        if (sorted[i] < 0 || sorted[i] >= c->nranks || (i && sorted[i] == sorted[i - 1]) ||
+            sorted[i] == c->rank) {
             dps_dbl_nccl_error("ncclCommShrink: excluded rank %d is %s", sorted[i],
                                sorted[i] == c->rank ? "this rank (an excluded rank must not call it)"
                                                     : "out of range or listed twice");
@@ -619,9 +622,10 @@ DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **ne
         uint64_t stuck = c->finished < c->queued ? c->finished + 1 : 0;
         pthread_mutex_unlock(&c->mu);
         if (stuck) {
-            dps_dbl_nccl_error("test double: ncclCommShrink without NCCL_SHRINK_ABORT while collective #%llu is "
-                               "unfinished (where a peer was lost, it never ends)",
-                               (unsigned long long)stuck);
+            dps_dbl_nccl_error(
+                "test double: ncclCommShrink without NCCL_SHRINK_ABORT while collective #%llu is "
+                "unfinished (where a peer was lost, it never ends)",
+                (unsigned long long)stuck);
             err = NCCL_INVALID_USAGE;
         }
     }
