@@ -8,7 +8,10 @@
  * for the program's work (the legacy default stream, or the stream dp_set_stream named).
  * Staged: chunks of [gpu] staging_mb go device -> pinned buffer -> host path (fusion, pieces,
  * compression, the same arithmetic as host tensors) -> device, the next chunk's copy running
- * while the current one is reduced. */
+ * while the current one is reduced.
+ * Elastic mode on NCCL: each hook call's tensors are reduced in a kept device copy, so that a
+ * collective given up at a loss leaves them as they were and the last result can be replayed;
+ * the communicator is made anew among the survivors at the next GPU collective. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -91,7 +94,7 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
 /* What each rank tells the others at set-up: all fixed-size text, gathered with one sum. */
 typedef struct rank_info {
     char usable, nccl, from_peer; /* from_peer: unusable only because another rank failed */
-    char elastic;                 /* this rank goes on after a loss ([elastic] lost_rank = continue) */
+    char shrink;                  /* its NCCL has ncclCommShrink (a lost rank's communicator shrinks) */
     char key[93];                 /* host hash and PCI bus id: equal keys are one GPU */
     char why[160];                /* why this rank cannot use its GPU */
 } rank_info_t;
@@ -135,6 +138,181 @@ static void go_staged(const char *why)
     if (dps_g.eff_rank == 0) DPS_WARN("GPU tensors go through host memory and MPI (staged): %s", why);
 }
 
+static void staging_buffers(const char *hook)
+{
+    dv.pinned_bytes = (size_t)dps_policy_num(&dps_g.policy, DPS_P_gpu_staging_mb) << 20;
+    int prev = dv.gpu->use(dv.dev);
+    for (int i = 0; i < 2; i++)
+        if (!dv.pinned[i] && !(dv.pinned[i] = dv.gpu->pinned(dv.pinned_bytes)))
+            dps_fatal("%s: GPU staging: %s; lower [gpu] staging_mb", hook, dv.gpu->last_error());
+    dv.gpu->restore(prev);
+}
+
+/* NCCL's id (128 bytes and a byte saying it exists) from rank 0 to every rank: the root is
+ * rank 0 whatever the hook's broadcast root (dp_from_owners's owner) is. */
+static void share_id(const dps_backend_t *be, unsigned char *id129)
+{
+    int root = dps_e.bcast_root;
+    dps_e.bcast_root = 0;
+    dp_tensor t = {id129, 129, DP_U8, DP_HOST, "NCCL id"};
+    dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+    dps_e.bcast_root = root;
+}
+
+/* --- elastic mode on NCCL: the kept copy ------------------------------------------------------ */
+
+static struct {
+    unsigned char *buf[2]; /* the call under way's copy, and the last completed one's result */
+    size_t cap[2], last_bytes;
+    int next, last; /* last: -1 none yet */
+    uint64_t *off;  /* each tensor's place in the copy */
+    size_t off_cap;
+    int *comm_ranks; /* the job's ranks (as it started) in the communicator, in its order */
+    int comm_n;
+    unsigned generation; /* the survivors' generation the communicator was made for */
+    int shrink_all;      /* every rank's NCCL has ncclCommShrink */
+} kept = {.last = -1};
+
+static void *last_result(size_t *bytes);
+
+/* The communicator was made for the survivors of now. */
+static void kept_comm_made(void)
+{
+    if (!dps_elastic_on()) return;
+    dps_elastic_set_result_reader(last_result);
+    int n;
+    const int *ranks = dps_elastic_ranks(&n);
+    int *r = realloc(kept.comm_ranks, (size_t)n * sizeof *r);
+    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", n);
+    memcpy(r, ranks, (size_t)n * sizeof *r);
+    kept.comm_ranks = r, kept.comm_n = n, kept.generation = dps_elastic_generation();
+}
+
+/* 1 where every rank says yes. */
+static int all_agree(const dps_backend_t *be, int yes)
+{
+    int32_t v = yes ? 1 : 0;
+    dp_tensor t = {&v, 1, DP_I32, DP_HOST, "GPU agreement"};
+    dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_MIN);
+    return v == 1;
+}
+
+/* A new communicator among the survivors from a new id: 0 on every rank, or -1 (why says it). */
+static int comm_from_id(const dps_backend_t *be, double limit, char *why, size_t len)
+{
+    unsigned char id[129] = {0};
+    if (dps_g.eff_rank == 0 && !(id[128] = dv.gpu->nccl_id(id) == 0))
+        snprintf(why, len, "ncclGetUniqueId: %s", dv.gpu->last_error());
+    share_id(be, id);
+    int rc = -1;
+    if (!id[128] && !why[0])
+        snprintf(why, len, "rank 0 has no NCCL id");
+    else if (id[128] &&
+             (rc = dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit, dps_guard_lost_pending)))
+        snprintf(why, len, "%s", dv.gpu->last_error());
+    int good = all_agree(be, rc == 0);
+    if (!good && rc == 0) dv.gpu->drop();
+    if (!good && !why[0]) snprintf(why, len, "it failed on another rank");
+    return good ? 0 : -1;
+}
+
+/* After a loss, before the next GPU collective (every survivor at the same one): the
+ * communicator among the survivors, shrunk where NCCL can on every rank and no rank gave up its
+ * old one alone, else made from a new id; where that fails, GPU tensors go staged. */
+static void remake_comm(const char *hook, const dps_backend_t *be)
+{
+    double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
+    while (dv.mode == MODE_NCCL && kept.generation != dps_elastic_generation()) {
+        unsigned g = dps_elastic_generation();
+        int n, ne = 0;
+        const int *ranks = dps_elastic_ranks(&n);
+        int *exclude = malloc((size_t)(kept.comm_n ? kept.comm_n : 1) * sizeof *exclude);
+        if (!exclude) dps_fatal("%s: out of memory remaking the NCCL communicator", hook);
+        for (int i = 0; i < kept.comm_n; i++) {
+            int in = 0;
+            for (int j = 0; j < n; j++)
+                in |= ranks[j] == kept.comm_ranks[i];
+            if (!in) exclude[ne++] = i;
+        }
+        int shrink = all_agree(be, kept.shrink_all && ne > 0 && dv.gpu->intact()), rc = -1;
+        if (shrink && g == dps_elastic_generation()) {
+            rc = dv.gpu->shrink(exclude, ne, limit, dps_guard_lost_pending);
+            if (!all_agree(be, rc == 0)) {
+                if (rc == 0) dv.gpu->drop();
+                rc = -1;
+            }
+        }
+        free(exclude);
+        char why[300] = "";
+        if (rc != 0 && g == dps_elastic_generation()) {
+            dv.gpu->drop(); /* ends what the old one still held on the stream */
+            rc = comm_from_id(be, limit, why, sizeof why);
+        }
+        if (g != dps_elastic_generation()) { /* another rank lost meanwhile: again, from a new id */
+            dv.gpu->drop();
+            continue;
+        }
+        if (rc != 0) {
+            char text[400];
+            snprintf(text, sizeof text, "NCCL could not be brought up among the survivors (%s)", why);
+            dv.gpu->drop();
+            go_staged(text);
+            staging_buffers(hook);
+            return;
+        }
+        kept_comm_made();
+        if (dps_g.eff_rank == 0)
+            DPS_INFO("elastic: GPU tensors go on through NCCL among the %d survivors (the communicator %s)",
+                     n, shrink ? "shrunk" : "made anew");
+    }
+}
+
+static unsigned char *kept_buffer(const char *hook, int k, size_t bytes)
+{
+    if (!kept.buf[k] || kept.cap[k] < bytes) {
+        dv.gpu->free(kept.buf[k]);
+        kept.cap[k] = bytes > 256 ? bytes : 256;
+        if (!(kept.buf[k] = dv.gpu->alloc(kept.cap[k])))
+            dps_fatal("%s: no GPU memory for the kept copy of %zu bytes ([elastic] lost_rank = continue): %s",
+                      hook, bytes, dv.gpu->last_error());
+    }
+    return kept.buf[k];
+}
+
+/* Each tensor's place in the copy: runs of one dtype packed, each run 256-byte aligned. */
+static size_t kept_layout(const char *hook, const dp_tensor *t, size_t n)
+{
+    if (dps_grow((void **)&kept.off, &kept.off_cap, n, sizeof *kept.off))
+        dps_fatal("%s: out of memory placing %zu GPU tensors", hook, n);
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || t[i].dtype != t[i - 1].dtype) at = (at + 255) & ~(size_t)255;
+        kept.off[i] = at;
+        at += t[i].count * dps_dtype_size(t[i].dtype);
+    }
+    return at;
+}
+
+/* The copy <-> the tensors, on the communication stream. */
+static void kept_copies(const char *hook, unsigned char *k, const dp_tensor *t, size_t n, int to_tensors);
+
+/* The result of the last GPU collective completed, read back into host memory (malloc'ed,
+ * *bytes long) for a replay; NULL where there is none or it cannot be read. */
+static void *last_result(size_t *bytes)
+{
+    *bytes = kept.last_bytes;
+    if (kept.last < 0 || !dv.gpu) return NULL;
+    void *h = malloc(kept.last_bytes ? kept.last_bytes : 1);
+    int prev = h ? dv.gpu->use(dv.dev) : -1;
+    if (prev < 0 || dv.gpu->read(h, kept.buf[kept.last], kept.last_bytes)) {
+        if (h) DPS_ERROR("elastic: reading the last GPU result back: %s", dv.gpu->last_error());
+        free(h);
+        h = NULL;
+    }
+    if (prev >= 0) dv.gpu->restore(prev);
+    return h;
+}
+
 /* NCCL's communicator on every rank, or staging when it cannot come up everywhere. */
 static void bring_up_nccl(const char *hook, const dps_backend_t *be)
 {
@@ -147,8 +325,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
         if (!id[128])
             snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
     }
-    dp_tensor t = {id, sizeof id, DP_U8, DP_HOST, "NCCL id"};
-    dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
+    share_id(be, id);
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
     /* NCCL makes the communicator on the current device: the tensors', not whatever the
      * program left current */
@@ -157,7 +334,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
         snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
     else if (prev < 0)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
-    else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit) != 0)
+    else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit, NULL) != 0)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()),
             mine.usable = 0, mine.from_peer = (char)dv.gpu->peer_failed();
     if (prev >= 0) dv.gpu->restore(prev);
@@ -220,7 +397,7 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
     if (dv.gpu && prev >= 0) dv.gpu->restore(prev);
     mine.usable = !err[0];
     mine.nccl = mine.usable && dv.gpu->has_nccl();
-    mine.elastic = (char)dps_elastic_on();
+    mine.shrink = (char)(mine.nccl && dv.gpu->has_shrink());
     snprintf(mine.why, sizeof mine.why, "%s", err);
     rank_info_t *all = gather(be, &mine);
     first_unusable(all, hook);
@@ -239,9 +416,9 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
                  strchr(all[a].key, ' ') + 1);
     for (int r = 0; r < dps_g.eff_size && !why[0]; r++)
         if (!all[r].nccl) snprintf(why, sizeof why, "rank %d has no NCCL", r);
-    int elastic = 0;
+    kept.shrink_all = 1;
     for (int r = 0; r < dps_g.eff_size; r++)
-        elastic |= all[r].elastic;
+        kept.shrink_all &= all[r].shrink;
     if (DPS_POLICY_ENUM(&dps_g.policy, comm, backend) == DPS_V_comm_backend_mpi)
         go_staged("[comm] backend = mpi");
     else if (why[0] && nccl_demanded())
@@ -251,22 +428,11 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
             hook, why);
     else if (why[0])
         go_staged(why);
-    else if (elastic && !nccl_demanded())
-        /* a collective among the survivors replaces one given up; NCCL's cannot be given up */
-        go_staged("[elastic] lost_rank = continue: a collective through host memory can be given up "
-                  "when a rank is lost, one through NCCL cannot ([comm] backend = nccl keeps NCCL, and "
-                  "a loss then ends the job)");
     else
         bring_up_nccl(hook, be);
     free(all);
-    if (dv.mode == MODE_STAGED) {
-        dv.pinned_bytes = (size_t)dps_policy_num(&dps_g.policy, DPS_P_gpu_staging_mb) << 20;
-        prev = dv.gpu->use(dev);
-        for (int i = 0; i < 2; i++)
-            if (!(dv.pinned[i] = dv.gpu->pinned(dv.pinned_bytes)))
-                dps_fatal("%s: GPU staging: %s; lower [gpu] staging_mb", hook, dv.gpu->last_error());
-        dv.gpu->restore(prev);
-    }
+    if (dv.mode == MODE_STAGED) staging_buffers(hook);
+    kept_comm_made();
     /* The CUDA runtime (and NCCL's own) registered their teardown with atexit when they started,
      * after the shim's constructor registered its exit work: handlers run last-registered-first,
      * so the GPU part is registered now, after both are up, to run while they still work. */
@@ -347,6 +513,126 @@ static void nccl_fused(const char *hook, const dp_tensor *t, size_t n, dps_fuse_
         for (size_t j = first, off = 0; j < i; off += t[j].count, j++)
             copy(hook, t[j].data, bucket + off * es, t[j].count * es, DPS_COPY_D2D);
     }
+}
+
+static void kept_copies(const char *hook, unsigned char *k, const dp_tensor *t, size_t n, int to_tensors)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = t[i].count * dps_dtype_size(t[i].dtype);
+        if (to_tensors)
+            copy(hook, t[i].data, k + kept.off[i], bytes, DPS_COPY_D2D);
+        else
+            copy(hook, k + kept.off[i], t[i].data, bytes, DPS_COPY_D2D);
+    }
+}
+
+/* The collectives of t[0..n) on their kept copy k: one per run of a dtype. */
+static int kept_collectives(unsigned char *k, const dp_tensor *t, size_t n, dps_fuse_t kind, dps_weight_t w,
+                            dps_redop_t op)
+{
+    int weighted = w.per_rank || w.scale != 1.0; /* the job's choice, as in enqueue() */
+    for (size_t i = 0; i < n;) {
+        size_t first = i;
+        uint64_t count = 0;
+        while (i < n && t[i].dtype == t[first].dtype)
+            count += t[i++].count;
+        if (!count) continue;
+        unsigned char *at = k + kept.off[first];
+        int rc = kind == DPS_FUSE_BCAST
+                     ? dv.gpu->bcast(at, count * dps_dtype_size(t[first].dtype), dps_e.bcast_root)
+                     : dv.gpu->allreduce(at, count, t[first].dtype, op, w.scale, weighted);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                         dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
+
+/* How long a failed NCCL call in elastic mode waits for the guard to find a loss: a peer that
+ * gave up its side (its abort) or whose link went can fail a collective before its loss shows. */
+#define LOSS_GRACE_MS 10000
+
+static void pause_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static int loss_found(void)
+{
+    for (long ms = 0; ms < LOSS_GRACE_MS && !dps_guard_lost_pending(); ms += 10)
+        pause_ms(10);
+    return dps_guard_lost_pending();
+}
+
+/* 1 done, 0 given up (a loss is pending), -1 failed. */
+static int settle_kept(void *m)
+{
+    for (long us = 2;; us = us < 500 ? us * 2 : 500) {
+        int q = dv.gpu->query(m);
+        if (q) return q;
+        if (dps_guard_lost_pending()) return 0;
+        struct timespec ts = {0, us * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A hook call's GPU collective in elastic mode: on a kept copy, so that at a loss the tensors
+ * stay as they were (run again among the survivors) or get the result another survivor
+ * completed (replayed through host memory). The tensors get the result only once the host saw
+ * the collective complete: behind a collective stuck on a lost rank nothing else is queued. */
+static void run_kept_held(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                          dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
+{
+    size_t bytes = kept_layout(hook, t, n);
+    if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0); /* before this one starts */
+    for (;;) {
+        remake_comm(hook, be);
+        if (dv.mode == MODE_STAGED) { /* NCCL could not be made anew */
+            staged_fused(hook, be, t, n, kind, w, op);
+            return;
+        }
+        dps_weight_t fixed = w;
+        if (kind == DPS_FUSE_GRADS) fixed.scale *= dps_elastic_fix(); /* over the survivors' shares */
+        unsigned char *k = kept_buffer(hook, kept.next, bytes);
+        kept_copies(hook, k, t, n, 0);
+        void *m = kept_collectives(k, t, n, kind, fixed, op) ? NULL : dv.gpu->mark();
+        int state = m ? settle_kept(m) : -1;
+        if (m) dv.gpu->release(m);
+        if (state == 1) {
+            kept_copies(hook, k, t, n, 1);
+            kept.last = kept.next, kept.next ^= 1, kept.last_bytes = bytes;
+            dps_elastic_completed_on_device();
+            return;
+        }
+        if (state < 0 && !loss_found()) failed(hook);
+        unsigned char *host = malloc(bytes ? bytes : 1);
+        if (!host) dps_fatal("%s: out of memory for %zu bytes after a lost rank", hook, bytes);
+        if (dps_elastic_recover(be, hook, 1, host, bytes) == DPS_ELASTIC_REPLAYED) {
+            /* another survivor completed it: its result, through host memory. What this rank
+             * gave up is ended first, alone (the communicator is then made from a new id) */
+            dv.gpu->drop();
+            copy(hook, k, host, bytes, DPS_COPY_H2D);
+            kept_copies(hook, k, t, n, 1);
+            void *done = dv.gpu->mark();
+            if (!done || dv.gpu->wait(done)) failed(hook); /* host is read by then */
+            kept.last = kept.next, kept.next ^= 1, kept.last_bytes = bytes;
+            dps_elastic_result_on_device();
+            free(host);
+            return;
+        }
+        free(host);
+    }
+}
+
+static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                     dps_weight_t w, dps_redop_t op)
+{
+    dps_elastic_hook_begin();
+    dps_elastic_hold_hook(1);
+    run_kept_held(hook, be, t, n, kind, w, op);
+    dps_elastic_hold_hook(0);
 }
 
 /* One staged chunk: slices of device tensors, and the host tensors over the pinned buffer. */
@@ -550,7 +836,18 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
 {
     int prev = begin(hook, be, t, n);
     dps_guard_tensors(t, n);
-    if (dv.mode == MODE_NCCL) dps_guard_elastic_off("GPU collectives through NCCL cannot be given up");
+    if (dv.mode == MODE_NCCL && dps_elastic_on()) { /* always waited for: dp_grad_ready holds them */
+        int coll = kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
+        uint64_t count = dps_total_count(t, n);
+        dps_guard_enter(hook, coll, t[0].dtype, count);
+        uint64_t t0 = dps_diag_now();
+        run_kept(hook, be, t, n, kind, w, op);
+        end(hook, prev, 1);
+        dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(),
+                            dps_e.step);
+        dps_guard_leave();
+        return 0;
+    }
     if (dv.mode == MODE_STAGED) {
         staged_fused(hook, be, t, n, kind, w, op);
         end(hook, prev, wait);
@@ -603,8 +900,10 @@ int dps_device_grad_ready(const dps_backend_t *be, const dp_tensor *t, dps_weigh
         return -1;
     }
     /* a full bucket, or a tensor that travels alone, is queued now: the GPU reduces it while the
-     * framework's backward goes on */
-    if (dv.ready.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) flush_pending(be, w);
+     * framework's backward goes on (not in elastic mode: a collective queued and not waited for
+     * could not be given up at a loss, so all go in dp_grads) */
+    if ((dv.ready.pending_bytes >= dps_g.bucket_bytes || bytes >= DPS_INPLACE_MIN_BYTES) && !dps_elastic_on())
+        flush_pending(be, w);
     return 0;
 }
 
@@ -651,6 +950,10 @@ void dps_device_shutdown(void)
     pthread_mutex_lock(&queued.lock);
     queued.n = 0;
     pthread_mutex_unlock(&queued.lock);
+    /* a communicator of ranks since lost: finalizing it would wait for them, and it may hold a
+     * collective given up at the loss */
+    if (dv.mode == MODE_NCCL && dps_elastic_on() && kept.generation != dps_elastic_generation())
+        dv.gpu->drop();
     int done = dv.gpu->finish(FINISH_LIMIT_S);
     if (done == -2) {
         DPS_WARN(

@@ -36,6 +36,9 @@ static struct {
     uint64_t *lost_in_step;    /* per rank of the job's start: the step it was lost in, 0: not lost */
     int *batch_ranks, batch_n; /* the ranks the last batch was split among (split mode) */
     unsigned generation, batch_generation; /* recoveries so far; as of the last batch */
+    int last_on_device; /* the last completed collective's result is the GPU path's to send */
+    int held;           /* a GPU hook call under way: its set-up collectives are part of it */
+    void *(*read_device_result)(size_t *bytes); /* the GPU path's last result, read back */
 } el = {.fix = 1.0};
 
 void dps_elastic_setup(const dps_backend_t *be)
@@ -89,7 +92,12 @@ int dps_elastic_on(void)
 
 void dps_elastic_hook_begin(void)
 {
-    el.in_hook = 0, el.fix = 1.0;
+    if (!el.held) el.in_hook = 0, el.fix = 1.0;
+}
+
+void dps_elastic_hold_hook(int held)
+{
+    el.held = held;
 }
 
 double dps_elastic_fix(void)
@@ -324,7 +332,15 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
         say_loss(el.before, nbefore);
         int replayed = 0;
         if (lag) {
-            int rc = be->replay(buf, bytes, d.root, d.laggard);
+            /* a root whose last collective went through NCCL sends that one's result */
+            size_t result_bytes = 0;
+            void *result = d.root == me && el.last_on_device && el.read_device_result
+                               ? el.read_device_result(&result_bytes)
+                               : NULL;
+            if (d.root == me && el.last_on_device && !result)
+                dps_guard_failed("the replay among the survivors: the last GPU result cannot be read back");
+            int rc = be->replay(buf, bytes, d.root, d.laggard, result, result_bytes);
+            free(result);
             if (rc == DPS_BACKEND_ABANDONED) continue; /* another rank lost meanwhile */
             if (rc != 0) {
                 char what[600];
@@ -333,7 +349,7 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
             }
             replayed = d.laggard[me];
         }
-        if (replayed) el.done++;
+        if (replayed) el.done++, el.last_on_device = 0;
         DPS_DEBUG(
             "elastic: %s: done %llu, cut %llu, root %d, laggard %d, abandoned %d, replayed %d, fix %.17g",
             hook, (unsigned long long)el.done, (unsigned long long)d.cut, d.root, d.laggard[me], abandoned,
@@ -346,7 +362,33 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
 
 void dps_elastic_completed(void)
 {
-    el.done++;
+    el.done++, el.last_on_device = 0;
+}
+
+void dps_elastic_completed_on_device(void)
+{
+    el.done++, el.last_on_device = 1;
+}
+
+void dps_elastic_set_result_reader(void *(*read)(size_t *bytes))
+{
+    el.read_device_result = read;
+}
+
+void dps_elastic_result_on_device(void)
+{
+    el.last_on_device = 1;
+}
+
+unsigned dps_elastic_generation(void)
+{
+    return el.generation;
+}
+
+const int *dps_elastic_ranks(int *n)
+{
+    *n = el.n;
+    return el.ranks;
 }
 
 void dps_elastic_at_exit(void)

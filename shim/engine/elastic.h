@@ -15,6 +15,9 @@ int dps_elastic_on(void);
 int dps_elastic_shrunk(void);
 /* A hook call begins (fusion.c): its gradients' weights need no correction yet. */
 void dps_elastic_hook_begin(void);
+/* While held, the host collectives a GPU hook call makes for itself (its communicator made anew)
+ * do not begin a hook call of their own: the loss and the weight's correction stay the call's. */
+void dps_elastic_hold_hook(int held);
 /* The factor for the rest of the hook call's gradient sums after a loss met inside it (1: none). */
 double dps_elastic_fix(void);
 /* Split mode: a batch was split among the ranks of now (dp_batch). */
@@ -35,6 +38,16 @@ const uint64_t *dps_elastic_rest(uint64_t *n);
 const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t *count);
 /* A collective of the main thread completed. */
 void dps_elastic_completed(void);
+/* The same for a GPU collective through NCCL, whose result the GPU path keeps (a replay reads it
+ * back with the reader the GPU path set: malloc'ed, *bytes long, NULL where it cannot); and a
+ * replayed one the GPU path now keeps. */
+void dps_elastic_completed_on_device(void);
+void dps_elastic_set_result_reader(void *(*read)(size_t *bytes));
+void dps_elastic_result_on_device(void);
+/* Recoveries so far (a GPU communicator is made anew where it moved), and the survivors: ranks
+ * of the job as it started, in order. */
+unsigned dps_elastic_generation(void);
+const int *dps_elastic_ranks(int *n);
 /* At exit, on the lowest survivor: the job's losses said once more, and left for dpshim-run. */
 void dps_elastic_at_exit(void);
 

@@ -98,10 +98,8 @@ int dps_guard_end_peer(int r);
  * backend is open (0; -1 where it cannot be: no watchdog or side channel). From then on a rank
  * found lost (rank 0 too: the lowest survivor takes its place) goes to the survivors' agreement,
  * the desync and drift checks are off, and dps_guard_lost_pending says the main thread must give
- * up its collective. dps_guard_elastic_off: a loss ends the job after all, for the
- * reason given (a path that cannot give up a collective). */
+ * up its collective. */
 int dps_guard_elastic_start(int min_ranks);
-void dps_guard_elastic_off(const char *why);
 int dps_guard_lost_pending(void);
 /* Elastic mode, where a loss lets the job go on: rank r is lost; the rank that leads the gated
  * files (rank 0, or the lowest survivor) is. */

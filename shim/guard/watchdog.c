@@ -56,8 +56,6 @@ static struct {
     atomic_int lowest;
     /* the watchdog's: the collective the main thread was in at the last loss, and when */
     uint64_t loss_seq, loss_ns;
-    _Atomic(const char *)
-        off_why; /* why a loss ends the job after all (GPU collectives); NULL: it need not */
     pthread_mutex_t lock;
     dps_survivors_t *agreement;
 } elastic = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -354,7 +352,7 @@ static void lost_elastic(int r, int cause);
 
 static int going_on_after_loss(void)
 {
-    return atomic_load(&elastic.on) && !atomic_load(&elastic.off_why);
+    return atomic_load(&elastic.on);
 }
 
 /* The other ranks found this rank stalled (`by` said so) and go on without it: it ends, as a
@@ -547,7 +545,7 @@ static void rank0_answered(const guard_msg_t *m)
 
 int dps_guard_rank_lost(int r)
 {
-    if (!atomic_load(&elastic.on) || atomic_load(&elastic.off_why) || !watch.peers || !known(r)) return 0;
+    if (!atomic_load(&elastic.on) || !watch.peers || !known(r)) return 0;
     return atomic_load(&watch.peers[r].lost_cause) != 0;
 }
 
@@ -585,7 +583,7 @@ static void look_at_processes(void)
     const dps_guard_pos_t *pos = &dps_guard_pos;
     int in_coll = atomic_load_explicit(&pos->in_coll, memory_order_acquire);
     int leaving = atomic_load(&pos->leaving);
-    int going_on = atomic_load(&elastic.on) && !atomic_load(&elastic.off_why);
+    int going_on = atomic_load(&elastic.on);
     if (!in_coll && !leaving && !going_on) return; /* elastic: the survivors hear of a loss at once */
     for (int r = 0; known(r); r++) {
         peer_t *p = &watch.peers[r];
@@ -661,14 +659,6 @@ int dps_guard_elastic_start(int min_ranks)
     dps_guard_conf.desync = DPS_V_guard_desync_off, dps_guard_conf.drift_every = 0;
     atomic_store(&elastic.on, 1);
     return 0;
-}
-
-void dps_guard_elastic_off(const char *why)
-{
-    const char *none = NULL;
-    if (atomic_load(&elastic.on) && atomic_compare_exchange_strong(&elastic.off_why, &none, why)) {
-        if (dps_guard_conf.rank == 0) DPS_INFO("[elastic] a lost rank ends the job after all: %s", why);
-    }
 }
 
 int dps_guard_ranks_gone(void)

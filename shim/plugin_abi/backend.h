@@ -90,8 +90,11 @@ typedef struct dps_backend {
      * their messages tagged by `generation`. Local: no collective. 0, or -1 with last_error(). */
     int (*set_survivors)(const int *ranks, int n, uint32_t generation);
     /* Among the survivors: `root` sends the result of the last collective it completed (`bytes`
-     * long) to each survivor i with need[i] set, into its buf. 0, DPS_BACKEND_ABANDONED or -1. */
-    int (*replay)(void *buf, size_t bytes, int root, const unsigned char *need);
+     * long) to each survivor i with need[i] set, into its buf. On the root, `result` (when not
+     * NULL, result_bytes long) is that result: the last collective was not the backend's own (a
+     * GPU one through NCCL). 0, DPS_BACKEND_ABANDONED or -1. */
+    int (*replay)(void *buf, size_t bytes, int root, const unsigned char *need, const void *result,
+                  size_t result_bytes);
     /* What the backend chose and measured, for logs and diagnostics ("" when nothing yet). */
     const char *(*tuning)(void);
 } dps_backend_t;

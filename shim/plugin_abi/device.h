@@ -37,6 +37,11 @@ typedef struct dps_device {
     /* Device memory of the bucket (made once, [comm] bucket_mb) and pinned host memory. */
     void *(*bucket)(size_t bytes);
     void *(*pinned)(size_t bytes);
+    /* Device memory of the caller's (free() waits for the device's work, as cudaFree does), and
+     * a synchronous copy of device memory to the host outside the communication stream. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *dev);
+    int (*read)(void *host, const void *dev, size_t bytes);
 
     /* Ordering. The communication stream waits for the work queued so far on `stream` (NULL:
      * the legacy default stream, which waits for every blocking stream). 1 from capturing():
@@ -71,13 +76,23 @@ typedef struct dps_device {
      * timeout_s (0: no limit), polling NCCL's non-blocking init so it can be abandoned. NCCL makes
      * the communicator on the current device: the caller makes the tensors' device current. */
     int (*nccl_id)(void *id128);
-    int (*nccl_init)(const void *id128, int rank, int size, double timeout_s);
+    /* give_up (may be NULL): polled meanwhile; where it says 1, the init is abandoned: -2. */
+    int (*nccl_init)(const void *id128, int rank, int size, double timeout_s, int (*give_up)(void));
     /* Abort the communicator from any thread; returns within limit_s even when NCCL does not,
      * and every later or pending wait() returns -1. */
     void (*abort)(double limit_s);
     /* The communicator given up for good (abort, bounded) while the stream goes on: the
      * staged fallback when NCCL could not start on every rank. */
     void (*drop)(void);
+    /* After a lost rank. has_shrink: NCCL has ncclCommShrink (2.27+). intact: the communicator
+     * exists and NCCL reports no error on it. shrink: the communicator of the ranks not in
+     * exclude[] (ranks of the current one, renumbered in order), made with NCCL_SHRINK_ABORT,
+     * which first ends a collective stuck on a lost rank; the old one is aborted after. 0; -1
+     * (no communicator is left then); -2 given up as nccl_init. Every rank of the new
+     * communicator must call it, or none. */
+    int (*has_shrink)(void);
+    int (*intact)(void);
+    int (*shrink)(const int *exclude, int n, double timeout_s, int (*give_up)(void));
     /* At exit: the queued work gets limit_s to finish, then the communicator is finalized (what
      * peers still need from this rank is flushed, for limit_s at most) and destroyed; it is
      * aborted only where that failed or timed out, or the work did not finish. 1: all of it

@@ -160,6 +160,13 @@ if want nccl; then
         mpi 2 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$G" --stream --late --dtype all --steps 3
     check "np=3 NCCL, split mode with uneven and empty shares (one operation on every rank)" "$NCCL_PATH" \
         mpi 3 env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info DPSHIM_DATA_MODE=split LD_PRELOAD="$SHIM" "$H" "$G" --batch 2 --dtype all
+    # going on after a lost rank through NCCL: three ranks (one NCCL_HOSTID each) under the
+    # launcher's recovery mode, rank 2 SIGKILLed before its second step while the others wait in
+    # the all-reduce: they give it up, make the communicator among themselves (ncclCommShrink
+    # where NCCL has it) and finish, every step equal to the host path among the same ranks
+    check "elastic, NCCL: 3 ranks, rank 2 SIGKILLed while the others wait in the all-reduce; they go on through NCCL" \
+        "go on through NCCL among the 2 survivors" env CUDA_VISIBLE_DEVICES=0 DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=info \
+        "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$H" "$G" --dtype all --steps 4 --kill-rank 2
 fi
 
 # The CUDA example alone and on two ranks (staged, then NCCL): the same final parameters up to
@@ -253,6 +260,10 @@ if want bench; then
             mpi 2 "${how[@]}" env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$D" bench gpu:$big
         figure "$(printf '%d MiB, %-16s' $big "$bind:")" 'ncclAllReduce directly|^    (the same|blocking)|dp_grads, device buffer|vs NCCL called directly'
     done
+    # what going on after a loss costs a healthy job: each hook call on a kept copy
+    LIMIT=$((20 * x)) check "bench: one $big MiB buffer, np=2, --bind-to none, under --enable-recovery (elastic)" "$NCCL_PATH" \
+        mpi 2 --bind-to none --enable-recovery env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$D" bench gpu:$big
+    figure "$(printf '%d MiB, %-16s' $big "elastic:")" 'dp_grads on the device buffer|vs NCCL called directly'
     LIMIT=$((20 * x)) check "bench: overlap on device buffers, ResNet-50's tensors, simulated backward, np=2" "$NCCL_PATH" \
         mpi 2 --bind-to none env CUDA_VISIBLE_DEVICES=0 DPSHIM_DIAG_LOG=info LD_PRELOAD="$SHIM" "$H" "$D" bench gpu-overlap
     figure "" '^gpu-overlap|hidden behind backward'

@@ -57,6 +57,7 @@ pack() { [ -z "$NO_PACK" ] || skip "$NO_PACK"; }
         assert_output --regexp "16 MiB, $bind +blocking communicator, cudaStreamSynchronize +$n ms"
         assert_output --regexp "16 MiB, $bind +dp_grads on the device buffer vs by hand ${n}x, vs NCCL called directly \(non-blocking, polled: as the plugin\) ${n}x"
     done
+    assert_output --regexp "16 MiB, elastic: +dp_grads on the device buffer vs by hand ${n}x, vs NCCL called directly \(non-blocking, polled: as the plugin\) ${n}x"
     assert_output --regexp "hidden behind backward: [0-9]+% of the reduction .* results bitwise equal: yes"
     assert_output --regexp "staged: +dp_grads, device buffer +$n ms"
     grep -q "cuda_train and the PyTorch runs need a real GPU: not with --double" "$BATS_TEST_TMPDIR/record/gpu-check.md" ||

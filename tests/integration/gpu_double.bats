@@ -186,30 +186,85 @@ same_checksums() {
     assert_output --partial "[comm] backend = nccl, but ranks 0 and 1 share the GPU 00000000:10:00.0"
 }
 
-@test "elastic mode: GPU tensors go through host memory, and a rank SIGKILLed mid-job leaves the others going on" {
-    # under the launcher's recovery mode a collective given up at a loss runs again among the
-    # survivors; NCCL's cannot be given up, so the job takes the staged path for GPU tensors
-    run timeout --kill-after=10 "$MPI_TIMEOUT" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=3 CUDA_VISIBLE_DEVICES=0,1,2 \
-        GPU_DOUBLE_ONE_DEVICE=1 DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=info \
-        "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$PROG" --dtype f32 --steps 4 --kill-rank 2 </dev/null
+# elastic N ENV... -- ARGS...: gpu_hooks under dpshim-run's recovery mode, one GPU per rank.
+elastic() {
+    local n=$1
+    shift
+    local envs=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES="$n" \
+        CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))" GPU_DOUBLE_ONE_DEVICE=1 DPSHIM_GUARD_TIMEOUT=30 \
+        DPSHIM_DIAG_LOG=info "${envs[@]}" "$BUILD/bin/dpshim-run" -np "$n" --oversubscribe --enable-recovery \
+        "$PROG" "$@" </dev/null
     echo "$output"
+}
+
+# checksum_counts: how many times each checksum was printed, ascending.
+checksum_counts() {
+    grep -o 'checksum [0-9a-f]* ok' <<<"$output" | sort | uniq -c | awk '{ print $1 }' | sort -n | paste -sd' '
+}
+
+@test "elastic mode, NCCL: a rank SIGKILLed while the others wait in the all-reduce; they shrink the communicator and go on" {
+    # rank 2 dies before its second step's hooks: the others' NCCL all-reduce can never complete
+    # (the double, as NCCL on shared memory, reports nothing); the guard finds the loss, the
+    # survivors give up the collective, shrink the communicator with NCCL_SHRINK_ABORT (which
+    # ends the stuck one) and run the step again among themselves, weighted over their shares
+    for backend in auto nccl; do
+        elastic 3 DPSHIM_COMM_BACKEND=$backend -- --dtype f32 --steps 4 --kill-rank 2
+        assert_success
+        assert_output --partial "GPU tensors go through NCCL"
+        refute_output --partial "staged"
+        assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+: its process ended\) during step 1"
+        assert_output --partial "elastic: GPU tensors go on through NCCL among the 2 survivors (the communicator shrunk)"
+        # every step's GPU sums equal the host path's among the same ranks: one result for the
+        # first step's 3 ranks, one for the 3 later steps of the 2 survivors
+        refute_output --partial MISMATCH
+        [ "$(checksum_counts)" = "3 6" ] || fail "results per checksum: $(checksum_counts), not 3 and 6"
+    done
+}
+
+@test "elastic mode, NCCL: a rank killed mid-collective, one survivor done and one not: the result is replayed to it" {
+    # rank 2 dies right after giving its data to its second all-reduce; rank 1 reads late, so rank
+    # 0 completes the sum and goes on while rank 1 is still in it when the loss is found: rank 1
+    # gets rank 0's result (the sum of all 3 ranks, through host memory), and the communicator is
+    # made anew (rank 1 ended its old one alone)
+    elastic 3 GPU_DOUBLE_DIE_RANK=2 GPU_DOUBLE_DIE_AT=2 GPU_DOUBLE_SLOW_RANK=1 GPU_DOUBLE_SLOW_MS=2500 \
+        DPSHIM_DIAG_LOG=debug -- --dtype f32 --steps 3 --host-first
     assert_success
-    assert_output --partial "GPU tensors go through host memory and MPI (staged): [elastic] lost_rank = continue"
-    assert_output --regexp "elastic: lost rank 2 \([^,]+, process [0-9]+: its process ended\) during step 1"
-    # in every step the GPU's sums equal the host path's among the same ranks; one result for
-    # the first step's 3 ranks, one for the 3 later steps of the 2 survivors
+    assert_output --regexp "r1/3\] DEBUG elastic: dp_grads: .* laggard 1, abandoned 1, replayed 1"
+    assert_output --partial "elastic: GPU tensors go on through NCCL among the 2 survivors (the communicator made anew)"
     refute_output --partial MISMATCH
-    local counts
-    counts=$(grep -o 'checksum [0-9a-f]* ok' <<<"$output" | sort | uniq -c | awk '{ print $1 }' | sort -n | paste -sd' ')
-    [ "$counts" = "3 6" ] || fail "results per checksum: $counts, not 3 (step 1 on 3 ranks) and 6 (3 steps on 2)"
-    # [comm] backend = nccl keeps NCCL, and then a loss ends the job, naming why
-    run timeout --kill-after=10 "$MPI_TIMEOUT" env LD_LIBRARY_PATH="$DOUBLE" GPU_DOUBLE_DEVICES=3 CUDA_VISIBLE_DEVICES=0,1,2 \
-        GPU_DOUBLE_ONE_DEVICE=1 DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=info DPSHIM_COMM_BACKEND=nccl \
-        "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$PROG" --dtype f32 --steps 4 --kill-rank 2 </dev/null
-    echo "$output"
-    assert_failure 75
-    assert_output --partial "GPU tensors go through NCCL"
-    assert_output --partial "a lost rank ends the job after all: GPU collectives through NCCL cannot be given up"
+    # step 1 on 3 ranks and the replayed step 2 (on 2 ranks) hold the 3 ranks' sum; step 3 the 2's
+    [ "$(checksum_counts)" = "2 5" ] || fail "results per checksum: $(checksum_counts), not 2 (step 3) and 5 (steps 1-2)"
+}
+
+@test "elastic mode, NCCL: two ranks of 4 lost one after the other: the communicator shrinks twice" {
+    # rank 3 dies before its second step; rank 2 in its third all-reduce on the shrunk
+    # communicator, once it gave its data (the others complete that one)
+    elastic 4 GPU_DOUBLE_DIE_RANK=2 GPU_DOUBLE_DIE_AT=3 -- --dtype f32 --steps 5 --kill-rank 3 --host-first
+    assert_success
+    assert_output --partial "among the 3 survivors (the communicator shrunk)"
+    assert_output --partial "among the 2 survivors (the communicator shrunk)"
+    assert_output --partial "the job lost rank 2 in step 4, rank 3 in step 1 and went on with 2 of its 4 ranks"
+    refute_output --partial MISMATCH
+}
+
+@test "elastic mode, NCCL: every dtype through dp_grads, dp_grad_ready, dp_params and dp_bn_stats across a loss" {
+    for hook in grads ready params bn; do
+        elastic 3 -- --hook "$hook" --dtype all --steps 3 --kill-rank 1
+        assert_success
+        assert_output --partial "(the communicator shrunk)"
+        refute_output --partial MISMATCH
+        # the survivors hold the same bits step by step, and the lost rank held them in step 1
+        local r0 r2
+        r0=$(grep -o 'rank 0: .* checksum [0-9a-f]*' <<<"$output" | sed 's/rank 0: //')
+        r2=$(grep -o 'rank 2: .* checksum [0-9a-f]*' <<<"$output" | sed 's/rank 2: //')
+        [ -n "$r0" ] && [ "$r0" = "$r2" ] || fail "$hook: ranks 0 and 2 differ: $r0 / $r2"
+        grep -o 'rank 1: .* checksum [0-9a-f]*' <<<"$output" | sed 's/rank 1: //' | while read -r line; do
+            grep -qxF "$line" <<<"$r0" || fail "$hook: rank 1's step 1 differs: $line"
+        done
+    done
 }
 
 @test "a CUDA runtime without NCCL: the job says it goes staged and why; backend = nccl refuses" {

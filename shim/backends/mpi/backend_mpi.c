@@ -481,12 +481,15 @@ static int mpi_set_survivors(const int *ranks, int n, uint32_t generation)
 
 /* The last completed collective's result, from the survivor root (an index among them) to those
  * whose need[] is set, into buf (bytes long on every one of them). */
-static int mpi_replay(void *buf, size_t bytes, int root, const unsigned char *need)
+static int mpi_replay(void *buf, size_t bytes, int root, const unsigned char *need, const void *result,
+                      size_t result_bytes)
 {
     channel_t *ch = &main_ch;
     int tag = ch->tag_base + 3, n = ch->size;
     if (root == ch->rank) {
-        if (el.last < 0) {
+        const void *from = result ? result : el.last >= 0 ? el.scratch[el.last] : NULL;
+        size_t from_bytes = result ? result_bytes : el.last_bytes;
+        if (!from) {
             snprintf(ch->err, sizeof ch->err, "replay: this rank has no result to send");
             return -1;
         }
@@ -497,8 +500,7 @@ static int mpi_replay(void *buf, size_t bytes, int root, const unsigned char *ne
         for (int i = 0; i < n; i++)
             if (need[i] && i != root &&
                 check(ch,
-                      PMPI_Isend(el.scratch[el.last], (int)el.last_bytes, MPI_BYTE, ch->map[i], tag, ch->comm,
-                                 &reqs[nreq++]),
+                      PMPI_Isend(from, (int)from_bytes, MPI_BYTE, ch->map[i], tag, ch->comm, &reqs[nreq++]),
                       "MPI_Isend")) {
                 free(reqs);
                 return -1;

@@ -34,6 +34,8 @@ static struct {
     dps_cudaError_t (*SetDevice)(int);
     dps_cudaError_t (*DeviceGetPCIBusId)(char *, int, int);
     dps_cudaError_t (*Malloc)(void **, size_t);
+    dps_cudaError_t (*Free)(void *);
+    dps_cudaError_t (*Memcpy)(void *, const void *, size_t, int);
     dps_cudaError_t (*HostAlloc)(void **, size_t, unsigned);
     dps_cudaError_t (*StreamCreateWithFlags)(dps_cudaStream_t *, unsigned);
     dps_cudaError_t (*StreamWaitEvent)(dps_cudaStream_t, dps_cudaEvent_t, unsigned);
@@ -63,6 +65,8 @@ static struct {
     dps_ncclResult_t (*RedOpCreatePreMulSum)(dps_ncclRedOp_t *, void *, dps_ncclDataType_t, int,
                                              dps_ncclComm_t);
     dps_ncclResult_t (*RedOpDestroy)(dps_ncclRedOp_t, dps_ncclComm_t);
+    /* NCCL 2.27+, optional: the communicator of the ranks left after a loss */
+    dps_ncclResult_t (*CommShrink)(dps_ncclComm_t, int *, int, dps_ncclComm_t *, dps_ncclConfig_t *, int);
 } nc;
 
 static const dps_sym_row_t cuda_syms[] = {
@@ -74,6 +78,8 @@ static const dps_sym_row_t cuda_syms[] = {
     {"cudaSetDevice", (void **)&cu.SetDevice},
     {"cudaDeviceGetPCIBusId", (void **)&cu.DeviceGetPCIBusId},
     {"cudaMalloc", (void **)&cu.Malloc},
+    {"cudaFree", (void **)&cu.Free},
+    {"cudaMemcpy", (void **)&cu.Memcpy},
     {"cudaHostAlloc", (void **)&cu.HostAlloc},
     {"cudaStreamCreateWithFlags", (void **)&cu.StreamCreateWithFlags},
     {"cudaStreamWaitEvent", (void **)&cu.StreamWaitEvent},
@@ -324,6 +330,24 @@ static void *bucket(size_t bytes)
     if (cuda_ok(cu.Malloc(&p, bytes), "cudaMalloc of the fusion bucket")) return NULL;
     st.bucket = p, st.bucket_bytes = bytes; /* made once per job: bucket_mb does not change */
     return p;
+}
+
+static void *alloc(size_t bytes)
+{
+    void *p = NULL;
+    return cuda_ok(cu.Malloc(&p, bytes), "cudaMalloc") ? NULL : p;
+}
+
+static void release_memory(void *p)
+{
+    if (p) cu.Free(p);
+}
+
+/* Synchronous, on the legacy stream: not behind the communication stream's work (which may hold
+ * a collective stuck on a lost rank). */
+static int read_back(void *host, const void *dev, size_t bytes)
+{
+    return cuda_ok(cu.Memcpy(host, dev, bytes, DPS_cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 
 static void *pinned(size_t bytes)
@@ -617,7 +641,34 @@ static int nccl_id(void *id128)
     return nccl_ok(nc.GetUniqueId((dps_ncclUniqueId *)id128), "ncclGetUniqueId");
 }
 
-static int nccl_init(const void *id128, int rank, int size, double timeout_s)
+/* Polls a non-blocking init (or shrink) of comm until done: 0; on a failure, past timeout_s (0:
+ * none), or once give_up() says so (-2), comm is aborted: -1. */
+static int settle_init(dps_ncclComm_t comm, double timeout_s, int (*give_up)(void), const char *what)
+{
+    double t0 = now_s();
+    for (long us = 50;; us = us < 2000 ? us * 2 : 2000) {
+        dps_ncclResult_t state = DPS_ncclInProgress;
+        nc.CommGetAsyncError(comm, &state);
+        if (state == DPS_ncclSuccess) return 0;
+        if (state != DPS_ncclInProgress) {
+            nccl_failed(comm, state, what);
+            nc.CommAbort(comm);
+            return -1;
+        }
+        if (give_up && give_up()) {
+            nc.CommAbort(comm);
+            fail("%s given up: another rank was lost meanwhile", what);
+            return -2;
+        }
+        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
+            nc.CommAbort(comm);
+            return fail("%s did not complete within %.0f s ([guard] timeout)", what, timeout_s);
+        }
+        pause_us(us);
+    }
+}
+
+static int nccl_init(const void *id128, int rank, int size, double timeout_s, int (*give_up)(void))
 {
     if (!has_nccl()) return fail("NCCL is not loaded");
     dps_ncclUniqueId id;
@@ -637,22 +688,8 @@ static int nccl_init(const void *id128, int rank, int size, double timeout_s)
         if (comm) nc.CommAbort(comm);
         return nccl_ok(r, "ncclCommInitRankConfig");
     }
-    double t0 = now_s();
-    for (long us = 50;; us = us < 2000 ? us * 2 : 2000) {
-        dps_ncclResult_t state = DPS_ncclInProgress;
-        nc.CommGetAsyncError(comm, &state);
-        if (state == DPS_ncclSuccess) break;
-        if (state != DPS_ncclInProgress) {
-            nccl_failed(comm, state, "ncclCommInitRankConfig");
-            nc.CommAbort(comm);
-            return -1;
-        }
-        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
-            nc.CommAbort(comm);
-            return fail("ncclCommInitRankConfig did not complete within %.0f s ([guard] timeout)", timeout_s);
-        }
-        pause_us(us);
-    }
+    int rc = settle_init(comm, timeout_s, give_up, "ncclCommInitRankConfig");
+    if (rc) return rc;
     pthread_mutex_lock(&comm_mu);
     st.comm = comm;
     pthread_mutex_unlock(&comm_mu);
@@ -660,14 +697,15 @@ static int nccl_init(const void *id128, int rank, int size, double timeout_s)
 }
 
 /* ncclCommAbort can itself wait for a stuck peer: it runs on a thread of its own, and the
- * caller waits at most limit_s for it. */
+ * caller waits at most limit_s for it. Each abort has its number: one that outlived its caller's
+ * limit does not count as a later one's end. */
 static pthread_mutex_t abort_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t abort_done = PTHREAD_COND_INITIALIZER;
-static int abort_finished;
+static unsigned aborts_started, aborts_finished;
 
-static void *abort_main(void *unused)
+static void *abort_main(void *arg)
 {
-    (void)unused;
+    unsigned number = (unsigned)(uintptr_t)arg;
     int mode = shim_thread_begin();
     pthread_mutex_lock(&comm_mu); /* a call under way on another thread ends first */
     if (st.comm) nc.CommAbort(st.comm);
@@ -675,7 +713,7 @@ static void *abort_main(void *unused)
     pthread_mutex_unlock(&comm_mu);
     shim_thread_end(mode);
     pthread_mutex_lock(&abort_lock);
-    abort_finished = 1;
+    if (number > aborts_finished) aborts_finished = number;
     pthread_cond_broadcast(&abort_done);
     pthread_mutex_unlock(&abort_lock);
     return NULL;
@@ -685,8 +723,11 @@ static void abort_comm(double limit_s)
 {
     if (!st.comm || atomic_exchange(&st.aborted, 1)) return; /* staged: nothing of NCCL's to abort */
     aborter = pthread_self();
+    pthread_mutex_lock(&abort_lock);
+    unsigned number = ++aborts_started;
+    pthread_mutex_unlock(&abort_lock);
     pthread_t t;
-    if (pthread_create(&t, NULL, abort_main, NULL) != 0) return;
+    if (pthread_create(&t, NULL, abort_main, (void *)(uintptr_t)number) != 0) return;
     pthread_detach(t);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
@@ -694,7 +735,7 @@ static void abort_comm(double limit_s)
     until.tv_nsec += (long)((limit_s - (double)(time_t)limit_s) * 1e9);
     if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
     pthread_mutex_lock(&abort_lock);
-    while (!abort_finished && pthread_cond_timedwait(&abort_done, &abort_lock, &until) == 0) {
+    while (aborts_finished < number && pthread_cond_timedwait(&abort_done, &abort_lock, &until) == 0) {
     }
     pthread_mutex_unlock(&abort_lock);
 }
@@ -703,6 +744,45 @@ static void drop(void)
 {
     abort_comm(2.0);
     atomic_store(&st.aborted, 0); /* staged work on the stream has nothing to do with NCCL */
+}
+
+static int has_shrink(void)
+{
+    return nc.CommShrink != NULL;
+}
+
+static int comm_intact(void)
+{
+    dps_ncclResult_t async = DPS_ncclRemoteError, r;
+    ON_COMM(r, nc.CommGetAsyncError(st.comm, &async));
+    return r == DPS_ncclSuccess && async == DPS_ncclSuccess;
+}
+
+/* After a loss: the communicator of the ranks not in exclude[] (ranks of the current one), by
+ * ncclCommShrink with NCCL_SHRINK_ABORT (which first ends a collective stuck on the lost rank);
+ * the old one is aborted after. On a failure neither is left. */
+static int shrink(const int *exclude, int n, double timeout_s, int (*give_up)(void))
+{
+    if (!nc.CommShrink || !st.comm)
+        return fail("ncclCommShrink: %s", st.comm ? "not in this NCCL" : "no communicator");
+    int *list = malloc((size_t)(n > 0 ? n : 1) * sizeof *list);
+    if (!list) return fail("ncclCommShrink: out of memory");
+    memcpy(list, exclude, (size_t)n * sizeof *list);
+    dps_ncclComm_t child = NULL;
+    dps_ncclResult_t r;
+    ON_COMM(r, nc.CommShrink(st.comm, list, n, &child, NULL, DPS_NCCL_SHRINK_ABORT));
+    free(list);
+    int rc = r == DPS_ncclSuccess || r == DPS_ncclInProgress
+                 ? settle_init(child, timeout_s, give_up, "ncclCommShrink")
+                 : nccl_failed(st.comm, r, "ncclCommShrink");
+    if (rc != 0 && r != DPS_ncclSuccess && r != DPS_ncclInProgress && child) nc.CommAbort(child);
+    drop(); /* the old communicator */
+    if (rc == 0) {
+        pthread_mutex_lock(&comm_mu);
+        st.comm = child;
+        pthread_mutex_unlock(&comm_mu);
+    }
+    return rc;
 }
 
 /* The end of a healthy communicator: ncclCommFinalize flushes what peers still need from this
@@ -777,7 +857,8 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
     if (hn &&
         dps_bind_syms(hn, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms, missing, sizeof missing) == 0 &&
         nc.GetVersion(&v) == DPS_ncclSuccess)
-        append(", NCCL %d.%d.%d (%s)", v / 10000, v / 100 % 100, v % 100, st.nccl_path);
+        append(", NCCL %d.%d.%d (%s)", v / 10000, v / 100 % 100, v % 100, st.nccl_path),
+            *(void **)&nc.CommShrink = dlsym(hn, "ncclCommShrink");
     else {
         memset(&nc, 0, sizeof nc);
         append(", no NCCL (%s: %s)", st.nccl_path, hn ? "too old" : "not found");
@@ -793,6 +874,9 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
                           .key = key,
                           .bucket = bucket,
                           .pinned = pinned,
+                          .alloc = alloc,
+                          .free = release_memory,
+                          .read = read_back,
                           .after = after,
                           .capturing = capturing,
                           .before = before,
@@ -809,6 +893,9 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
                           .nccl_init = nccl_init,
                           .abort = abort_comm,
                           .drop = drop,
+                          .has_shrink = has_shrink,
+                          .intact = comm_intact,
+                          .shrink = shrink,
                           .finish = finish};
     return 0;
 }

@@ -62,6 +62,7 @@ typedef struct {
 #define DPS_NCCL_CONFIG_MAGIC 0xcafebeefu
 #define DPS_NCCL_CONFIG_VERSION 21403u /* NCCL_VERSION(2, 14, 3) */
 #define DPS_NCCL_CONFIG_UNDEF_INT INT_MIN
+#define DPS_NCCL_SHRINK_ABORT 0x01 /* ends the parent's operations first */
 
 /* A function to look up by name, and where its address goes. */
 typedef struct dps_sym_row {

@@ -5,7 +5,7 @@
  *
  *   gpu_hooks [--hook grads|ready|params|bn|owners] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
  *             [--batch N] [--nan-if-empty] [--late] [--stream] [--capture] [--unflagged] [--steps K]
- *             [--sleep-rank R] [--kill-rank R]
+ *             [--sleep-rank R] [--kill-rank R] [--host-first]
  *
  * --hook owners: dp_from_owners with tensor i owned by rank (i + 1) % size; the host copies are
  *         also checked against the owner's own values.
@@ -18,6 +18,8 @@
  *         collectives wait for it (the guard must end the job).
  * --kill-rank R: rank R SIGKILLs itself before its second step's hooks (elastic mode: the others
  *         go on without it).
+ * --host-first: dp_grads on the host tensors before the device ones (the reference is then
+ *         reduced among the ranks of the step's start, as a GPU sum replayed after a loss is).
  * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
  * --device local: the rank works on the GPU of its local rank (cudaSetDevice), as a program
  *         that picks cuda:LOCAL_RANK itself (run with [gpu] bind = off and several GPUs visible).
@@ -137,7 +139,7 @@ int main(int argc, char **argv)
 {
     const char *hook = "grads", *dtype = "all";
     int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1,
-        sleep_rank = -1, kill_rank = -1;
+        sleep_rank = -1, kill_rank = -1, host_first = 0;
     int local_device = 0, current = -1, capture_after = 0;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--hook") && a + 1 < argc)
@@ -154,6 +156,8 @@ int main(int argc, char **argv)
             kill_rank = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--nan-if-empty"))
             nan_if_empty = 1;
+        else if (!strcmp(argv[a], "--host-first"))
+            host_first = 1;
         else if (!strcmp(argv[a], "--late"))
             late = 1;
         else if (!strcmp(argv[a], "--stream"))
@@ -221,7 +225,9 @@ int main(int argc, char **argv)
             if (current >= 0 && cudaSetDevice(current) != 0)
                 return fprintf(stderr, "cudaSetDevice(%d) failed\n", current), 1;
             int rc = 0;
-            if (!strcmp(hook, "grads"))
+            if (!strcmp(hook, "grads") && host_first)
+                rc = dp_grads(host, NT) | dp_grads(dev, NT);
+            else if (!strcmp(hook, "grads"))
                 rc = dp_grads(dev, NT) | dp_grads(host, NT);
             else if (!strcmp(hook, "params"))
                 rc = dp_params(dev, NT) | dp_params(host, NT);
