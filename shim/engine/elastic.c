@@ -41,18 +41,37 @@ static struct {
     void *(*read_device_result)(size_t *bytes); /* the GPU path's last result, read back */
 } el = {.fix = 1.0};
 
+/* Where the job may go on after a loss: size, policy and launcher, alike on every rank. */
+static int may_go_on(const dps_state_t *s)
+{
+    return s->size >= 2 &&
+           DPS_POLICY_ENUM(&s->policy, elastic, lost_rank) == DPS_V_elastic_lost_rank_continue &&
+           dps_launcher_keeps_survivors();
+}
+
+static int shard_auto_off; /* [optim] shard = auto was set off by dps_elastic_plan */
+
+DPS_STARTUP void dps_elastic_plan(dps_state_t *s)
+{
+    if (!may_go_on(s) || DPS_POLICY_ENUM(&s->policy, optim, shard) != DPS_V_optim_shard_auto) return;
+    dps_error_t e;
+    shard_auto_off =
+        dps_policy_set_value(&s->policy, DPS_P_optim_shard, "off", 3, DPS_SRC_DEFAULT, 0, &e) == 0;
+}
+
 void dps_elastic_setup(const dps_backend_t *be)
 {
     int size = dps_g.size;
-    if (size < 2 || DPS_POLICY_ENUM(&dps_g.policy, elastic, lost_rank) != DPS_V_elastic_lost_rank_continue ||
-        !dps_launcher_keeps_survivors())
-        return;
-    const char *why = dps_policy_num(&dps_g.policy, DPS_P_guard_timeout) == 0
-                          ? "[guard] timeout = 0: a stalled rank, or one on a lost host, could not be found"
-                      : !be->set_abandon
-                          ? "the backend cannot give up a collective (MPI below MPI_THREAD_MULTIPLE)"
-                      : dps_g.eff_size != size ? "the job's ranks are not all in its collectives"
-                                               : NULL;
+    if (!may_go_on(&dps_g)) return;
+    const char *why =
+        dps_policy_num(&dps_g.policy, DPS_P_guard_timeout) == 0
+            ? "[guard] timeout = 0: a stalled rank, or one on a lost host, could not be found"
+        : DPS_POLICY_ENUM(&dps_g.policy, optim, shard) == DPS_V_optim_shard_on
+            ? "[optim] shard = on keeps each rank's share of the optimizer's state on that rank "
+              "alone, and a lost rank would take it with it"
+        : !be->set_abandon       ? "the backend cannot give up a collective (MPI below MPI_THREAD_MULTIPLE)"
+        : dps_g.eff_size != size ? "the job's ranks are not all in its collectives"
+                                 : NULL;
     el.ranks = malloc((size_t)size * sizeof *el.ranks);
     el.hook_ranks = malloc((size_t)size * sizeof *el.hook_ranks);
     el.decided = malloc((size_t)size * sizeof *el.decided);
@@ -82,7 +101,9 @@ void dps_elastic_setup(const dps_backend_t *be)
     if (dps_g.eff_rank == 0)
         DPS_INFO(
             "[elastic] lost_rank = continue: the launcher keeps the other ranks when one is lost, and the "
-            "job goes on without it (the desync and drift checks are off)");
+            "job goes on without it (the desync and drift checks are off%s)",
+            shard_auto_off ? "; [optim] shard = auto is off: every rank keeps the whole optimizer state"
+                           : "");
 }
 
 int dps_elastic_on(void)

@@ -9,6 +9,10 @@
 
 /* Once the backend is open: on where [elastic] lost_rank = continue and the launcher keeps the
  * survivors (the backend's collectives can be given up from then on; [comm] overlap is off). */
+/* At start-up, before an adapter reads the policy: where the job may go on after a loss,
+ * [optim] shard = auto is off, as a sharded optimizer keeps each rank's share of its state on
+ * that rank alone (on is kept, and then a loss ends the job: dps_elastic_setup says so). */
+void dps_elastic_plan(dps_state_t *s);
 void dps_elastic_setup(const dps_backend_t *be);
 int dps_elastic_on(void);
 /* The survivors are fewer than the job's ranks at its start: dp_rank and dp_world_size are theirs. */

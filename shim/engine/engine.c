@@ -27,6 +27,7 @@ DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
     int self = DPS_POLICY_ENUM(p, comm, backend) == DPS_V_comm_backend_self;
     s->eff_rank = self ? 0 : s->rank;
     s->eff_size = self ? 1 : s->size;
+    dps_elastic_plan(s);
     if (self && s->size > 1 && s->rank == 0)
         DPS_WARN("[comm] backend = self with %d ranks: every rank trains alone on all the data", s->size);
     s->split_mode = DPS_POLICY_ENUM(p, data, mode) == DPS_V_data_mode_split;

@@ -232,6 +232,33 @@ whole_files() {
     done
 }
 
+@test "PyTorch with Adam: its state is not sharded where a rank may be lost, so the survivors train on" {
+    # [optim] shard = auto would shard Adam's state: the lost rank's share went with it, and the
+    # survivors' model collapsed (loss ln 2) while the job exited 0. Now auto is off here, and
+    # the survivors' parameters are bitwise those of shard = off; shard = on ends the job at the
+    # loss, as rank 0 says at the start
+    local shard params=()
+    for shard in auto off; do
+        run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=1 OPT=adam \
+            DPSHIM_OPTIM_SHARD=$shard DPSHIM_DIAG_LOG=info "$BUILD/bin/dpshim-run" -np 3 --oversubscribe \
+            --enable-recovery /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
+        echo "$output"
+        assert_success
+        [ "$(grep -o 'loss [0-9.]*, parameters [-0-9.]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] ||
+            fail "the survivors' parameters differ"
+        params+=("$(grep -o 'parameters [-0-9.]*' <<<"$output" | head -1)")
+        refute_output --partial "loss 0.693147"
+        [ $shard = off ] || assert_output --partial "[optim] shard = auto is off: every rank keeps the whole optimizer state"
+    done
+    [ "${params[0]}" = "${params[1]}" ] || fail "auto (${params[0]}) is not off (${params[1]})"
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=1 OPT=adam \
+        DPSHIM_OPTIM_SHARD=on "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery \
+        /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
+    echo "$output"
+    assert_failure 75
+    assert_output --partial "off, as [optim] shard = on keeps each rank's share of the optimizer's state on that rank alone"
+}
+
 @test "scale mode, rank 1 or rank 0 of 3 killed in an epoch: the survivors train what it had not, once" {
     local lost
     for lost in 1 0; do

@@ -1,4 +1,5 @@
-"""A plain PyTorch training script (nothing of dpshim in it) for elastic.bats: a small MLP, SGD,
+"""A plain PyTorch training script (nothing of dpshim in it) for elastic.bats: a small MLP, SGD
+(Adam with $OPT=adam),
 a shuffled DataLoader over 512 samples in batches of 64, 3 epochs. The rank that started as
 $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with SIGKILL before step 5's forward pass.
 Prints the final loss and a sum of the parameters; with $SAVE, saves the model there after each
@@ -12,7 +13,8 @@ import torch
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))
-opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+opt = (torch.optim.Adam(model.parameters(), lr=0.01) if os.environ.get("OPT") == "adam" else
+       torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 X = torch.randn(512, 20)
 Y = (X[:, 0] > 0).long()
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y, torch.arange(512)), batch_size=64,
