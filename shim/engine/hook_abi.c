@@ -80,17 +80,22 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
     static dp_tensor *group;
     static size_t cap;
     if (null_list("dp_from_owners", t, n) || null_list("dp_from_owners", owner, n)) return -1;
+    /* owners are ranks as dp_rank numbers them: after a lost rank, the survivors' */
+    int size = dp_world_size();
     for (size_t i = 0; i < n; i++)
-        if (owner[i] < 0 || owner[i] >= dps_g.size) {
-            DPS_ERROR("dp_from_owners: tensor %zu (%s) names owner %d, outside the job's ranks 0..%d; "
+        if (owner[i] < 0 || owner[i] >= size) {
+            DPS_ERROR("dp_from_owners: tensor %zu (%s) names owner %d, outside the job's ranks 0..%d%s; "
                       "nothing was sent",
-                      i, dps_tensor_name(&t[i]), owner[i], dps_g.size - 1);
+                      i, dps_tensor_name(&t[i]), owner[i], size - 1,
+                      size < dps_g.size ? " (the survivors of a lost rank, as dp_world_size() says now)"
+                                        : "");
             return -1;
         }
     const dps_backend_t *be = dps_comm("dp_from_owners");
     if (!be) return 0;
     if (dps_grow((void **)&group, &cap, n, sizeof *group)) return no_memory("dp_from_owners", n);
-    for (int r = 0; r < dps_g.size; r++) {
+    unsigned losses = dps_elastic_generation();
+    for (int r = 0; r < size; r++) {
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
             if (owner[i] == r) group[m++] = t[i];
@@ -99,6 +104,15 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
         int rc = collective("dp_from_owners", be, group, m, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
         dps_e.bcast_root = 0;
         if (rc) return rc;
+        /* owners name ranks as they were numbered: after a loss (the survivors renumbered) the
+         * broadcast went from another rank, and a lost owner's tensors cannot come at all */
+        if (dps_elastic_generation() != losses) {
+            DPS_ERROR("dp_from_owners: a rank was lost during the call and the survivors are numbered anew "
+                      "(dp_world_size() is %d now): the tensors of owner %d and after are not their owners'; "
+                      "call it again with owners among the survivors",
+                      dp_world_size(), r);
+            return -1;
+        }
     }
     return 0;
 }

@@ -250,6 +250,19 @@ checksum_counts() {
     refute_output --partial MISMATCH
 }
 
+@test "elastic mode: dp_from_owners across a loss fails, saying why, instead of broadcasting from the wrong ranks" {
+    # owners name ranks as numbered before the loss: the call under way at it, and later calls
+    # naming a rank past dp_world_size(), return -1 with a message (the program says "a hook
+    # returned -1"); before, the survivors took other ranks' values and went on
+    for backend in auto mpi; do
+        elastic 3 DPSHIM_COMM_BACKEND=$backend -- --hook owners --dtype f32 --steps 3 --kill-rank 1
+        assert_failure
+        assert_output --partial "dp_from_owners: a rank was lost during the call and the survivors are numbered anew (dp_world_size() is 2 now)"
+        assert_output --partial "names owner 2, outside the job's ranks 0..1 (the survivors of a lost rank, as dp_world_size() says now)"
+        assert_output --partial "a hook returned -1"
+    done
+}
+
 @test "elastic mode, NCCL: every dtype through dp_grads, dp_grad_ready, dp_params and dp_bn_stats across a loss" {
     for hook in grads ready params bn; do
         elastic 3 -- --hook "$hook" --dtype all --steps 3 --kill-rank 1

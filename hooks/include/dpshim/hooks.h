@@ -71,7 +71,8 @@ DPSHIM_HOOK_DECL int dp_step_end(uint64_t step);
 /* Version 4. After an update that each rank ran on its own share of the tensors (a sharded
  * optimizer step): t[i] takes rank owner[i]'s values on every rank. owner[] must be the same on
  * every rank; each owner's tensors travel as its broadcasts, in rank order, fused in buckets.
- * Returns 0, or -1 (an owner outside 0..world size-1, NULL lists). */
+ * Owners are ranks as dp_rank numbers them (after a lost rank, the survivors'). Returns 0, or -1
+ * (an owner outside 0..world size-1, NULL lists, a rank lost during the call). */
 DPSHIM_HOOK_DECL int dp_from_owners(dp_tensor *t, size_t n, const int32_t *owner);
 
 /* Version 3. The hook ABI version of the loaded libdpshim.so (its DPSHIM_HOOK_ABI_VERSION): a
