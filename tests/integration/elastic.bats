@@ -195,6 +195,18 @@ whole_files() {
     assert_output --partial "the survivors of a lost rank cannot go on: the 1 rank(s) this rank still reaches are not a quorum of the 3 before"
 }
 
+@test "a rank killed before the start-up broadcast: MPI cannot start without it, and the job ends at [guard] timeout" {
+    # the limit the docs name: the others wait in the backend's start-up, which cannot be given
+    # up; the start-up watch ends the job (exit 75) instead of a hang
+    SECONDS=0
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=5 "$BUILD/bin/dpshim-run" -np 3 --oversubscribe \
+        --enable-recovery "$TRAIN" 4 2 0 start </dev/null
+    echo "$output"
+    assert_failure 75
+    assert_output --partial "the backend's start-up (opened by dp_params) has waited"
+    [ $SECONDS -lt 30 ] || fail "the job took $SECONDS s to end"
+}
+
 @test "[elastic] min_ranks = 3, lost_rank = end, or no recovery mode: a lost rank ends the job" {
     DPSHIM_ELASTIC_MIN_RANKS=3 elastic 3 6 2 3
     assert_failure 75

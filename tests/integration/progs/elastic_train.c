@@ -1,11 +1,13 @@
 /* A training loop on the hook ABI for the elastic tests: each rank's gradient is (the rank it
  * started as + 1) everywhere, a small tensor (packed in a bucket) and a large one (reduced in
  * place), so the average says which ranks took part in each step.
- *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|load|stall|stop]]
+ *   elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|load|stall|stop|start]]
  * KILL_RANK dies with SIGKILL at step KILL_STEP: before its gradients go out, or (during) from a
  * thread while the gradient sum runs, or (save) halfway through writing that step's checkpoint,
  * or (load) as every rank reads the last checkpoint back before saving the next (each step from
- * the second on); or it stalls there in its own code (stall: sleeps for ever; stop: SIGSTOP). At the end each rank prints its ranks, the two weights'
+ * the second on); or it stalls there in its own code (stall: sleeps for ever; stop: SIGSTOP); or
+ * (start) it dies before the start-up broadcast of the weights (KILL_STEP unused). At the end
+ * each rank prints its ranks, the two weights'
  * first elements and a checksum of all of them, and dp_metric's count of ranks.
  * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step.
  * ELASTIC_TRAIN_SAVE=DIR: DIR/train.log, open from the start, gets "step S" after each step, and
@@ -68,10 +70,9 @@ static void *kill_soon(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2 || !dp_grads) {
-        fprintf(
-            stderr,
-            "usage: elastic_train STEPS [KILL_RANK KILL_STEP [before|during|save|load|stall|stop]], under "
-            "libdpshim.so\n");
+        fprintf(stderr, "usage: elastic_train STEPS [KILL_RANK KILL_STEP "
+                        "[before|during|save|load|stall|stop|start]], under "
+                        "libdpshim.so\n");
         return 2;
     }
     int steps = atoi(argv[1]), kill_rank = argc > 3 ? atoi(argv[2]) : -1,
@@ -83,6 +84,7 @@ int main(int argc, char **argv)
     dp_tensor tw[2] = {{w, SMALL, DP_F32, DP_HOST, "small"}, {w + SMALL, LARGE, DP_F32, DP_HOST, "large"}};
     dp_tensor tg[2] = {{g, SMALL, DP_F32, DP_HOST, "small.grad"},
                        {g + SMALL, LARGE, DP_F32, DP_HOST, "large.grad"}};
+    if (start_rank == kill_rank && !strcmp(how, "start")) raise(SIGKILL); /* before the start-up broadcast */
     dp_params(tw, 2);
     const char *dir = getenv("ELASTIC_TRAIN_SAVE");
     char logpath[4096];
