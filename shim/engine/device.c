@@ -582,8 +582,8 @@ static int settle_kept(void *m)
  * stay as they were (run again among the survivors) or get the result another survivor
  * completed (replayed through host memory). The tensors get the result only once the host saw
  * the collective complete: behind a collective stuck on a lost rank nothing else is queued. */
-static void run_kept_held(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                          dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
+static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                     dps_weight_t w, dps_redop_t op)
 {
     size_t bytes = kept_layout(hook, t, n);
     if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0); /* before this one starts */
@@ -624,15 +624,6 @@ static void run_kept_held(const char *hook, const dps_backend_t *be, const dp_te
         }
         free(host);
     }
-}
-
-static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                     dps_weight_t w, dps_redop_t op)
-{
-    dps_elastic_hook_begin();
-    dps_elastic_hold_hook(1);
-    run_kept_held(hook, be, t, n, kind, w, op);
-    dps_elastic_hold_hook(0);
 }
 
 /* One staged chunk: slices of device tensors, and the host tensors over the pinned buffer. */

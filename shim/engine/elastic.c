@@ -37,7 +37,6 @@ static struct {
     int *batch_ranks, batch_n; /* the ranks the last batch was split among (split mode) */
     unsigned generation, batch_generation; /* recoveries so far; as of the last batch */
     int last_on_device; /* the last completed collective's result is the GPU path's to send */
-    int held;           /* a GPU hook call under way: its set-up collectives are part of it */
     void *(*read_device_result)(size_t *bytes); /* the GPU path's last result, read back */
 } el = {.fix = 1.0};
 
@@ -113,12 +112,7 @@ int dps_elastic_on(void)
 
 void dps_elastic_hook_begin(void)
 {
-    if (!el.held) el.in_hook = 0, el.fix = 1.0;
-}
-
-void dps_elastic_hold_hook(int held)
-{
-    el.held = held;
+    el.in_hook = 0, el.fix = 1.0;
 }
 
 double dps_elastic_fix(void)

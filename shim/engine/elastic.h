@@ -17,11 +17,8 @@ void dps_elastic_setup(const dps_backend_t *be);
 int dps_elastic_on(void);
 /* The survivors are fewer than the job's ranks at its start: dp_rank and dp_world_size are theirs. */
 int dps_elastic_shrunk(void);
-/* A hook call begins (fusion.c): its gradients' weights need no correction yet. */
+/* A hook call begins (dps_comm): its gradients' weights need no correction yet. */
 void dps_elastic_hook_begin(void);
-/* While held, the host collectives a GPU hook call makes for itself (its communicator made anew)
- * do not begin a hook call of their own: the loss and the weight's correction stay the call's. */
-void dps_elastic_hold_hook(int held);
 /* The factor for the rest of the hook call's gradient sums after a loss met inside it (1: none). */
 double dps_elastic_fix(void);
 /* Split mode: a batch was split among the ranks of now (dp_batch). */

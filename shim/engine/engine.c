@@ -85,6 +85,7 @@ static int open_backend(const char *hook, int fatal)
 
 const dps_backend_t *dps_comm(const char *hook)
 {
+    dps_elastic_hook_begin(); /* every hook call asks first: what a loss in it changes is its own */
     if (DPS_LIKELY(dps_e.be == &dps_backend_self)) return NULL;
     if (DPS_UNLIKELY(dps_e.scope_depth)) {
         if (dps_g.eff_rank == 0)

@@ -199,7 +199,6 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
     if (dps_check_tensors(hook, t, n, 0)) return -1;
     /* elastic mode: a gradient sum's weight follows the ranks that contribute */
     int fixable = kind == DPS_FUSE_GRADS && (w.scale != 1.0 || w.per_rank), replayed = 0;
-    if (!L->background) dps_elastic_hook_begin();
     if (!L->bucket && !(L->bucket = malloc(cap))) {
         DPS_ERROR("%s: cannot allocate a %zu-byte fusion bucket; lower [comm] bucket_mb", hook, cap);
         return -1;

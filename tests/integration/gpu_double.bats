@@ -250,6 +250,17 @@ checksum_counts() {
     refute_output --partial MISMATCH
 }
 
+@test "elastic mode: one dp_grads call with host and GPU tensors across a loss: both parts weighted alike" {
+    # the host part meets the loss and runs again among the survivors, weighted over their
+    # shares; the GPU part, after it in the same call, must be weighted the same way (it was
+    # weighted for all 3 ranks, through NCCL and staged)
+    for backend in auto mpi; do
+        elastic 3 DPSHIM_COMM_BACKEND=$backend -- --dtype all --steps 3 --kill-rank 1 --mixed
+        assert_success
+        refute_output --partial MISMATCH
+    done
+}
+
 @test "elastic mode: dp_from_owners across a loss fails, saying why, instead of broadcasting from the wrong ranks" {
     # owners name ranks as numbered before the loss: the call under way at it, and later calls
     # naming a rank past dp_world_size(), return -1 with a message (the program says "a hook

@@ -5,7 +5,7 @@
  *
  *   gpu_hooks [--hook grads|ready|params|bn|owners] [--dtype f32|f64|f16|bf16|i32|i64|u8|all]
  *             [--batch N] [--nan-if-empty] [--late] [--stream] [--capture] [--unflagged] [--steps K]
- *             [--sleep-rank R] [--kill-rank R] [--host-first]
+ *             [--sleep-rank R] [--kill-rank R] [--host-first] [--mixed]
  *
  * --hook owners: dp_from_owners with tensor i owned by rank (i + 1) % size; the host copies are
  *         also checked against the owner's own values.
@@ -20,6 +20,7 @@
  *         go on without it).
  * --host-first: dp_grads on the host tensors before the device ones (the reference is then
  *         reduced among the ranks of the step's start, as a GPU sum replayed after a loss is).
+ * --mixed: one dp_grads call with the device and the host tensors together.
  * --capture: the hook is called while the stream is captured into a CUDA graph (refused).
  * --device local: the rank works on the GPU of its local rank (cudaSetDevice), as a program
  *         that picks cuda:LOCAL_RANK itself (run with [gpu] bind = off and several GPUs visible).
@@ -139,7 +140,7 @@ int main(int argc, char **argv)
 {
     const char *hook = "grads", *dtype = "all";
     int batch = 0, nan_if_empty = 0, late = 0, use_stream = 0, capture = 0, unflagged = 0, steps = 1,
-        sleep_rank = -1, kill_rank = -1, host_first = 0;
+        sleep_rank = -1, kill_rank = -1, host_first = 0, mixed = 0;
     int local_device = 0, current = -1, capture_after = 0;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--hook") && a + 1 < argc)
@@ -158,6 +159,8 @@ int main(int argc, char **argv)
             nan_if_empty = 1;
         else if (!strcmp(argv[a], "--host-first"))
             host_first = 1;
+        else if (!strcmp(argv[a], "--mixed"))
+            mixed = 1;
         else if (!strcmp(argv[a], "--late"))
             late = 1;
         else if (!strcmp(argv[a], "--stream"))
@@ -225,7 +228,12 @@ int main(int argc, char **argv)
             if (current >= 0 && cudaSetDevice(current) != 0)
                 return fprintf(stderr, "cudaSetDevice(%d) failed\n", current), 1;
             int rc = 0;
-            if (!strcmp(hook, "grads") && host_first)
+            if (!strcmp(hook, "grads") && mixed) {
+                dp_tensor both[2 * NT];
+                for (size_t i = 0; i < NT; i++)
+                    both[2 * i] = dev[i], both[2 * i + 1] = host[i];
+                rc = dp_grads(both, 2 * NT);
+            } else if (!strcmp(hook, "grads") && host_first)
                 rc = dp_grads(host, NT) | dp_grads(dev, NT);
             else if (!strcmp(hook, "grads"))
                 rc = dp_grads(dev, NT) | dp_grads(host, NT);
