@@ -237,13 +237,16 @@ static void remake_comm(const char *hook, const dps_backend_t *be)
         int shrink = all_agree(be, kept.shrink_all && ne > 0 && dv.gpu->intact()), rc = -1;
         if (shrink && g == dps_elastic_generation()) {
             rc = dv.gpu->shrink(exclude, ne, limit, dps_guard_lost_pending);
-            if (!all_agree(be, rc == 0)) {
-                if (rc == 0) dv.gpu->drop();
-                rc = -1;
-            }
+            int all = all_agree(be, rc == 0);
+            if (!all && dps_g.eff_rank == 0)
+                DPS_WARN("elastic: ncclCommShrink %s; the communicator is made from a new id",
+                         rc == 0 ? "failed on another rank" : dv.gpu->last_error());
+            if (!all && rc == 0) dv.gpu->drop();
+            if (!all) rc = -1;
         }
         free(exclude);
         char why[300] = "";
+        int shrunk = rc == 0;
         if (rc != 0 && g == dps_elastic_generation()) {
             dv.gpu->drop(); /* ends what the old one still held on the stream */
             rc = comm_from_id(be, limit, why, sizeof why);
@@ -263,7 +266,7 @@ static void remake_comm(const char *hook, const dps_backend_t *be)
         kept_comm_made();
         if (dps_g.eff_rank == 0)
             DPS_INFO("elastic: GPU tensors go on through NCCL among the %d survivors (the communicator %s)",
-                     n, shrink ? "shrunk" : "made anew");
+                     n, shrunk ? "shrunk" : "made anew");
     }
 }
 

@@ -99,11 +99,15 @@ typedef struct comm {
     int nonblocking;
     dps_dbl_unique_id_t id; /* what its segment was named from: a shrink's id derives from it */
     unsigned shrinks;       /* ncclCommShrink calls on it so far: each child gets an id of its own */
-    atomic_int caller;      /* the thread (tid) inside an API call on this comm, 0: none */
-    const char *call_name;  /* what it called */
-    int dead;               /* under comms_lock: aborted or destroyed; the handle must not be used */
-    int finalized;          /* ncclCommFinalize was called */
-    int has_pending;        /* under mu: a collective of a non-blocking comm, launched at the next poll */
+    /* a non-blocking shrink's child: where the handle goes once its init is done (NCCL writes it
+     * only then), and the parent, whose state is in progress until then (with a reference) */
+    void **publish;
+    struct comm *shrunk_from;
+    atomic_int caller;     /* the thread (tid) inside an API call on this comm, 0: none */
+    const char *call_name; /* what it called */
+    int dead;              /* under comms_lock: aborted or destroyed; the handle must not be used */
+    int finalized;         /* ncclCommFinalize was called */
+    int has_pending;       /* under mu: a collective of a non-blocking comm, launched at the next poll */
     dps_dbl_work_t pending;
     void *pending_stream;
 } comm_t;

@@ -412,11 +412,26 @@ static void *helper_done(comm_t *c)
     return NULL;
 }
 
+/* A non-blocking shrink's child is done (or failed): NCCL hands the handle over only now, and
+ * the parent's state, in progress until then, becomes the child's outcome. */
+static void shrink_done(comm_t *c)
+{
+    comm_t *parent = c->shrunk_from;
+    if (!parent) return;
+    __atomic_store_n(c->publish, (void *)c, __ATOMIC_RELEASE);
+    int busy = NCCL_IN_PROGRESS, outcome = atomic_load(&c->async);
+    if (outcome == NCCL_IN_PROGRESS) outcome = NCCL_SYSTEM_ERROR; /* the child was aborted in its init */
+    atomic_compare_exchange_strong(&parent->async, &busy, outcome);
+    c->shrunk_from = NULL;
+    dps_dbl_comm_put(parent);
+}
+
 static void *init_thread(void *p)
 {
     init_arg_t *a = p;
     comm_t *c = a->c;
     comm_init_run(c, a->bus);
+    shrink_done(c);
     free(a);
     return helper_done(c);
 }
@@ -452,7 +467,8 @@ DPS_DBL_API int ncclGetUniqueId(dps_dbl_unique_id_t *id)
 
 /* A communicator on the calling thread's current device, joining the others of `id`: init (a
  * non-blocking one on a thread of its own). */
-static int comm_create(void **comm_p, int nranks, const dps_dbl_unique_id_t *id, int rank, int blocking)
+static int comm_create(void **comm_p, int nranks, const dps_dbl_unique_id_t *id, int rank, int blocking,
+                       comm_t *shrunk_from)
 {
     int dev = 0;
     char bus[32];
@@ -482,6 +498,14 @@ static int comm_create(void **comm_p, int nranks, const dps_dbl_unique_id_t *id,
     *comm_p = c;
     dps_dbl_trace("comm %p: nranks=%d rank=%d blocking=%d dev=%d bus=%s", (void *)c, nranks, rank, blocking,
                   dev, bus);
+    if (shrunk_from && !blocking) { /* NCCL writes the child's handle when its init is done */
+        *comm_p = NULL;
+        c->publish = comm_p, c->shrunk_from = shrunk_from;
+        pthread_mutex_lock(&comms_lock);
+        shrunk_from->refs++;
+        pthread_mutex_unlock(&comms_lock);
+        atomic_store(&shrunk_from->async, NCCL_IN_PROGRESS);
+    }
     init_arg_t *a = blocking ? NULL : malloc(sizeof *a);
     if (a) {
         a->c = c;
@@ -498,6 +522,7 @@ static int comm_create(void **comm_p, int nranks, const dps_dbl_unique_id_t *id,
     /* Blocking (or no thread could start): NCCL reports the outcome; the handle stays valid for
      * ncclCommAbort or ncclCommDestroy either way. */
     comm_init_run(c, bus);
+    shrink_done(c);
     err = atomic_load(&c->async);
     dps_dbl_comm_put(c);
     return err;
@@ -522,7 +547,7 @@ DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique
         dps_dbl_nccl_error("Invalid rank requested : %d/%d", rank, nranks);
         return NCCL_INVALID_ARGUMENT;
     }
-    return comm_create(comm_p, nranks, &id, rank, config_blocking(config));
+    return comm_create(comm_p, nranks, &id, rank, config_blocking(config), NULL);
 }
 
 DPS_DBL_API int ncclCommInitRank(void **comm_p, int nranks, dps_dbl_unique_id_t id, int rank)
@@ -633,7 +658,7 @@ DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **ne
         dps_dbl_unique_id_t id = child_id(c, sorted, nexclude);
         c->shrinks++;
         err = comm_create(newcomm, c->nranks - nexclude, &id, c->rank - below,
-                          config ? config_blocking(config) : !c->nonblocking);
+                          config ? config_blocking(config) : !c->nonblocking, c);
     }
     free(sorted);
     dps_dbl_comm_leave(c);

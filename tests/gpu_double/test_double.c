@@ -856,7 +856,9 @@ static void case_lost_peer_shrink(int rank, int nranks)
           "without NCCL_SHRINK_ABORT, the stuck collective is named: %s", ncclGetLastError(comm));
     CHECK(ncclCommShrink(comm, lost, 1, &child, NULL, 1) == 7, "with it: in progress (non-blocking parent)");
     CHECK(cudaStreamSynchronize(stream) == 0, "the stuck collective ended");
-    CHECK(launched(7, child) == 0, "the child's init completed");
+    /* as NCCL: the parent's state says when the child is done, and only then is its handle set */
+    CHECK(launched(7, comm) == 0 && child != NULL, "the child's init completed: %p", child);
+    CHECK(launched(7, child) == 0, "the child is ready");
     int n = 0, me = -1;
     CHECK(ncclCommCount(child, &n) == 0 && n == 2 && ncclCommUserRank(child, &me) == 0 && me == rank,
           "2 ranks, renumbered: %d, %d", n, me);

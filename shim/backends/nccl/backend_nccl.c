@@ -758,9 +758,15 @@ static int comm_intact(void)
     return r == DPS_ncclSuccess && async == DPS_ncclSuccess;
 }
 
+/* Where NCCL writes a non-blocking shrink's child: only once the child's init is done, from
+ * NCCL's own thread (static: a shrink given up may still write it later). */
+static dps_ncclComm_t shrink_child;
+
 /* After a loss: the communicator of the ranks not in exclude[] (ranks of the current one), by
  * ncclCommShrink with NCCL_SHRINK_ABORT (which first ends a collective stuck on the lost rank);
- * the old one is aborted after. On a failure neither is left. */
+ * the old one is aborted after. Non-blocking, as NCCL documents it: the parent's state says
+ * when the child is done, and only then is the child's handle there. On a failure neither is
+ * left. */
 static int shrink(const int *exclude, int n, double timeout_s, int (*give_up)(void))
 {
     if (!nc.CommShrink || !st.comm)
@@ -768,21 +774,44 @@ static int shrink(const int *exclude, int n, double timeout_s, int (*give_up)(vo
     int *list = malloc((size_t)(n > 0 ? n : 1) * sizeof *list);
     if (!list) return fail("ncclCommShrink: out of memory");
     memcpy(list, exclude, (size_t)n * sizeof *list);
-    dps_ncclComm_t child = NULL;
-    dps_ncclResult_t r;
-    ON_COMM(r, nc.CommShrink(st.comm, list, n, &child, NULL, DPS_NCCL_SHRINK_ABORT));
+    __atomic_store_n(&shrink_child, NULL, __ATOMIC_RELEASE);
+    dps_ncclResult_t r, got;
+    ON_COMM(r, nc.CommShrink(st.comm, list, n, &shrink_child, NULL, DPS_NCCL_SHRINK_ABORT));
     free(list);
-    int rc = r == DPS_ncclSuccess || r == DPS_ncclInProgress
-                 ? settle_init(child, timeout_s, give_up, "ncclCommShrink")
-                 : nccl_failed(st.comm, r, "ncclCommShrink");
-    if (rc != 0 && r != DPS_ncclSuccess && r != DPS_ncclInProgress && child) nc.CommAbort(child);
-    drop(); /* the old communicator */
-    if (rc == 0) {
-        pthread_mutex_lock(&comm_mu);
-        st.comm = child;
-        pthread_mutex_unlock(&comm_mu);
+    double t0 = now_s();
+    int rc = 0;
+    for (long us = 50; r == DPS_ncclInProgress; us = us < 2000 ? us * 2 : 2000) {
+        if (give_up && give_up()) {
+            fail("ncclCommShrink given up: another rank was lost meanwhile");
+            rc = -2;
+            break;
+        }
+        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
+            rc = fail("ncclCommShrink did not complete within %.0f s ([guard] timeout)", timeout_s);
+            break;
+        }
+        pause_us(us);
+        ON_COMM(got, nc.CommGetAsyncError(st.comm, &r));
+        if (got != DPS_ncclSuccess) r = got;
     }
-    return rc;
+    dps_ncclComm_t child = __atomic_load_n(&shrink_child, __ATOMIC_ACQUIRE);
+    if (!rc && r != DPS_ncclSuccess) rc = nccl_failed(st.comm, r, "ncclCommShrink");
+    if (!rc && !child) rc = fail("ncclCommShrink: done, but no communicator came back");
+    if (!rc) {
+        dps_ncclResult_t state = DPS_ncclInProgress;
+        nc.CommGetAsyncError(child, &state);
+        if (state != DPS_ncclSuccess) rc = nccl_failed(child, state, "ncclCommShrink (the new communicator)");
+    }
+    drop(); /* the old communicator, first: NCCL's order where a shrink is given up */
+    if (rc) {
+        child = __atomic_load_n(&shrink_child, __ATOMIC_ACQUIRE);
+        if (child) nc.CommAbort(child);
+        return rc;
+    }
+    pthread_mutex_lock(&comm_mu);
+    st.comm = child;
+    pthread_mutex_unlock(&comm_mu);
+    return 0;
 }
 
 /* The end of a healthy communicator: ncclCommFinalize flushes what peers still need from this
