@@ -225,19 +225,23 @@ void dps_dbl_launch_pending(comm_t *c, int discard)
 
 enum { LATE_WAITING = 1, LATE_GO, LATE_FAILED };
 
+void dps_dbl_wait_cv(comm_t *c, long ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += ms * 1000 * 1000;
+    t.tv_sec += t.tv_nsec / 1000000000, t.tv_nsec %= 1000000000;
+    pthread_cond_timedwait(&c->cv, &c->mu, &t);
+}
+
 /* Sets c->late to `to`, then waits (0: not) until it is `until` or the comm is aborted. */
 static void late_set(comm_t *c, int to, int until)
 {
     pthread_mutex_lock(&c->mu);
     c->late = to;
     pthread_cond_broadcast(&c->cv);
-    while (until && c->late != until && !dps_dbl_stopped(c)) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 100 * 1000 * 1000;
-        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&c->cv, &c->mu, &t);
-    }
+    while (until && c->late != until && !dps_dbl_stopped(c))
+        dps_dbl_wait_cv(c, 100);
     pthread_mutex_unlock(&c->mu);
 }
 

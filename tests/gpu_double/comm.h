@@ -139,6 +139,8 @@ static inline char *dps_dbl_slot(comm_t *c, int r)
     return (char *)c->seg + dps_dbl_slots_offset(c->nranks) + (size_t)r * SLOT_BYTES;
 }
 
+/* With c->mu held: waits on c->cv for at most ms (a safety net against a missed wake-up). */
+void dps_dbl_wait_cv(comm_t *c, long ms);
 /* Sets the text ncclGetLastError returns (NCCL's last warning). */
 void dps_dbl_nccl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A live handle of this process, with a reference; NULL for anything else. A handle that

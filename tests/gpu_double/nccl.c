@@ -572,13 +572,8 @@ static void cancel_ongoing(comm_t *c)
     if (c->seg) dps_dbl_ring(c->seg);
     pthread_mutex_lock(&c->mu);
     pthread_cond_broadcast(&c->cv);
-    while (c->finished < c->queued) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 10 * 1000 * 1000;
-        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&c->cv, &c->mu, &t);
-    }
+    while (c->finished < c->queued)
+        dps_dbl_wait_cv(c, 10);
     pthread_mutex_unlock(&c->mu);
     atomic_store(&c->cancel, 0);
 }

@@ -641,31 +641,39 @@ static int nccl_id(void *id128)
     return nccl_ok(nc.GetUniqueId((dps_ncclUniqueId *)id128), "ncclGetUniqueId");
 }
 
-/* Polls a non-blocking init (or shrink) of comm until done: 0; on a failure, past timeout_s (0:
- * none), or once give_up() says so (-2), comm is aborted: -1. */
-static int settle_init(dps_ncclComm_t comm, double timeout_s, int (*give_up)(void), const char *what)
+/* Polls comm's state (under comm_mu where it is the shared st.comm) until it leaves "in
+ * progress": 0 on success; -1 on NCCL's error or past timeout_s (0: none); -2 once give_up()
+ * says so. Aborts nothing: the caller knows which communicators go. */
+static int await_state(dps_ncclComm_t comm, int shared, double timeout_s, int (*give_up)(void),
+                       const char *what)
 {
     double t0 = now_s();
     for (long us = 50;; us = us < 2000 ? us * 2 : 2000) {
-        dps_ncclResult_t state = DPS_ncclInProgress;
-        nc.CommGetAsyncError(comm, &state);
+        dps_ncclResult_t state = DPS_ncclInProgress, got;
+        if (shared)
+            ON_COMM(got, nc.CommGetAsyncError(st.comm, &state));
+        else
+            got = nc.CommGetAsyncError(comm, &state);
+        if (got != DPS_ncclSuccess && shared) state = got;
         if (state == DPS_ncclSuccess) return 0;
-        if (state != DPS_ncclInProgress) {
-            nccl_failed(comm, state, what);
-            nc.CommAbort(comm);
-            return -1;
-        }
+        if (state != DPS_ncclInProgress) return nccl_failed(comm, state, what);
         if (give_up && give_up()) {
-            nc.CommAbort(comm);
             fail("%s given up: another rank was lost meanwhile", what);
             return -2;
         }
-        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
-            nc.CommAbort(comm);
+        if (timeout_s > 0 && now_s() - t0 > timeout_s)
             return fail("%s did not complete within %.0f s ([guard] timeout)", what, timeout_s);
-        }
         pause_us(us);
     }
+}
+
+/* A non-blocking init of comm, polled until done: 0; otherwise comm is aborted: -1, or -2 given
+ * up. */
+static int settle_init(dps_ncclComm_t comm, double timeout_s, int (*give_up)(void), const char *what)
+{
+    int rc = await_state(comm, 0, timeout_s, give_up, what);
+    if (rc) nc.CommAbort(comm);
+    return rc;
 }
 
 static int nccl_init(const void *id128, int rank, int size, double timeout_s, int (*give_up)(void))
@@ -775,27 +783,13 @@ static int shrink(const int *exclude, int n, double timeout_s, int (*give_up)(vo
     if (!list) return fail("ncclCommShrink: out of memory");
     memcpy(list, exclude, (size_t)n * sizeof *list);
     __atomic_store_n(&shrink_child, NULL, __ATOMIC_RELEASE);
-    dps_ncclResult_t r, got;
+    dps_ncclResult_t r;
     ON_COMM(r, nc.CommShrink(st.comm, list, n, &shrink_child, NULL, DPS_NCCL_SHRINK_ABORT));
     free(list);
-    double t0 = now_s();
-    int rc = 0;
-    for (long us = 50; r == DPS_ncclInProgress; us = us < 2000 ? us * 2 : 2000) {
-        if (give_up && give_up()) {
-            fail("ncclCommShrink given up: another rank was lost meanwhile");
-            rc = -2;
-            break;
-        }
-        if (timeout_s > 0 && now_s() - t0 > timeout_s) {
-            rc = fail("ncclCommShrink did not complete within %.0f s ([guard] timeout)", timeout_s);
-            break;
-        }
-        pause_us(us);
-        ON_COMM(got, nc.CommGetAsyncError(st.comm, &r));
-        if (got != DPS_ncclSuccess) r = got;
-    }
+    int rc = r == DPS_ncclInProgress ? await_state(st.comm, 1, timeout_s, give_up, "ncclCommShrink")
+             : r != DPS_ncclSuccess  ? nccl_failed(st.comm, r, "ncclCommShrink")
+                                     : 0;
     dps_ncclComm_t child = __atomic_load_n(&shrink_child, __ATOMIC_ACQUIRE);
-    if (!rc && r != DPS_ncclSuccess) rc = nccl_failed(st.comm, r, "ncclCommShrink");
     if (!rc && !child) rc = fail("ncclCommShrink: done, but no communicator came back");
     if (!rc) {
         dps_ncclResult_t state = DPS_ncclInProgress;
