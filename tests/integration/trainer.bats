@@ -144,9 +144,11 @@ train_mpi_np() {
     run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" "$BUILD/bin/omp_threads"
     assert_success
     assert_equal "$(count "openmp threads $share")" 2
-    # PyTorch reads the variable when it starts its pool, after the shim's constructor
+    # PyTorch reads the variable when it starts its pool, after the shim's constructor; one write
+    # per line (print writes each piece apart under PYTHONUNBUFFERED=1, and two ranks' pieces
+    # interleave)
     run mpi 2 --bind-to none env LD_PRELOAD="$SHIM" /usr/bin/python3 -c \
-        'import os, torch; print("torch threads", torch.get_num_threads(), os.environ["OMP_NUM_THREADS"])'
+        'import os, sys, torch; sys.stdout.write("torch threads %d %s\n" % (torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]))'
     assert_success
     assert_equal "$(count "torch threads $share $share")" 2
     # alone, a count the user set, and keep: as the environment says
