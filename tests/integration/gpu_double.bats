@@ -228,9 +228,10 @@ checksum_counts() {
     # rank 2 dies right after giving its data to its second all-reduce; rank 1 reads late, so rank
     # 0 completes the sum and goes on while rank 1 is still in it when the loss is found: rank 1
     # gets rank 0's result (the sum of all 3 ranks, through host memory), and the communicator is
-    # made anew (rank 1 ended its old one alone)
+    # made anew (rank 1 ended its old one alone). The replay goes in 16 KiB pieces, as one of more
+    # than 2 GiB must
     elastic 3 GPU_DOUBLE_DIE_RANK=2 GPU_DOUBLE_DIE_AT=2 GPU_DOUBLE_SLOW_RANK=1 GPU_DOUBLE_SLOW_MS=2500 \
-        DPSHIM_DIAG_LOG=debug -- --dtype f32 --steps 3 --host-first
+        DPSHIM_COMM_PIECE_KB=16 DPSHIM_DIAG_LOG=debug -- --dtype f32 --steps 3 --host-first
     assert_success
     assert_output --regexp "r1/3\] DEBUG elastic: dp_grads: .* laggard 1, abandoned 1, replayed 1"
     assert_output --partial "elastic: GPU tensors go on through NCCL among the 2 survivors (the communicator made anew)"

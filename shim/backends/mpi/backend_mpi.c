@@ -480,47 +480,53 @@ static int mpi_set_survivors(const int *ranks, int n, uint32_t generation)
 }
 
 /* The last completed collective's result, from the survivor root (an index among them) to those
- * whose need[] is set, into buf (bytes long on every one of them). */
+ * whose need[] is set, into buf (bytes long on every one of them). It goes in pieces of [comm]
+ * piece_kb: one MPI message holds at most INT_MAX bytes, and a GPU result is a whole hook call's. */
 static int mpi_replay(void *buf, size_t bytes, int root, const unsigned char *need, const void *result,
                       size_t result_bytes)
 {
     channel_t *ch = &main_ch;
     int tag = ch->tag_base + 3, n = ch->size;
+    size_t piece = ch->piece_bytes ? ch->piece_bytes : DEFAULT_PIECE;
     if (root == ch->rank) {
-        const void *from = result ? result : el.last >= 0 ? el.scratch[el.last] : NULL;
+        const char *from = result ? result : el.last >= 0 ? el.scratch[el.last] : NULL;
         size_t from_bytes = result ? result_bytes : el.last_bytes;
         if (!from) {
             snprintf(ch->err, sizeof ch->err, "replay: this rank has no result to send");
             return -1;
         }
         MPI_Request *reqs = malloc((size_t)n * sizeof *reqs);
-        int nreq = 0;
         if (!reqs) return -1;
+        int rc = 0;
         /* its last result, whatever collective it gave up since */
-        for (int i = 0; i < n; i++)
-            if (need[i] && i != root &&
-                check(ch,
-                      PMPI_Isend(from, (int)from_bytes, MPI_BYTE, ch->map[i], tag, ch->comm, &reqs[nreq++]),
-                      "MPI_Isend")) {
-                free(reqs);
-                return -1;
-            }
-        int rc = wait_all(ch, reqs, nreq, MPI_STATUSES_IGNORE, "the replay");
+        for (size_t off = 0; rc == 0 && (off < from_bytes || off == 0); off += piece) {
+            int len = (int)(from_bytes - off < piece ? from_bytes - off : piece), nreq = 0;
+            for (int i = 0; i < n && rc == 0; i++)
+                if (need[i] && i != root)
+                    rc = check(
+                        ch, PMPI_Isend(from + off, len, MPI_BYTE, ch->map[i], tag, ch->comm, &reqs[nreq++]),
+                        "MPI_Isend");
+            if (rc == 0) rc = wait_all(ch, reqs, nreq, MPI_STATUSES_IGNORE, "the replay");
+        }
         free(reqs);
         return rc;
     }
     if (!need[ch->rank]) return 0;
-    void *sc = scratch(bytes);
-    MPI_Request req;
-    MPI_Status st;
-    int got = -1;
-    if (!sc ||
-        check(ch, PMPI_Irecv(sc, (int)bytes, MPI_BYTE, ch->map[root], tag, ch->comm, &req), "MPI_Irecv"))
-        return -1;
-    int rc = wait_all(ch, &req, 1, &st, "the replay");
-    if (rc == 0 && (PMPI_Get_count(&st, MPI_BYTE, &got), (size_t)got != bytes)) {
-        snprintf(ch->err, sizeof ch->err, "replay: %d bytes came where %zu were due (a desync)", got, bytes);
-        rc = -1;
+    char *sc = scratch(bytes);
+    if (!sc) return -1;
+    int rc = 0;
+    for (size_t off = 0; rc == 0 && (off < bytes || off == 0); off += piece) {
+        int len = (int)(bytes - off < piece ? bytes - off : piece), got = -1;
+        MPI_Request req;
+        MPI_Status st;
+        rc = check(ch, PMPI_Irecv(sc + off, len, MPI_BYTE, ch->map[root], tag, ch->comm, &req), "MPI_Irecv");
+        if (rc == 0) rc = wait_all(ch, &req, 1, &st, "the replay");
+        if (rc == 0 && (PMPI_Get_count(&st, MPI_BYTE, &got), got != len)) {
+            snprintf(ch->err, sizeof ch->err,
+                     "replay: %d bytes came where %d were due at byte %zu of %zu (a desync)", got, len, off,
+                     bytes);
+            rc = -1;
+        }
     }
     return settle(rc, buf, bytes);
 }
