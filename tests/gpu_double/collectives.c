@@ -206,8 +206,20 @@ int dps_dbl_busy_comm(comm_t *c)
     return 1;
 }
 
+/* NCCL connects a communicator's ranks at its first collective (NCCL_RUNTIME_CONNECT, the default
+ * from NCCL 2.22): a launch stays in progress until every peer launched its own first one, and
+ * forever where a peer died before. */
+static int connected(comm_t *c)
+{
+    if (c->connected || !c->seg) return 1;
+    for (int r = 0; r < c->nranks; r++)
+        if (!atomic_load(&c->seg->rank[r].launched)) return 0;
+    return c->connected = 1;
+}
+
 void dps_dbl_launch_pending(comm_t *c, int discard)
 {
+    if (!discard && !connected(c)) return; /* still connecting: discarded only by an abort */
     pthread_mutex_lock(&c->mu);
     int has = c->has_pending;
     dps_dbl_work_t w = c->pending;
@@ -438,6 +450,13 @@ static int coll_check_enqueue(const char *name, const void *send, void *recv, si
     *heap = x; /* carries the reference comm_get took, until coll_fini */
     dps_dbl_work_t w = {
         .run = coll_run, .fini = coll_fini, .accepted = coll_accepted, .delayed = 1, .ctx = heap};
+    /* GPU_DOUBLE_DIE_AT=0: that rank ends as it launches its first collective, before its side
+     * connects: its peers' launches stay in progress */
+    if (c->seg && !atomic_load(&dps_dbl_me(c)->launched)) {
+        if (dps_dbl_conf()->die_rank == c->rank && dps_dbl_conf()->die_at == 0) raise(SIGKILL);
+        atomic_store(&dps_dbl_me(c)->launched, 1);
+        dps_dbl_ring(c->seg);
+    }
     int ok = NCCL_OK;
     if (c->nonblocking && atomic_compare_exchange_strong(&c->async, &ok, NCCL_IN_PROGRESS)) {
         /* as NCCL from 2.23: launched on a thread of its own, done when a poll says so */

@@ -54,6 +54,7 @@ typedef struct seg_rank {
     uint64_t host_hash;
     char bus[32];
     _Atomic uint64_t posted, done; /* the last step whose slot it filled, and finished reading */
+    atomic_int launched;           /* it launched its first collective: its side connects */
     seg_desc_t desc;
 } seg_rank_t;
 
@@ -89,6 +90,7 @@ typedef struct comm {
     uint64_t queued, finished, next_run; /* under mu: collectives by number k, from 1 */
     _Atomic uint64_t colls;
     uint64_t step; /* this rank's steps through the segment (collectives run one at a time) */
+    int connected; /* every peer launched its first collective */
     seg_hdr_t *seg;
     size_t seg_len;
     int detached;

@@ -614,6 +614,9 @@ DPS_DBL_API int ncclCommShrink(void *comm, int *exclude, int nexclude, void **ne
         return NCCL_INVALID_ARGUMENT;
     }
     *newcomm = NULL;
+    /* GPU_DOUBLE_DIE_IN_SHRINK: the rank of that number in the communicator ends as it shrinks:
+     * a second loss while the survivors of a first make their communicator */
+    if (dps_dbl_conf()->die_in_shrink == c->rank) raise(SIGKILL);
     dps_dbl_comm_enter(c, "ncclCommShrink");
     int *sorted = malloc((size_t)nexclude * sizeof *sorted), err = NCCL_OK, below = 0;
     if (!sorted) err = NCCL_SYSTEM_ERROR;
@@ -722,6 +725,7 @@ DPS_DBL_API int ncclCommDestroy(void *comm)
     comm_bury(c);
     dps_dbl_comm_leave(c);
     dps_dbl_launch_pending(c, 0);
+    dps_dbl_launch_pending(c, 1); /* one still connecting to a peer: it never will */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 10;
