@@ -99,6 +99,18 @@ typedef struct rank_info {
     char why[160];                /* why this rank cannot use its GPU */
 } rank_info_t;
 
+static int plan_stale(void);
+
+/* The GPU set-up's gathers are laid out by the ranks of its start: a rank lost meanwhile ends
+ * the job, as one lost while the backend starts. */
+static void setup_not_lost(void)
+{
+    if (dps_elastic_on() && plan_stale())
+        dps_guard_failed(
+            "a rank was lost during the GPU set-up (the first collective of GPU tensors): the survivors "
+            "cannot go on");
+}
+
 /* Every rank's `mine`, in rank order: a sum of zeros and each rank's own slot. */
 static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
 {
@@ -108,6 +120,7 @@ static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
     all[dps_g.eff_rank] = *mine;
     dp_tensor t = {all, n * sizeof *all, DP_U8, DP_HOST, "device info"};
     dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
+    setup_not_lost();
     return all;
 }
 
@@ -173,100 +186,144 @@ static struct {
     int shrink_all;      /* every rank's NCCL has ncclCommShrink */
 } kept = {.last = -1};
 
+/* The survivors a communicator is being made for, as this rank saw them when it agreed to make
+ * it. A survivor may see a loss one collective later than another (the one that completed a
+ * collective goes on until its next; the one that gave it up gets the result replayed), so
+ * between two agreements the ranks branch only on what they agreed, and an NCCL call made for
+ * a plan that no longer holds is given up (plan_stale). */
+static struct {
+    unsigned generation;
+    int *ranks, n;
+} plan;
+
 static void *last_result(size_t *bytes);
 
-/* The communicator was made for the survivors of now. */
+static void plan_now(void)
+{
+    int n;
+    const int *ranks = dps_elastic_ranks(&n);
+    int *r = realloc(plan.ranks, (size_t)n * sizeof *r);
+    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", n);
+    memcpy(r, ranks, (size_t)n * sizeof *r);
+    plan.ranks = r, plan.n = n, plan.generation = dps_elastic_generation();
+}
+
+/* A loss is pending, or this rank went on among fewer since the plan. */
+static int plan_stale(void)
+{
+    return dps_guard_lost_pending() || dps_elastic_generation() != plan.generation;
+}
+
+/* The communicator was made for the plan's survivors. */
 static void kept_comm_made(void)
 {
     if (!dps_elastic_on()) return;
     dps_elastic_set_result_reader(last_result);
-    int n;
-    const int *ranks = dps_elastic_ranks(&n);
-    int *r = realloc(kept.comm_ranks, (size_t)n * sizeof *r);
-    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", n);
-    memcpy(r, ranks, (size_t)n * sizeof *r);
-    kept.comm_ranks = r, kept.comm_n = n, kept.generation = dps_elastic_generation();
+    dv.gpu->give_up_with(dps_guard_lost_pending);
+    int *r = realloc(kept.comm_ranks, (size_t)plan.n * sizeof *r);
+    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", plan.n);
+    memcpy(r, plan.ranks, (size_t)plan.n * sizeof *r);
+    kept.comm_ranks = r, kept.comm_n = plan.n, kept.generation = plan.generation;
 }
 
-/* 1 where every rank says yes. */
-static int all_agree(const dps_backend_t *be, int yes)
+/* What the survivors agreed: yes on every rank; a loss met by any (lossy: its plan no longer
+ * holds); every rank's plan for one generation (same). */
+typedef struct agreed {
+    int yes, lossy, same;
+} agreed_t;
+
+static agreed_t agree(const dps_backend_t *be, int yes, int lossy)
 {
-    int32_t v = yes ? 1 : 0;
-    dp_tensor t = {&v, 1, DP_I32, DP_HOST, "GPU agreement"};
+    int32_t g = (int32_t)plan.generation;
+    int32_t v[4] = {g, -g, yes ? 1 : 0, lossy || plan_stale() ? -1 : 0};
+    dp_tensor t = {v, 4, DP_I32, DP_HOST, "GPU agreement"};
     dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_MIN);
-    return v == 1;
+    return (agreed_t){v[2] == 1, v[3] < 0, v[0] == -v[1]};
 }
 
-/* A new communicator among the survivors from a new id: 0 on every rank, or -1 (why says it). */
+/* The plan's communicator from a new id: 0, -1 failed (why says it), -2 the plan went stale. */
 static int comm_from_id(const dps_backend_t *be, double limit, char *why, size_t len)
 {
     unsigned char id[129] = {0};
-    if (dps_g.eff_rank == 0 && !(id[128] = dv.gpu->nccl_id(id) == 0))
+    if (dps_g.eff_rank == 0 && !plan_stale() && !(id[128] = dv.gpu->nccl_id(id) == 0))
         snprintf(why, len, "ncclGetUniqueId: %s", dv.gpu->last_error());
     share_id(be, id);
-    int rc = -1;
-    if (!id[128] && !why[0])
-        snprintf(why, len, "rank 0 has no NCCL id");
-    else if (id[128] &&
-             (rc = dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit, dps_guard_lost_pending)))
-        snprintf(why, len, "%s", dv.gpu->last_error());
-    int good = all_agree(be, rc == 0);
-    if (!good && rc == 0) dv.gpu->drop();
-    if (!good && !why[0]) snprintf(why, len, "it failed on another rank");
-    return good ? 0 : -1;
+    if (plan_stale()) return -2;
+    if (!id[128]) {
+        if (!why[0]) snprintf(why, len, "rank 0 has no NCCL id");
+        return -1;
+    }
+    int rc = dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit, plan_stale);
+    if (rc == -1) snprintf(why, len, "%s", dv.gpu->last_error());
+    return rc;
+}
+
+/* The positions in the communicator of its ranks not among the plan's survivors. */
+static int excluded(int *exclude)
+{
+    int ne = 0;
+    for (int i = 0; i < kept.comm_n; i++) {
+        int in = 0;
+        for (int j = 0; j < plan.n; j++)
+            in |= plan.ranks[j] == kept.comm_ranks[i];
+        if (!in) exclude[ne++] = i;
+    }
+    return ne;
 }
 
 /* After a loss, before the next GPU collective (every survivor at the same one): the
- * communicator among the survivors, shrunk where NCCL can on every rank and no rank gave up its
- * old one alone, else made from a new id; where that fails, GPU tensors go staged. */
+ * communicator among the survivors, shrunk where NCCL can on every rank and every old one is
+ * intact, else made from a new id. Each round: an agreement on the plan, the NCCL call, an
+ * agreement on its outcome. A loss meanwhile means another round; where NCCL fails for a reason
+ * of its own, GPU tensors go staged. */
 static void remake_comm(const char *hook, const dps_backend_t *be)
 {
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
+    int may_shrink = 1; /* agreed: no shrink failed but through a loss */
     while (dv.mode == MODE_NCCL && kept.generation != dps_elastic_generation()) {
-        unsigned g = dps_elastic_generation();
-        int n, ne = 0;
-        const int *ranks = dps_elastic_ranks(&n);
+        if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+        plan_now();
         int *exclude = malloc((size_t)(kept.comm_n ? kept.comm_n : 1) * sizeof *exclude);
         if (!exclude) dps_fatal("%s: out of memory remaking the NCCL communicator", hook);
-        for (int i = 0; i < kept.comm_n; i++) {
-            int in = 0;
-            for (int j = 0; j < n; j++)
-                in |= ranks[j] == kept.comm_ranks[i];
-            if (!in) exclude[ne++] = i;
-        }
-        int shrink = all_agree(be, kept.shrink_all && ne > 0 && dv.gpu->intact()), rc = -1;
-        if (shrink && g == dps_elastic_generation()) {
-            rc = dv.gpu->shrink(exclude, ne, limit, dps_guard_lost_pending);
-            int all = all_agree(be, rc == 0);
-            if (!all && dps_g.eff_rank == 0)
-                DPS_WARN("elastic: ncclCommShrink %s; the communicator is made from a new id",
-                         rc == 0 ? "failed on another rank" : dv.gpu->last_error());
-            if (!all && rc == 0) dv.gpu->drop();
-            if (!all) rc = -1;
-        }
-        free(exclude);
+        int ne = excluded(exclude);
+        agreed_t a = agree(be, may_shrink && kept.shrink_all && ne > 0 && dv.gpu->intact(), 0);
+        int shrink = a.yes, rc = -2;
         char why[300] = "";
-        int shrunk = rc == 0;
-        if (rc != 0 && g == dps_elastic_generation()) {
+        if (!a.same || a.lossy) {
+            /* a loss since some rank's plan: nothing is made this round */
+        } else if (shrink) {
+            if (!plan_stale()) rc = dv.gpu->shrink(exclude, ne, limit, plan_stale);
+            if (rc == -1) snprintf(why, sizeof why, "%s", dv.gpu->last_error());
+        } else {
             dv.gpu->drop(); /* ends what the old one still held on the stream */
             rc = comm_from_id(be, limit, why, sizeof why);
         }
-        if (g != dps_elastic_generation()) { /* another rank lost meanwhile: again, from a new id */
-            dv.gpu->drop();
+        free(exclude);
+        agreed_t b = agree(be, rc == 0, rc == -2);
+        if (b.yes) { /* every rank made it, for the plan's survivors */
+            kept_comm_made();
+            if (dps_g.eff_rank == 0)
+                DPS_INFO(
+                    "elastic: GPU tensors go on through NCCL among the %d survivors (the communicator %s)",
+                    plan.n, shrink ? "shrunk" : "made anew");
+            continue; /* a loss since: another round */
+        }
+        if (rc == 0) dv.gpu->drop(); /* not every rank has it */
+        if (!a.same || a.lossy || b.lossy) continue;
+        if (shrink) {
+            if (dps_g.eff_rank == 0)
+                DPS_WARN("elastic: ncclCommShrink %s; the communicator is made from a new id",
+                         rc == -1 ? why : "failed on another rank");
+            may_shrink = 0;
             continue;
         }
-        if (rc != 0) {
-            char text[400];
-            snprintf(text, sizeof text, "NCCL could not be brought up among the survivors (%s)", why);
-            dv.gpu->drop();
-            go_staged(text);
-            staging_buffers(hook);
-            return;
-        }
-        kept_comm_made();
-        if (dps_g.eff_rank == 0)
-            DPS_INFO("elastic: GPU tensors go on through NCCL among the %d survivors (the communicator %s)",
-                     n, shrunk ? "shrunk" : "made anew");
+        char text[400];
+        snprintf(text, sizeof text, "NCCL could not be brought up among the survivors (%s)",
+                 why[0] ? why : "it failed on another rank");
+        dv.gpu->drop();
+        go_staged(text);
+        staging_buffers(hook);
+        return;
     }
 }
 
@@ -329,6 +386,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
             snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
     }
     share_id(be, id);
+    setup_not_lost();
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
     /* NCCL makes the communicator on the current device: the tensors', not whatever the
      * program left current */
@@ -337,7 +395,8 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
         snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
     else if (prev < 0)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
-    else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit, NULL) != 0)
+    else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit,
+                                              dps_elastic_on() ? plan_stale : NULL))
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()),
             mine.usable = 0, mine.from_peer = (char)dv.gpu->peer_failed();
     if (prev >= 0) dv.gpu->restore(prev);
@@ -391,6 +450,10 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
 {
     char err[1024] = "";
     rank_info_t mine = {0};
+    if (dps_elastic_on()) { /* the survivors the set-up is for */
+        if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+        plan_now();
+    }
     dv.gpu = dps_device_open(err, sizeof err);
     if (dv.gpu && dv.gpu->notice() && dps_g.eff_rank == 0) DPS_WARN("%s: %s", hook, dv.gpu->notice());
     int prev = dv.gpu ? dv.gpu->use(dev) : -1;
@@ -529,7 +592,10 @@ static void kept_copies(const char *hook, unsigned char *k, const dp_tensor *t, 
     }
 }
 
-/* The collectives of t[0..n) on their kept copy k: one per run of a dtype. */
+/* The collectives of t[0..n) on their kept copy k: one per run of a dtype. A broadcast is the
+ * bytes' maximum with zeros from every rank but the root: like every collective here it then
+ * completes only where every rank took part (an NCCL broadcast may complete on its root
+ * first), so no survivor is more than one collective ahead of another. */
 static int kept_collectives(unsigned char *k, const dp_tensor *t, size_t n, dps_fuse_t kind, dps_weight_t w,
                             dps_redop_t op)
 {
@@ -541,9 +607,11 @@ static int kept_collectives(unsigned char *k, const dp_tensor *t, size_t n, dps_
             count += t[i++].count;
         if (!count) continue;
         unsigned char *at = k + kept.off[first];
-        int rc = kind == DPS_FUSE_BCAST
-                     ? dv.gpu->bcast(at, count * dps_dtype_size(t[first].dtype), dps_e.bcast_root)
-                     : dv.gpu->allreduce(at, count, t[first].dtype, op, w.scale, weighted);
+        size_t bytes = count * dps_dtype_size(t[first].dtype);
+        int rc = kind != DPS_FUSE_BCAST ? dv.gpu->allreduce(at, count, t[first].dtype, op, w.scale, weighted)
+                 : dps_g.eff_rank != dps_e.bcast_root && dv.gpu->zero(at, bytes)
+                     ? -1
+                     : dv.gpu->allreduce(at, bytes, DP_U8, DPS_RED_MAX, 1.0, 0);
         if (rc) return -1;
     }
     return 0;
@@ -619,7 +687,7 @@ static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor 
             copy(hook, k, host, bytes, DPS_COPY_H2D);
             kept_copies(hook, k, t, n, 1);
             void *done = dv.gpu->mark();
-            if (!done || dv.gpu->wait(done)) failed(hook); /* host is read by then */
+            if (!done || dv.gpu->wait_stream(done)) failed(hook); /* host is read by then */
             kept.last = kept.next, kept.next ^= 1, kept.last_bytes = bytes;
             dps_elastic_result_on_device();
             free(host);
@@ -836,7 +904,11 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
         dps_guard_enter(hook, coll, t[0].dtype, count);
         uint64_t t0 = dps_diag_now();
         run_kept(hook, be, t, n, kind, w, op);
-        end(hook, prev, 1);
+        /* the copies back, done: NCCL's errors since (a peer lost after the collective
+         * completed) are the next collective's to meet */
+        void *m = dv.gpu->mark();
+        if (!m || dv.gpu->wait_stream(m)) failed(hook);
+        dv.gpu->restore(prev);
         dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(),
                             dps_e.step);
         dps_guard_leave();

@@ -66,6 +66,8 @@ typedef struct dps_device {
     void *(*mark)(void);
     int (*query)(void *marker);
     int (*wait)(void *marker);
+    /* wait() on the stream alone, NCCL's errors not asked: 0, or -1 on a CUDA error. */
+    int (*wait_stream)(void *marker);
     /* query() from a thread of the shim's own (the watchdog): CUDA on the rank's device, in
      * thread-local capture mode, and -2 instead of waiting when another thread is in a call on
      * the communicator (look again later). release(): frees a marker found done. */
@@ -93,6 +95,9 @@ typedef struct dps_device {
     int (*has_shrink)(void);
     int (*intact)(void);
     int (*shrink)(const int *exclude, int n, double timeout_s, int (*give_up)(void));
+    /* From now on, allreduce() and bcast() poll give_up (NULL: none) while NCCL answers a launch
+     * with ncclInProgress (a connection to a peer lost meanwhile): 1 abandons it, -2. */
+    void (*give_up_with)(int (*give_up)(void));
     /* At exit: the queued work gets limit_s to finish, then the communicator is finalized (what
      * peers still need from this rank is flushed, for limit_s at most) and destroyed; it is
      * aborted only where that failed or timed out, or the work did not finish. 1: all of it

@@ -251,6 +251,31 @@ checksum_counts() {
     refute_output --partial MISMATCH
 }
 
+@test "elastic mode, NCCL: a second rank lost while the survivors of a first shrink: they agree, and make it anew" {
+    # rank 3 dies before its second step; rank 2 as it calls ncclCommShrink: the other two give
+    # their shrink up at that loss and make the communicator of the two from a new id
+    elastic 4 GPU_DOUBLE_DIE_IN_SHRINK=2 -- --dtype f32 --steps 4 --kill-rank 3
+    assert_success
+    refute_output --partial "among the 3 survivors"
+    # every step equals the host path among the same ranks: step 1 on 4 ranks, three on 2
+    [ "$(checksum_counts)" = "4 6" ] || fail "results per checksum: $(checksum_counts), not 4 and 6"
+    assert_output --partial "among the 2 survivors (the communicator made anew)"
+    assert_output --regexp "the job lost rank 2 in step [0-9]+, rank 3 in step 1 and went on with 2 of its 4 ranks"
+    refute_output --partial "staged"
+    refute_output --partial MISMATCH
+}
+
+@test "elastic mode, NCCL: a rank lost before its first collective connects: the others give up the launch and go on" {
+    # rank 2 dies as it launches its first collective: NCCL connects a communicator's ranks at
+    # its first collective, so the others' launches stay in progress (ncclInProgress) and only
+    # giving them up at the loss lets the two go on
+    elastic 3 GPU_DOUBLE_DIE_RANK=2 GPU_DOUBLE_DIE_AT=0 -- --dtype f32 --steps 3
+    assert_success
+    assert_output --partial "among the 2 survivors (the communicator made anew)"
+    assert_output --partial "the job lost rank 2 in step 1 and went on with 2 of its 3 ranks"
+    refute_output --partial MISMATCH
+}
+
 @test "elastic mode: one dp_grads call with host and GPU tensors across a loss: both parts weighted alike" {
     # the host part meets the loss and runs again among the survivors, weighted over their
     # shares; the GPU part, after it in the same call, must be weighted the same way (it was

@@ -469,13 +469,27 @@ static int waited_out_abort(void)
     return atomic_load(&st.aborted) ? fail("the NCCL communicator was aborted") : 0;
 }
 
+/* Polled while a call is in progress, where set (give_up_with): 1 abandons the call. */
+static int (*launch_give_up)(void);
+
+static void give_up_with(int (*give_up)(void))
+{
+    launch_give_up = give_up;
+}
+
 /* A call on the communicator (non-blocking, as it is made) may answer ncclInProgress: NCCL goes
  * on in a thread of its own (every collective from NCCL 2.23 on), and nothing else may be
- * called on the communicator, nor a marker recorded after it, until its state says done. */
+ * called on the communicator, nor a marker recorded after it, until its state says done. A
+ * launch that connects to a peer lost meanwhile stays in progress: launch_give_up ends the wait
+ * (-2), and the communicator is then the caller's to abort. */
 static int nccl_done(dps_ncclResult_t r, const char *what)
 {
     for (long us = 2; r == DPS_ncclInProgress; us = us < 500 ? us * 2 : 500) {
         if (waited_out_abort()) return -1;
+        if (launch_give_up && launch_give_up()) {
+            fail("%s given up: another rank was lost meanwhile", what);
+            return -2;
+        }
         pause_us(us);
         dps_ncclResult_t got;
         ON_COMM(got, nc.CommGetAsyncError(st.comm, &r));
@@ -633,6 +647,19 @@ static int wait(void *m)
     int rc = settle(m, 0);
     event_put(m);
     return rc < 0 ? -1 : 0;
+}
+
+/* The stream's work up to m done, whatever NCCL reports since: copies queued after a collective
+ * that completed are there even where a peer failed later. */
+static int wait_stream(void *m)
+{
+    if (!m) return -1;
+    dps_cudaError_t e;
+    for (long us = 2; (e = cu.EventQuery(((ev_node_t *)m)->ev)) == DPS_cudaErrorNotReady;
+         us = us < 500 ? us * 2 : 500)
+        pause_us(us);
+    event_put(m);
+    return cuda_ok(e, "cudaEventQuery");
 }
 
 static int nccl_id(void *id128)
@@ -912,6 +939,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
                           .peek = peek,
                           .release = release,
                           .wait = wait,
+                          .wait_stream = wait_stream,
                           .nccl_id = nccl_id,
                           .nccl_init = nccl_init,
                           .abort = abort_comm,
@@ -919,6 +947,7 @@ EXPORT int dps_device_open_v1(dps_device_t *out, char *err, size_t errlen)
                           .has_shrink = has_shrink,
                           .intact = comm_intact,
                           .shrink = shrink,
+                          .give_up_with = give_up_with,
                           .finish = finish};
     return 0;
 }
