@@ -183,6 +183,28 @@ at_2_and_3() {
     assert_equal "$(count 'epoch 1 trained on 48 samples in 3 batches')" 2
 }
 
+@test "scale mode, a rank lost in epoch 1 (--enable-recovery): the survivors share every later epoch out between them" {
+    # 100 samples in 7 batches of 16: after the loss each of the two survivors takes every other
+    # batch (4, the last pair padded), not every third with the lost rank's left untrained. With
+    # rank 0 lost (RandomSampler), the order comes from the new rank 0: one order on both
+    local kill sampler
+    for kill in 1:sequential 0:random; do
+        sampler=${kill#*:}
+        run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_DATA_MODE=scale DPSHIM_GUARD_TIMEOUT=30 \
+            "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$T" --epochs 3 \
+            --sampler "$sampler" --kill "${kill%:*}" </dev/null
+        echo "$output"
+        assert_success
+        assert_output --partial "the job lost rank ${kill%:*} in step"
+        for epoch in 2 3; do
+            assert_equal "$(count "epoch $epoch trained on 52 samples in 4 batches")" 2
+            # the survivors' models stay one: both print the same epoch line
+            assert_equal "$(grep -c "^epoch $epoch loss" <<<"$output")" 2
+            assert_equal "$(grep "^epoch $epoch loss" <<<"$output" | sort -u | wc -l)" 1
+        done
+    done
+}
+
 # pytorch/examples' cpp/mnist as a user copies it (libtorch/mnist_cnn.cpp: two convolutions, feature
 # dropout and dropout, log_softmax and nll_loss, SGD at lr 0.01 with momentum 0.5, batch 64, a
 # test pass after each epoch) on the first 6400 training images of Fashion-MNIST (its sampler's

@@ -675,6 +675,17 @@ uintptr_t step(const uintptr_t a[6], void *real)
     return r;
 }
 
+// The ranks that share the data out now: the job's, or after a lost rank the survivors',
+// renumbered (dp_world_size and dp_rank answer for them then).
+struct Ranks {
+    int rank, size;
+};
+Ranks ranks_now()
+{
+    int n = dp_world_size();
+    return n < conf.size ? Ranks{dp_rank(), n} : Ranks{conf.rank, conf.size};
+}
+
 uintptr_t sampler_next(const uintptr_t a[6], void *real)
 {
     auto *out = reinterpret_cast<Batch *>(a[0]);
@@ -687,10 +698,11 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
     // a share of one sample would stop a BatchNorm in training (libtorch's inline check refuses a
     // single value per channel, though the statistics are the global batch's): once the program's
     // BatchNorm has run, a batch of fewer than 2N samples is taken whole too
+    const Ranks now = ranks_now();
     size_t whole_below =
-        static_cast<size_t>(conf.size) * (batch_norms.load(std::memory_order_relaxed) ? 2 : 1);
+        static_cast<size_t>(now.size) * (batch_norms.load(std::memory_order_relaxed) ? 2 : 1);
     if (got && !evaluating && conf.split_mode && got->size() < whole_below) {
-        st.handed[self].push_back({got->size(), static_cast<uint64_t>(conf.size)}); // none may be empty
+        st.handed[self].push_back({got->size(), static_cast<uint64_t>(now.size)}); // none may be empty
     } else if (got && !evaluating && conf.split_mode) {
         std::vector<uint64_t> idx(got->begin(), got->end());
         size_t keep = dp_batch(idx.data(), idx.size());
@@ -700,15 +712,15 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
         // scale mode: N batches of the sampler's, this rank's the rank-th; a short last group is
         // padded with its first batches ([data] uneven = pad) or ends the epoch (drop)
         std::vector<std::vector<size_t>> group{std::move(*got)};
-        for (int r = 1; r < conf.size; r++) {
+        for (int r = 1; r < now.size; r++) {
             Batch b = next(self, batch_size);
             if (!b) break;
             group.push_back(std::move(*b));
         }
-        if (group.size() < static_cast<size_t>(conf.size) && conf.uneven == 1) {
+        if (group.size() < static_cast<size_t>(now.size) && conf.uneven == 1) {
             got = c10::nullopt;
         } else {
-            got = std::move(group[static_cast<size_t>(conf.rank) % group.size()]);
+            got = std::move(group[static_cast<size_t>(now.rank) % group.size()]);
             st.handed[self].push_back({got->size(), 1});
         }
     }
@@ -744,14 +756,14 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
         auto *bytes = state.data_ptr<uint8_t>();
         std::vector<double> v(static_cast<size_t>(state.numel()));
         for (size_t i = 0; i < v.size(); i++)
-            v[i] = conf.rank == 0 ? bytes[i] : 0;
+            v[i] = ranks_now().rank == 0 ? bytes[i] : 0;
         dp_metric(v.data(), v.size(), DP_SUM);
         for (size_t i = 0; i < v.size(); i++)
             bytes[i] = static_cast<uint8_t>(v[i]);
         gen.set_state(state);
     }
     uintptr_t r = call_real(real, a);
-    if (conf.rank != 0) {
+    if (ranks_now().rank != 0) {
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(own);
     }
@@ -862,7 +874,7 @@ uint64_t batch_replicas()
 {
     auto *q = training_batches();
     size_t at = st.batch_used ? 1 : 0;
-    if (!q || q->size() <= at) return static_cast<uint64_t>(conf.size); // batches made by hand
+    if (!q || q->size() <= at) return static_cast<uint64_t>(ranks_now().size); // batches made by hand
     return (*q)[at].replicas;
 }
 

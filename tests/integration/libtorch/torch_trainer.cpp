@@ -8,14 +8,17 @@
 //   --float (float32 instead of float64)   --samples N (training samples, 100)   --hidden H (16)
 //   --eval-every K (a test pass after every K training batches too)   --draw (a random number
 //   drawn after training, on stderr)   --load PATH (model and optimizer from PATH.*.pt first)
-//   --cuda (the model and each batch on the GPU)
+//   --cuda (the model and each batch on the GPU)   --kill R (the process of MPI rank R ends with
+//   SIGKILL before its second batch, as a rank lost to the OOM killer)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
 // a hash of their bytes and the elements of the first optimizer's state in this process.
 // stderr: the training samples this process took per epoch, and the epoch's time.
 #include <torch/torch.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -97,6 +100,8 @@ int main(int argc, char **argv)
     bool two = false, manual = false, draw = false;
     torch::Device device(torch::kCPU);
     int eval_every = 0;
+    int kill_rank = -1; // --kill R: the process of MPI rank R is SIGKILLed before its 2nd batch
+    const char *mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
     torch::Dtype dtype = torch::kDouble;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -131,6 +136,8 @@ int main(int argc, char **argv)
             draw = true;
         else if (a == "--cuda")
             device = torch::Device(torch::kCUDA);
+        else if (a == "--kill")
+            kill_rank = std::stoi(value());
         else
             return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
@@ -183,6 +190,7 @@ int main(int argc, char **argv)
         long batches = 0, seen = 0;
         auto began = std::chrono::steady_clock::now();
         auto train_on = [&](const torch::Tensor &x_here, const torch::Tensor &y_here) {
+            if (epoch == 1 && batches == 1 && mpi_rank && std::atoi(mpi_rank) == kill_rank) raise(SIGKILL);
             auto x = x_here.to(device), y = y_here.to(device);
             auto loss_of = [&] {
                 for (auto &o : opts)
