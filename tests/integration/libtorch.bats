@@ -194,6 +194,12 @@ at_2_and_3() {
             "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery "$T" --epochs 3 \
             --sampler "$sampler" --kill "${kill%:*}" </dev/null
         echo "$output"
+        if ! mpirun --version | grep -q 'Open MPI) 4'; then
+            # Open MPI 5 (./dev.sh test-libtorch2): the job ends, and dpshim-run said why
+            assert_failure 75
+            assert_output --partial "Open MPI 5's mpirun does not tell the ranks that it keeps them"
+            continue
+        fi
         assert_success
         assert_output --partial "the job lost rank ${kill%:*} in step"
         for epoch in 2 3; do
