@@ -95,32 +95,29 @@ int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nho
 typedef struct rank_info {
     char usable, nccl, from_peer; /* from_peer: unusable only because another rank failed */
     char shrink;                  /* its NCCL has ncclCommShrink (a lost rank's communicator shrinks) */
+    char lossy;                   /* its NCCL init was given up at a loss (elastic mode) */
     char key[93];                 /* host hash and PCI bus id: equal keys are one GPU */
     char why[160];                /* why this rank cannot use its GPU */
 } rank_info_t;
 
-static int plan_stale(void);
-
-/* The GPU set-up's gathers are laid out by the ranks of its start: a rank lost meanwhile ends
- * the job, as one lost while the backend starts. */
-static void setup_not_lost(void)
-{
-    if (dps_elastic_on() && plan_stale())
-        dps_guard_failed(
-            "a rank was lost during the GPU set-up (the first collective of GPU tensors): the survivors "
-            "cannot go on");
-}
-
-/* Every rank's `mine`, in rank order: a sum of zeros and each rank's own slot. */
+/* Every rank's `mine`, in rank order: a sum of zeros and each rank's own slot. In elastic mode a
+ * loss found before it is taken in first, so that every survivor lays it out alike; one during
+ * it (some ranks completed it, others ran it again with the slot of the lost rank empty) ends
+ * the job, as a loss while the backend starts does. */
 static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
 {
+    if (dps_elastic_on() && dps_guard_lost_pending()) dps_elastic_recover(be, "GPU set-up", 0, NULL, 0);
+    unsigned generation = dps_elastic_generation();
     size_t n = (size_t)dps_g.eff_size;
     rank_info_t *all = calloc(n, sizeof *all);
     if (!all) dps_fatal("GPU set-up: out of memory for %zu ranks' device information", n);
     all[dps_g.eff_rank] = *mine;
     dp_tensor t = {all, n * sizeof *all, DP_U8, DP_HOST, "device info"};
     dps_fused_host("GPU set-up", be, &t, 1, DPS_FUSE_ALLREDUCE, DPS_UNWEIGHTED, DPS_RED_SUM);
-    setup_not_lost();
+    if (dps_elastic_generation() != generation)
+        dps_guard_failed(
+            "a rank was lost while the GPU set-up (the first collective of GPU tensors) exchanged the "
+            "ranks' devices: the survivors cannot go on");
     return all;
 }
 
@@ -380,29 +377,40 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
      * that does not exist */
     unsigned char id[129] = {0};
     rank_info_t mine = {.usable = 1, .nccl = 1};
+    if (dps_elastic_on()) {
+        if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+        plan_now(); /* the survivors the communicator is for */
+    }
     if (dps_g.eff_rank == 0) {
         id[128] = dv.gpu->nccl_id(id) == 0;
         if (!id[128])
             snprintf(mine.why, sizeof mine.why, "ncclGetUniqueId: %s", dv.gpu->last_error()), mine.usable = 0;
     }
     share_id(be, id);
-    setup_not_lost();
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
     /* NCCL makes the communicator on the current device: the tensors', not whatever the
      * program left current */
     int prev = dv.gpu->use(dv.dev);
-    if (!id[128] && dps_g.eff_rank != 0)
+    int rc = 0;
+    if (dps_elastic_on() && plan_stale()) /* a loss since the plan: made again among the survivors */
+        snprintf(mine.why, sizeof mine.why, "a rank was lost"), mine.usable = 0, mine.lossy = 1;
+    else if (!id[128] && dps_g.eff_rank != 0)
         snprintf(mine.why, sizeof mine.why, "rank 0 has no NCCL id for the job"), mine.usable = 0;
     else if (prev < 0)
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()), mine.usable = 0;
-    else if (mine.usable && dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit,
-                                              dps_elastic_on() ? plan_stale : NULL))
+    else if (mine.usable && (rc = dv.gpu->nccl_init(id, dps_g.eff_rank, dps_g.eff_size, limit,
+                                                    dps_elastic_on() ? plan_stale : NULL)))
         snprintf(mine.why, sizeof mine.why, "%s", dv.gpu->last_error()),
-            mine.usable = 0, mine.from_peer = (char)dv.gpu->peer_failed();
+            mine.usable = 0, mine.lossy = rc == -2, mine.from_peer = (char)dv.gpu->peer_failed();
     if (prev >= 0) dv.gpu->restore(prev);
     rank_info_t *all = gather(be, &mine);
-    int bad = origin(all);
-    if (bad < 0) {
+    int bad = origin(all), lossy = 0;
+    for (int r = 0; r < dps_g.eff_size; r++)
+        lossy |= all[r].lossy;
+    if (bad < 0 || lossy) {
+        /* with a loss during it, the communicator is made among the survivors before the first
+         * GPU collective (remake_comm: the plan is older than the survivors) */
+        if (lossy) dv.gpu->drop();
         dv.mode = MODE_NCCL;
         if (dps_g.eff_rank == 0) DPS_INFO("%s: GPU tensors go through NCCL (%s)", hook, dv.gpu->versions());
     } else if (nccl_demanded()) {
@@ -450,10 +458,6 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
 {
     char err[1024] = "";
     rank_info_t mine = {0};
-    if (dps_elastic_on()) { /* the survivors the set-up is for */
-        if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
-        plan_now();
-    }
     dv.gpu = dps_device_open(err, sizeof err);
     if (dv.gpu && dv.gpu->notice() && dps_g.eff_rank == 0) DPS_WARN("%s: %s", hook, dv.gpu->notice());
     int prev = dv.gpu ? dv.gpu->use(dev) : -1;
@@ -498,7 +502,7 @@ static void setup(const char *hook, const dps_backend_t *be, int dev)
         bring_up_nccl(hook, be);
     free(all);
     if (dv.mode == MODE_STAGED) staging_buffers(hook);
-    kept_comm_made();
+    if (dv.mode == MODE_NCCL) kept_comm_made();
     /* The CUDA runtime (and NCCL's own) registered their teardown with atexit when they started,
      * after the shim's constructor registered its exit work: handlers run last-registered-first,
      * so the GPU part is registered now, after both are up, to run while they still work. */

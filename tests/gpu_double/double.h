@@ -52,6 +52,7 @@ enum {
     X(die_rank, "GPU_DOUBLE_DIE_RANK", -1)                                                                   \
     X(die_at, "GPU_DOUBLE_DIE_AT", 1)                                                                        \
     X(die_in_shrink, "GPU_DOUBLE_DIE_IN_SHRINK", -1)                                                         \
+    X(die_in_init, "GPU_DOUBLE_DIE_IN_INIT", -1)                                                             \
     X(call_us, "GPU_DOUBLE_CALL_US", 100)
 
 typedef struct dps_dbl_conf {

@@ -547,6 +547,8 @@ DPS_DBL_API int ncclCommInitRankConfig(void **comm_p, int nranks, dps_dbl_unique
         dps_dbl_nccl_error("Invalid rank requested : %d/%d", rank, nranks);
         return NCCL_INVALID_ARGUMENT;
     }
+    /* GPU_DOUBLE_DIE_IN_INIT: that rank ends as it makes its communicator, the others in theirs */
+    if (dps_dbl_conf()->die_in_init == rank) raise(SIGKILL);
     return comm_create(comm_p, nranks, &id, rank, config_blocking(config), NULL);
 }
 

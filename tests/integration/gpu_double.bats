@@ -276,6 +276,18 @@ checksum_counts() {
     refute_output --partial MISMATCH
 }
 
+@test "elastic mode, NCCL: a rank lost while the GPU set-up makes the communicator: the others make theirs" {
+    # the others give their NCCL init up at the loss (not after [guard] timeout), and make the
+    # communicator among themselves before their first GPU collective
+    elastic 3 GPU_DOUBLE_DIE_IN_INIT=2 -- --dtype f32 --steps 3
+    assert_success
+    assert_output --partial "among the 2 survivors (the communicator made anew)"
+    assert_output --partial "the job lost rank 2 in step 1 and went on with 2 of its 3 ranks"
+    refute_output --partial "did not complete within"
+    refute_output --partial "staged"
+    refute_output --partial MISMATCH
+}
+
 @test "elastic mode: one dp_grads call with host and GPU tensors across a loss: both parts weighted alike" {
     # the host part meets the loss and runs again among the survivors, weighted over their
     # shares; the GPU part, after it in the same call, must be weighted the same way (it was
