@@ -694,12 +694,16 @@ static int await_state(dps_ncclComm_t comm, int shared, double timeout_s, int (*
     }
 }
 
+/* How long a caller waits for an abort (NCCL's can itself wait for a stuck peer). */
+#define ABORT_LIMIT_S 2.0
+static void abort_within(dps_ncclComm_t comm, double limit_s);
+
 /* A non-blocking init of comm, polled until done: 0; otherwise comm is aborted: -1, or -2 given
  * up. */
 static int settle_init(dps_ncclComm_t comm, double timeout_s, int (*give_up)(void), const char *what)
 {
     int rc = await_state(comm, 0, timeout_s, give_up, what);
-    if (rc) nc.CommAbort(comm);
+    if (rc) abort_within(comm, ABORT_LIMIT_S);
     return rc;
 }
 
@@ -738,31 +742,48 @@ static pthread_mutex_t abort_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t abort_done = PTHREAD_COND_INITIALIZER;
 static unsigned aborts_started, aborts_finished;
 
+typedef struct abort_job {
+    unsigned number;
+    dps_ncclComm_t comm; /* NULL: the shared one, st.comm */
+} abort_job_t;
+
 static void *abort_main(void *arg)
 {
-    unsigned number = (unsigned)(uintptr_t)arg;
+    abort_job_t job = *(abort_job_t *)arg;
+    free(arg);
     int mode = shim_thread_begin();
-    pthread_mutex_lock(&comm_mu); /* a call under way on another thread ends first */
-    if (st.comm) nc.CommAbort(st.comm);
-    st.comm = NULL;
-    pthread_mutex_unlock(&comm_mu);
+    if (job.comm) {
+        nc.CommAbort(job.comm);
+    } else {
+        pthread_mutex_lock(&comm_mu); /* a call under way on another thread ends first */
+        if (st.comm) nc.CommAbort(st.comm);
+        st.comm = NULL;
+        pthread_mutex_unlock(&comm_mu);
+    }
     shim_thread_end(mode);
     pthread_mutex_lock(&abort_lock);
-    if (number > aborts_finished) aborts_finished = number;
+    if (job.number > aborts_finished) aborts_finished = job.number;
     pthread_cond_broadcast(&abort_done);
     pthread_mutex_unlock(&abort_lock);
     return NULL;
 }
 
-static void abort_comm(double limit_s)
+/* Aborts comm (NULL: st.comm) on a thread of its own, waiting for it at most limit_s. */
+static void abort_within(dps_ncclComm_t comm, double limit_s)
 {
-    if (!st.comm || atomic_exchange(&st.aborted, 1)) return; /* staged: nothing of NCCL's to abort */
-    aborter = pthread_self();
-    pthread_mutex_lock(&abort_lock);
-    unsigned number = ++aborts_started;
-    pthread_mutex_unlock(&abort_lock);
+    abort_job_t *job = malloc(sizeof *job);
     pthread_t t;
-    if (pthread_create(&t, NULL, abort_main, (void *)(uintptr_t)number) != 0) return;
+    if (job) {
+        pthread_mutex_lock(&abort_lock);
+        job->number = ++aborts_started, job->comm = comm;
+        pthread_mutex_unlock(&abort_lock);
+    }
+    unsigned number = job ? job->number : 0;
+    if (!job || pthread_create(&t, NULL, abort_main, job) != 0) {
+        free(job);
+        if (comm) nc.CommAbort(comm); /* no thread: here, unbounded, rather than never */
+        return;
+    }
     pthread_detach(t);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
@@ -775,9 +796,16 @@ static void abort_comm(double limit_s)
     pthread_mutex_unlock(&abort_lock);
 }
 
+static void abort_comm(double limit_s)
+{
+    if (!st.comm || atomic_exchange(&st.aborted, 1)) return; /* staged: nothing of NCCL's to abort */
+    aborter = pthread_self();
+    abort_within(NULL, limit_s);
+}
+
 static void drop(void)
 {
-    abort_comm(2.0);
+    abort_comm(ABORT_LIMIT_S);
     atomic_store(&st.aborted, 0); /* staged work on the stream has nothing to do with NCCL */
 }
 
@@ -826,7 +854,7 @@ static int shrink(const int *exclude, int n, double timeout_s, int (*give_up)(vo
     drop(); /* the old communicator, first: NCCL's order where a shrink is given up */
     if (rc) {
         child = __atomic_load_n(&shrink_child, __ATOMIC_ACQUIRE);
-        if (child) nc.CommAbort(child);
+        if (child) abort_within(child, ABORT_LIMIT_S);
         return rc;
     }
     pthread_mutex_lock(&comm_mu);
