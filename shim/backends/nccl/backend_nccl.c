@@ -628,14 +628,21 @@ static void pause_us(long us)
     nanosleep(&ts, NULL);
 }
 
-/* Polls a marker (and NCCL's asynchronous errors) until it is done, failed, or limit_s passed
- * (0: no limit): 1, -1, or 0. Polling rather than cudaEventSynchronize: an NCCL error or an
- * abort must end the wait, and a short sleep keeps a core free for the framework. */
-static int settle(void *m, double limit_s)
+/* A marker's state on the stream alone, NCCL's errors not asked: 1 done, 0 not yet, -1. */
+static int stream_state(void *m)
+{
+    dps_cudaError_t e = cu.EventQuery(((ev_node_t *)m)->ev);
+    return e == DPS_cudaSuccess ? 1 : e == DPS_cudaErrorNotReady ? 0 : cuda_ok(e, "cudaEventQuery");
+}
+
+/* Polls a marker's state (query: with NCCL's asynchronous errors) until it is done, failed, or
+ * limit_s passed (0: no limit): 1, -1, or 0. Polling rather than cudaEventSynchronize: an NCCL
+ * error or an abort must end the wait, and a short sleep keeps a core free for the framework. */
+static int settle(void *m, double limit_s, int (*state)(void *))
 {
     double t0 = limit_s > 0 ? now_s() : 0;
     int rc;
-    for (long us = 2; !(rc = query(m)) && !(limit_s > 0 && now_s() - t0 >= limit_s);
+    for (long us = 2; !(rc = state(m)) && !(limit_s > 0 && now_s() - t0 >= limit_s);
          us = us < 500 ? us * 2 : 500)
         pause_us(us);
     return rc;
@@ -644,7 +651,7 @@ static int settle(void *m, double limit_s)
 static int wait(void *m)
 {
     if (!m) return -1;
-    int rc = settle(m, 0);
+    int rc = settle(m, 0, query);
     event_put(m);
     return rc < 0 ? -1 : 0;
 }
@@ -654,12 +661,9 @@ static int wait(void *m)
 static int wait_stream(void *m)
 {
     if (!m) return -1;
-    dps_cudaError_t e;
-    for (long us = 2; (e = cu.EventQuery(((ev_node_t *)m)->ev)) == DPS_cudaErrorNotReady;
-         us = us < 500 ? us * 2 : 500)
-        pause_us(us);
+    int rc = settle(m, 0, stream_state);
     event_put(m);
-    return cuda_ok(e, "cudaEventQuery");
+    return rc < 0 ? -1 : 0;
 }
 
 static int nccl_id(void *id128)
@@ -894,7 +898,7 @@ static int finish(double limit_s)
 {
     if (!st.stream) return 1;
     void *m = mark();
-    int done = m ? settle(m, limit_s) : -1;
+    int done = m ? settle(m, limit_s, query) : -1;
     if (done < 0 && err_unloading) return -2; /* nothing of CUDA's left to ask, or to abort with */
     if (done == 1 && st.comm && finalize_comm(limit_s)) done = -1;
     if (st.comm) abort_comm(done == 1 ? limit_s : 1.0); /* only past a limit or on a failure */
