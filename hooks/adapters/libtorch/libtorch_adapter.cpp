@@ -747,6 +747,7 @@ uintptr_t sequential_reset(const uintptr_t a[6], void *real)
 uintptr_t random_reset(const uintptr_t a[6], void *real)
 {
     forget_batches(reinterpret_cast<void *>(a[0]));
+    const bool root = ranks_now().rank == 0;
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor own;
     {
@@ -756,14 +757,14 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
         auto *bytes = state.data_ptr<uint8_t>();
         std::vector<double> v(static_cast<size_t>(state.numel()));
         for (size_t i = 0; i < v.size(); i++)
-            v[i] = ranks_now().rank == 0 ? bytes[i] : 0;
+            v[i] = root ? bytes[i] : 0;
         dp_metric(v.data(), v.size(), DP_SUM);
         for (size_t i = 0; i < v.size(); i++)
             bytes[i] = static_cast<uint8_t>(v[i]);
         gen.set_state(state);
     }
     uintptr_t r = call_real(real, a);
-    if (ranks_now().rank != 0) {
+    if (!root) {
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(own);
     }
