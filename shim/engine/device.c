@@ -597,8 +597,8 @@ static void kept_copies(const char *hook, unsigned char *k, const dp_tensor *t, 
 }
 
 /* The collectives of t[0..n) on their kept copy k: one per run of a dtype. A broadcast is the
- * bytes' maximum with zeros from every rank but the root: like every collective here it then
- * completes only where every rank took part (an NCCL broadcast may complete on its root
+ * bytes' maximum, every copy but the root's zeros (run_kept): like every collective here it
+ * then completes only where every rank took part (an NCCL broadcast may complete on its root
  * first), so no survivor is more than one collective ahead of another. */
 static int kept_collectives(unsigned char *k, const dp_tensor *t, size_t n, dps_fuse_t kind, dps_weight_t w,
                             dps_redop_t op)
@@ -611,11 +611,9 @@ static int kept_collectives(unsigned char *k, const dp_tensor *t, size_t n, dps_
             count += t[i++].count;
         if (!count) continue;
         unsigned char *at = k + kept.off[first];
-        size_t bytes = count * dps_dtype_size(t[first].dtype);
-        int rc = kind != DPS_FUSE_BCAST ? dv.gpu->allreduce(at, count, t[first].dtype, op, w.scale, weighted)
-                 : dps_g.eff_rank != dps_e.bcast_root && dv.gpu->zero(at, bytes)
-                     ? -1
-                     : dv.gpu->allreduce(at, bytes, DP_U8, DPS_RED_MAX, 1.0, 0);
+        int rc = kind == DPS_FUSE_BCAST ? dv.gpu->allreduce(at, count * dps_dtype_size(t[first].dtype), DP_U8,
+                                                            DPS_RED_MAX, 1.0, 0)
+                                        : dv.gpu->allreduce(at, count, t[first].dtype, op, w.scale, weighted);
         if (rc) return -1;
     }
     return 0;
@@ -671,7 +669,11 @@ static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor 
         dps_weight_t fixed = w;
         if (kind == DPS_FUSE_GRADS) fixed.scale *= dps_elastic_fix(); /* over the survivors' shares */
         unsigned char *k = kept_buffer(hook, kept.next, bytes);
-        kept_copies(hook, k, t, n, 0);
+        if (kind == DPS_FUSE_BCAST && dps_g.eff_rank != dps_e.bcast_root) { /* only the root's bytes */
+            if (dv.gpu->zero(k, bytes)) failed(hook);
+        } else {
+            kept_copies(hook, k, t, n, 0);
+        }
         void *m = kept_collectives(k, t, n, kind, fixed, op) ? NULL : dv.gpu->mark();
         int state = m ? settle_kept(m) : -1;
         if (m) dv.gpu->release(m);
