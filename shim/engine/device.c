@@ -106,7 +106,7 @@ typedef struct rank_info {
  * the job, as a loss while the backend starts does. */
 static rank_info_t *gather(const dps_backend_t *be, const rank_info_t *mine)
 {
-    if (dps_elastic_on() && dps_guard_lost_pending()) dps_elastic_recover(be, "GPU set-up", 0, NULL, 0);
+    dps_elastic_recover_pending(be, "GPU set-up");
     unsigned generation = dps_elastic_generation();
     size_t n = (size_t)dps_g.eff_size;
     rank_info_t *all = calloc(n, sizeof *all);
@@ -171,16 +171,28 @@ static void share_id(const dps_backend_t *be, unsigned char *id129)
 
 /* --- elastic mode on NCCL: the kept copy ------------------------------------------------------ */
 
+/* Survivors: ranks of the job as it started, in order, and the generation they are of. */
+typedef struct survivors {
+    unsigned generation;
+    int *ranks, n;
+} survivors_t;
+
+static void survivors_set(survivors_t *s, const int *ranks, int n, unsigned generation)
+{
+    int *r = realloc(s->ranks, (size_t)(n ? n : 1) * sizeof *r);
+    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", n);
+    memcpy(r, ranks, (size_t)n * sizeof *r);
+    s->ranks = r, s->n = n, s->generation = generation;
+}
+
 static struct {
     unsigned char *buf[2]; /* the call under way's copy, and the last completed one's result */
     size_t cap[2], last_bytes;
     int next, last; /* last: -1 none yet */
     uint64_t *off;  /* each tensor's place in the copy */
     size_t off_cap;
-    int *comm_ranks; /* the job's ranks (as it started) in the communicator, in its order */
-    int comm_n;
-    unsigned generation; /* the survivors' generation the communicator was made for */
-    int shrink_all;      /* every rank's NCCL has ncclCommShrink */
+    survivors_t comm; /* those the communicator was made for, in its order */
+    int shrink_all;   /* every rank's NCCL has ncclCommShrink */
 } kept = {.last = -1};
 
 /* The survivors a communicator is being made for, as this rank saw them when it agreed to make
@@ -188,10 +200,7 @@ static struct {
  * collective goes on until its next; the one that gave it up gets the result replayed), so
  * between two agreements the ranks branch only on what they agreed, and an NCCL call made for
  * a plan that no longer holds is given up (plan_stale). */
-static struct {
-    unsigned generation;
-    int *ranks, n;
-} plan;
+static survivors_t plan;
 
 static void *last_result(size_t *bytes);
 
@@ -199,10 +208,7 @@ static void plan_now(void)
 {
     int n;
     const int *ranks = dps_elastic_ranks(&n);
-    int *r = realloc(plan.ranks, (size_t)n * sizeof *r);
-    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", n);
-    memcpy(r, ranks, (size_t)n * sizeof *r);
-    plan.ranks = r, plan.n = n, plan.generation = dps_elastic_generation();
+    survivors_set(&plan, ranks, n, dps_elastic_generation());
 }
 
 /* A loss is pending, or this rank went on among fewer since the plan. */
@@ -217,10 +223,7 @@ static void kept_comm_made(void)
     if (!dps_elastic_on()) return;
     dps_elastic_set_result_reader(last_result);
     dv.gpu->give_up_with(dps_guard_lost_pending);
-    int *r = realloc(kept.comm_ranks, (size_t)plan.n * sizeof *r);
-    if (!r) dps_fatal("GPU set-up: out of memory for %d ranks", plan.n);
-    memcpy(r, plan.ranks, (size_t)plan.n * sizeof *r);
-    kept.comm_ranks = r, kept.comm_n = plan.n, kept.generation = plan.generation;
+    survivors_set(&kept.comm, plan.ranks, plan.n, plan.generation);
 }
 
 /* What the survivors agreed: yes on every rank; a loss met by any (lossy: its plan no longer
@@ -259,10 +262,10 @@ static int comm_from_id(const dps_backend_t *be, double limit, char *why, size_t
 static int excluded(int *exclude)
 {
     int ne = 0;
-    for (int i = 0; i < kept.comm_n; i++) {
+    for (int i = 0; i < kept.comm.n; i++) {
         int in = 0;
         for (int j = 0; j < plan.n; j++)
-            in |= plan.ranks[j] == kept.comm_ranks[i];
+            in |= plan.ranks[j] == kept.comm.ranks[i];
         if (!in) exclude[ne++] = i;
     }
     return ne;
@@ -277,10 +280,10 @@ static void remake_comm(const char *hook, const dps_backend_t *be)
 {
     double limit = (double)dps_policy_num(&dps_g.policy, DPS_P_guard_timeout);
     int may_shrink = 1; /* agreed: no shrink failed but through a loss */
-    while (dv.mode == MODE_NCCL && kept.generation != dps_elastic_generation()) {
-        if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+    while (dv.mode == MODE_NCCL && kept.comm.generation != dps_elastic_generation()) {
+        dps_elastic_recover_pending(be, hook);
         plan_now();
-        int *exclude = malloc((size_t)(kept.comm_n ? kept.comm_n : 1) * sizeof *exclude);
+        int *exclude = malloc((size_t)(kept.comm.n ? kept.comm.n : 1) * sizeof *exclude);
         if (!exclude) dps_fatal("%s: out of memory remaking the NCCL communicator", hook);
         int ne = excluded(exclude);
         agreed_t a = agree(be, may_shrink && kept.shrink_all && ne > 0 && dv.gpu->intact(), 0);
@@ -378,7 +381,7 @@ static void bring_up_nccl(const char *hook, const dps_backend_t *be)
     unsigned char id[129] = {0};
     rank_info_t mine = {.usable = 1, .nccl = 1};
     if (dps_elastic_on()) {
-        if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+        dps_elastic_recover_pending(be, hook);
         plan_now(); /* the survivors the communicator is for */
     }
     if (dps_g.eff_rank == 0) {
@@ -659,7 +662,7 @@ static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor 
                      dps_weight_t w, dps_redop_t op)
 {
     size_t bytes = kept_layout(hook, t, n);
-    if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0); /* before this one starts */
+    dps_elastic_recover_pending(be, hook); /* before this one starts */
     for (;;) {
         remake_comm(hook, be);
         if (dv.mode == MODE_STAGED) { /* NCCL could not be made anew */
@@ -1024,7 +1027,7 @@ void dps_device_shutdown(void)
     pthread_mutex_unlock(&queued.lock);
     /* a communicator of ranks since lost: finalizing it would wait for them, and it may hold a
      * collective given up at the loss */
-    if (dv.mode == MODE_NCCL && dps_elastic_on() && kept.generation != dps_elastic_generation())
+    if (dv.mode == MODE_NCCL && dps_elastic_on() && kept.comm.generation != dps_elastic_generation())
         dv.gpu->drop();
     int done = dv.gpu->finish(FINISH_LIMIT_S);
     if (done == -2) {

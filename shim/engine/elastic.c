@@ -375,6 +375,11 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
     }
 }
 
+void dps_elastic_recover_pending(const dps_backend_t *be, const char *hook)
+{
+    if (el.on && dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+}
+
 void dps_elastic_completed(void)
 {
     el.done++, el.last_on_device = 0;

@@ -106,7 +106,7 @@ static int run_elastic(const char *hook, const dps_backend_t *be, int coll, void
                        int *replayed)
 {
     uint64_t bytes = coll == DPS_COLL_BARRIER ? 1 : count * dps_dtype_size(dtype);
-    if (dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0); /* before this one starts */
+    dps_elastic_recover_pending(be, hook); /* before this one starts */
     for (;;) {
         double fixed = fixable ? post * dps_elastic_fix() : post;
         int rc = coll == DPS_COLL_BARRIER ? be->barrier()
