@@ -4,8 +4,10 @@ layer shapes (BatchNorm1d, 2d, 3d; planes of 1 to 28 x 28), float32 and float64,
 momentum or cumulative average, channels-last and non-contiguous inputs and gradients, unequal
 and one-sample shares, and non-finite values. The reference is the adapter's first implementation:
 every per-channel value in torch float64 and the statistics' terms added with a channel's
-broadcast. Run under the shim at np >= 2 (every rank checks its own results); prints `bitwise N`
-and exits 0, or names the first difference and exits 1."""
+broadcast. Run under the shim at np >= 2 (every rank checks its own results), with PyTorch on
+THREADS threads (first argument, default 1); prints `bitwise N, backward in one pass: DTYPES`
+(those whose backward took dpshim's single pass, or none) and exits 0, or names the first
+difference and exits 1."""
 
 import copy
 import os
@@ -101,7 +103,7 @@ def cases():
 
 
 def main():
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     checked = 0
     for i, (kind, channels, plane, dtype, opt) in enumerate(cases()):
@@ -145,7 +147,9 @@ def main():
                           % (rank, kind.__name__, channels, plane, dtype, opt, step, name), flush=True)
                     return 1
                 checked += 1
-    print("bitwise %d" % checked, flush=True)
+    from dpshim_pytorch.batchnorm import _one_pass_matches
+    one_pass = [str(t).replace("torch.", "") for t, yes in _one_pass_matches.items() if yes]
+    print("bitwise %d, backward in one pass: %s" % (checked, " ".join(sorted(one_pass)) or "none"), flush=True)
     return 0
 
 

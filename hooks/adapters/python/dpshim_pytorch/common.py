@@ -57,10 +57,14 @@ class _Shim:
                                                ctypes.POINTER(ctypes.c_uint64)]),
                 ("dp_metric", ctypes.c_int, [ctypes.POINTER(ctypes.c_double), ctypes.c_size_t, ctypes.c_int]),
                 ("dp_step_end", ctypes.c_int, [ctypes.c_uint64]),
-                ("dp_set_stream", ctypes.c_int, [ctypes.c_int32, ctypes.c_void_p])):
+                ("dp_set_stream", ctypes.c_int, [ctypes.c_int32, ctypes.c_void_p]),
+                ("dpshim_bn_backward", ctypes.c_int, [ctypes.c_int] + [ctypes.c_uint64] * 3 + [ctypes.c_void_p] * 8 +
+                 [ctypes.c_double, ctypes.c_uint64, ctypes.c_int])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
             setattr(self, name, _sited(f, lib.dpshim_site) if name in _COLLECTIVES else f)
+        # BatchNorm's backward pass calls dp_bn_stats (over_ranks = 1); the probe does not
+        self.bn_backward_sited = _sited(self.dpshim_bn_backward, lib.dpshim_site)
         lib.dpshim_policy_value.restype = ctypes.c_char_p
         lib.dpshim_policy_value.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         self.eval_whole = lib.dpshim_policy_value(b"data", b"eval") == b"whole"
