@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "batchnorm.h"
+
 #include "core/dps.h"
 #include "dpshim/hooks.h"
 
@@ -71,11 +73,6 @@ __attribute__((target("avx2,fma"))) static void pass_f64(double *gx, const doubl
 }
 #endif /* __x86_64__ */
 
-/* x, dy and gx: contiguous (outer, channels, inner) in dtype (DP_F32 or DP_F64); mean, var (the
- * global batch's, rounded to dtype), weight (NULL: none) and this rank's gw, gb from the native
- * kernel: per channel, in dtype. total: the global batch's sample count from the forward.
- * over_ranks = 0 leaves the per-channel sums this rank's (the adapter's probe). Returns 0, or -1:
- * not on this CPU (x86-64 with AVX2 and FMA only), out of memory, or dp_bn_stats failed. */
 DPS_EXPORT int dpshim_bn_backward(int dtype, uint64_t outer, uint64_t channels, uint64_t inner, const void *x,
                                   const void *dy, void *gx, const void *mean, const void *var,
                                   const void *weight, const void *gw, const void *gb, double eps,
