@@ -3,9 +3,9 @@
  * the direct term dy * invstd * w and the affine gradients; the statistics of the global batch
  * add x * slope + offset per channel. As PyTorch ops that is three passes over the layer (the
  * native kernel's, addcmul_, add_) and some fifteen operations on per-channel vectors; here it is
- * one pass and a loop over the channels, with the roundings of PyTorch's AVX2 and AVX-512
- * kernels: every per-channel value in double in the ops' order, and addcmul_ as one fused
- * multiply-add, as those kernels are compiled. Whether the PyTorch at hand rounds so the adapter
+ * one pass and a loop over the channels, with the roundings of PyTorch's AVX2 kernels: every
+ * per-channel value in double in the ops' order, and addcmul_ as one fused multiply-add, as those
+ * kernels are compiled. Whether the PyTorch at hand rounds so the adapter
  * finds out once with a probe against PyTorch itself, and keeps PyTorch's ops where it does not.
  * Compiled with -ffp-contract=off: nothing is fused that the code does not fuse by name. */
 #include <math.h>
@@ -25,7 +25,7 @@ static double value_at(const void *p, int dtype, uint64_t i)
     return dtype == DP_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
 }
 
-/* One channel's constants, in the layer's dtype where the pass uses them. */
+/* One channel's constants, in double; the float32 pass rounds them to float as PyTorch's .to does. */
 typedef struct {
     double invstd, w, slope, offset;
 } bn_channel_t;

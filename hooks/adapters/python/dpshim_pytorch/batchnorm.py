@@ -102,7 +102,7 @@ def _patch_batchnorm(torch):
         def backward(ctx, dy):
             x, weight, m, v = ctx.saved_tensors
             dy = dy.contiguous()
-            if _passes_once(x) and (weight is None or (weight.dtype == x.dtype and weight.is_contiguous())):
+            if _passes_once(x, weight):
                 # the native kernel for the affine gradients only, the rest in one pass
                 _, gw, gb = torch.ops.aten.native_batch_norm_backward(
                     dy, x, weight, m, v, None, None, False, ctx.eps, [False, True, True])
@@ -114,11 +114,13 @@ def _patch_batchnorm(torch):
             affine = weight is not None
             return gx, gw if affine else None, gb if affine else None, None, None
 
-    def _passes_once(x):
-        """One pass for a contiguous float32 or float64 layer on the CPU where PyTorch runs one
-        thread (with more, its three passes run in parallel) and the pass rounds as its ops."""
+    def _passes_once(x, weight):
+        """One pass for a contiguous float32 or float64 layer (its weight, if any, contiguous and of
+        its dtype) on the CPU where PyTorch runs one thread (with more, its three passes run in
+        parallel) and the pass rounds as its ops."""
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not x.is_contiguous() \
-                or torch.get_num_threads() != 1:
+                or torch.get_num_threads() != 1 or \
+                (weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous())):
             return False
         if x.dtype not in _one_pass_matches:
             _one_pass_matches[x.dtype] = _probe_one_pass(torch, x.dtype, ops_backward)
