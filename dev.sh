@@ -6,6 +6,7 @@
 #                        GCC 14, Open MPI 5), built in a chroot that debootstrap makes in
 #                        $TRIXIE_ROOT (default /var/tmp/dpshim-trixie) from the Debian mirror this
 #                        machine's apt uses (DEBIAN_MIRROR=URI to name another), through its proxy
+#   ./dev.sh libtorch2-packages  as root: that chroot and its packages only (no build, no tests)
 #   ./dev.sh bench       benchmarks, each printed as a ratio measured side by side in one run
 #   ./dev.sh bench-compare REV [PART...]  the library built from commit REV (OLD..NEW: from NEW
 #                        instead of this tree) against this tree's, PARTs (exec, files, allreduce,
@@ -67,7 +68,8 @@ run_tests() {
     cmake -S . -B "$BUILD_DIR-tsan" -DDPSHIM_SANITIZE=thread -DDPSHIM_WERROR=ON >/dev/null
     cmake --build "$BUILD_DIR-tsan" -j"$(nproc)" --target unit_tests threads_tests >/dev/null
     ctest --test-dir "$BUILD_DIR-tsan" -L 'unit|threads' --output-on-failure
-    ctest --test-dir "$BUILD_DIR" --output-on-failure
+    # two at a time only where both mostly wait (tests/CMakeLists.txt: waiting_files)
+    ctest --test-dir "$BUILD_DIR" -j2 --output-on-failure
 }
 
 # debian_mirror: the URI of the Debian archive (not its security archive) this machine's apt
@@ -134,11 +136,11 @@ apt_proxy_conf() {
 # mirror and the proxy that the host's apt has at each run.
 TRIXIE_PACKAGES=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libpmix-dev libffi-dev zlib1g-dev
                  bats bats-assert bats-support python3 libtorch-dev binutils dataset-fashion-mnist)
-test_libtorch2() {
-    local root=${TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
-    if [ "$(id -u)" -ne 0 ]; then # debootstrap, mount and chroot need root
-        exec sudo TRIXIE_ROOT="$root" ${DEBIAN_MIRROR:+DEBIAN_MIRROR="$DEBIAN_MIRROR"} "$PWD/dev.sh" test-libtorch2
-    fi
+# trixie_chroot WHAT: the chroot made and its packages installed; WHAT=tests then builds and runs
+# the libtorch tests there, WHAT=packages stops after the packages (mostly downloads: CI makes them
+# while the host's tests run)
+trixie_chroot() {
+    local what=$1 root=${TRIXIE_ROOT:-/var/tmp/dpshim-trixie}
     local mirror proxy
     mirror=$(debian_mirror) || exit 1
     proxy=$(apt_proxy_conf)
@@ -168,7 +170,7 @@ test_libtorch2() {
     # the host's (a tmpfs on the chroot's /dev/shm is not one on the host's)
     local inside
     inside=$(cat <<'EOF'
-root=$1 src=$2 packages=$3
+root=$1 src=$2 packages=$3 what=$4
 mount -t proc proc "$root/proc"
 mount --bind /sys "$root/sys"
 mount --bind /dev "$root/dev"
@@ -176,6 +178,7 @@ mount -t tmpfs shm "$root/dev/shm" # Open MPI's shared memory
 mount --bind "$src" "$root/src"
 chroot "$root" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends $packages >/dev/null"
+[ "$what" = tests ] || exit 0
 chroot "$root" bash -c 'set -e; cd /src
     cmake -S . -B /build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
     cmake --build /build -j"$(nproc)" >/dev/null
@@ -184,7 +187,17 @@ chroot "$root" bash -c 'set -e; cd /src
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DPS_BUILD=/build timeout 1800 bats --timing tests/integration/libtorch.bats'
 EOF
     )
-    unshare --mount --propagation private bash -euo pipefail -c "$inside" inside "$root" "$PWD" "${TRIXIE_PACKAGES[*]}" </dev/null
+    unshare --mount --propagation private bash -euo pipefail -c "$inside" inside "$root" "$PWD" "${TRIXIE_PACKAGES[*]}" "$what" </dev/null
+}
+
+test_libtorch2() {
+    local what=$1 command
+    command=$([ "$what" = tests ] && echo test-libtorch2 || echo libtorch2-packages)
+    if [ "$(id -u)" -ne 0 ]; then # debootstrap, mount and chroot need root
+        exec sudo ${TRIXIE_ROOT:+TRIXIE_ROOT="$TRIXIE_ROOT"} ${DEBIAN_MIRROR:+DEBIAN_MIRROR="$DEBIAN_MIRROR"} \
+            "$PWD/dev.sh" "$command"
+    fi
+    trixie_chroot "$what"
 }
 
 # median of the numbers on stdin
@@ -825,7 +838,8 @@ setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
 test) setup && build && run_tests ;;
-test-libtorch2) test_libtorch2 ;;
+test-libtorch2) test_libtorch2 tests ;;
+libtorch2-packages) test_libtorch2 packages ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
 gpu-pack) gpu_pack "${2:-}" ;;
 bench-compare) bench_compare "${@:2}" ;;
