@@ -622,8 +622,8 @@ static int kept_collectives(unsigned char *k, const dp_tensor *t, size_t n, dps_
     return 0;
 }
 
-static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                         dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
+static int staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                        dps_fuse_t kind, dps_weight_t w, dps_redop_t op);
 
 /* How long a failed NCCL call in elastic mode waits for the guard to find a loss: a peer that
  * gave up its side (its abort) or whose link went can fail a collective before its loss shows. */
@@ -657,18 +657,20 @@ static int settle_kept(void *m)
 /* A hook call's GPU collective in elastic mode: on a kept copy, so that at a loss the tensors
  * stay as they were (run again among the survivors) or get the result another survivor
  * completed (replayed through host memory). The tensors get the result only once the host saw
- * the collective complete: behind a collective stuck on a lost rank nothing else is queued. */
-static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
-                     dps_weight_t w, dps_redop_t op)
+ * the collective complete: behind a collective stuck on a lost rank nothing else is queued.
+ * Returns 0, or DPS_STOPPED_AT_LOSS (dps_e.stop_at_loss). */
+static int run_kept(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
+                    dps_weight_t w, dps_redop_t op)
 {
     size_t bytes = kept_layout(hook, t, n);
+    unsigned generation = dps_elastic_generation();
     dps_elastic_recover_pending(be, hook); /* before this one starts */
+    int stop = dps_e.stop_at_loss && dps_elastic_generation() != generation;
     for (;;) {
-        remake_comm(hook, be);
-        if (dv.mode == MODE_STAGED) { /* NCCL could not be made anew */
-            staged_fused(hook, be, t, n, kind, w, op);
-            return;
-        }
+        remake_comm(hook, be); /* which ends a collective given up on the stream */
+        if (stop) return DPS_STOPPED_AT_LOSS;
+        if (dv.mode == MODE_STAGED) /* NCCL could not be made anew */
+            return staged_fused(hook, be, t, n, kind, w, op);
         dps_weight_t fixed = w;
         if (kind == DPS_FUSE_GRADS) fixed.scale *= dps_elastic_fix(); /* over the survivors' shares */
         unsigned char *k = kept_buffer(hook, kept.next, bytes);
@@ -684,7 +686,7 @@ static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor 
             kept_copies(hook, k, t, n, 1);
             kept.last = kept.next, kept.next ^= 1, kept.last_bytes = bytes;
             dps_elastic_completed_on_device();
-            return;
+            return 0;
         }
         if (state < 0 && !loss_found()) failed(hook);
         unsigned char *host = malloc(bytes ? bytes : 1);
@@ -700,9 +702,10 @@ static void run_kept(const char *hook, const dps_backend_t *be, const dp_tensor 
             kept.last = kept.next, kept.next ^= 1, kept.last_bytes = bytes;
             dps_elastic_result_on_device();
             free(host);
-            return;
+            return 0;
         }
         free(host);
+        stop = dps_e.stop_at_loss; /* not completed anywhere: as the host path's (fusion.c) */
     }
 }
 
@@ -759,9 +762,11 @@ static void chunk_copies(const char *hook, const chunk_t *c, const dp_tensor *t,
     }
 }
 
-/* Device -> pinned -> host path -> device, two chunks in flight. */
-static void staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
-                         dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
+/* Device -> pinned -> host path -> device, two chunks in flight. Returns 0, or
+ * DPS_STOPPED_AT_LOSS: a chunk's collective stopped at a loss (dps_e.stop_at_loss), the later
+ * chunks not sent. */
+static int staged_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n,
+                        dps_fuse_t kind, dps_weight_t w, dps_redop_t op)
 {
     static chunk_t chunks[2];
     size_t i = 0;
@@ -779,11 +784,16 @@ static void staged_fused(const char *hook, const dps_backend_t *be, const dp_ten
         chunk_copies(hook, next, t, DPS_COPY_D2H);
         void *next_ready = next->n ? dv.gpu->mark() : NULL;
         if (!ready || dv.gpu->wait(ready)) failed(hook);
-        if (dps_fused_host(hook, be, c->host, c->n, kind, w, op))
-            dps_fatal("%s: GPU staging failed (see above)", hook);
+        int rc = dps_fused_host(hook, be, c->host, c->n, kind, w, op);
+        if (rc == DPS_STOPPED_AT_LOSS) {
+            if (next_ready && dv.gpu->wait(next_ready)) failed(hook); /* nothing left on its way */
+            return rc;
+        }
+        if (rc) dps_fatal("%s: GPU staging failed (see above)", hook);
         chunk_copies(hook, c, t, DPS_COPY_H2D);
         ready = next_ready;
     }
+    return 0;
 }
 
 /* Before work on the communication stream: the plugin's device is current, and the stream waits
@@ -912,7 +922,7 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
         uint64_t count = dps_total_count(t, n);
         dps_guard_enter(hook, coll, t[0].dtype, count);
         uint64_t t0 = dps_diag_now();
-        run_kept(hook, be, t, n, kind, w, op);
+        int rc = run_kept(hook, be, t, n, kind, w, op);
         /* the copies back, done: NCCL's errors since (a peer lost after the collective
          * completed) are the next collective's to meet */
         void *m = dv.gpu->mark();
@@ -921,12 +931,12 @@ static int run(const char *hook, const dps_backend_t *be, const dp_tensor *t, si
         dps_diag_collective(hook, count * dps_dtype_size(t[0].dtype), t0, dps_diag_now(), dps_guard_seq(),
                             dps_e.step);
         dps_guard_leave();
-        return 0;
+        return rc;
     }
     if (dv.mode == MODE_STAGED) {
-        staged_fused(hook, be, t, n, kind, w, op);
+        int rc = staged_fused(hook, be, t, n, kind, w, op);
         end(hook, prev, wait);
-        return 0;
+        return rc;
     }
     int coll = kind == DPS_FUSE_BCAST ? DPS_COLL_BCAST : DPS_COLL_ALLREDUCE;
     uint64_t count = dps_total_count(t, n);

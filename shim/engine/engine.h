@@ -27,7 +27,14 @@ typedef struct dps_engine {
     char aside_why[160]; /* what the adapter found: "a DistributedSampler", ... */
     /* the rank broadcasts come from: 0, except inside dp_from_owners (one thread at a time) */
     int bcast_root;
+    /* inside dp_from_owners (elastic mode): a loss ends the call at the collective where every
+     * survivor finds it, instead of running the rest under the survivors' new numbering */
+    int stop_at_loss;
 } dps_engine_t;
+
+/* A collective that dps_e.stop_at_loss gave up at a loss: every survivor has completed the same
+ * collectives before it (what a laggard missed is replayed to it) and none runs it. */
+#define DPS_STOPPED_AT_LOSS 1
 
 extern dps_engine_t dps_e;
 extern const dps_backend_t dps_backend_self;

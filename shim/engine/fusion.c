@@ -106,7 +106,9 @@ static int run_elastic(const char *hook, const dps_backend_t *be, int coll, void
                        int *replayed)
 {
     uint64_t bytes = coll == DPS_COLL_BARRIER ? 1 : count * dps_dtype_size(dtype);
+    unsigned generation = dps_elastic_generation();
     dps_elastic_recover_pending(be, hook); /* before this one starts */
+    if (dps_e.stop_at_loss && dps_elastic_generation() != generation) return DPS_STOPPED_AT_LOSS;
     for (;;) {
         double fixed = fixable ? post * dps_elastic_fix() : post;
         int rc = coll == DPS_COLL_BARRIER ? be->barrier()
@@ -120,6 +122,9 @@ static int run_elastic(const char *hook, const dps_backend_t *be, int coll, void
             *replayed = 1;
             return 0;
         }
+        /* not completed anywhere: a survivor one collective behind completed the one before
+         * (replayed to it) and stops there, so this rank stops here */
+        if (dps_e.stop_at_loss) return DPS_STOPPED_AT_LOSS;
     }
 }
 
@@ -155,6 +160,10 @@ static int run(lane_t *L, const char *hook, const dps_backend_t *be, dps_fuse_t 
              : coll == DPS_COLL_BCAST   ? be->bcast(buf, bytes, dps_e.bcast_root)
                                         : be->allreduce(buf, count, dtype, op, pre, post, one_tensor);
     dps_diag_collective(hook, bytes, t0, dps_diag_now(), dps_guard_seq(), dps_e.step);
+    if (rc == DPS_STOPPED_AT_LOSS) {
+        dps_guard_leave();
+        return rc;
+    }
     /* a failed collective leaves ranks with different values: going on would be silently wrong */
     if (rc != 0) {
         char what[600], where[96];
@@ -216,8 +225,8 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
         if (off == 0 && (in_place(&t[i], rd, es, room) || alone(t, n, i, kind, rd, es, room))) {
             /* large enough to travel alone, or alone in its bucket anyway: no copy, and the
              * backend weights it (piece by piece) */
-            if (run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post, 1, fixable, &replayed))
-                return -1;
+            int rc = run(L, hook, be, kind, t[i].data, t[i].count, rd, op, pre, post, 1, fixable, &replayed);
+            if (rc) return rc;
             i++;
             continue;
         }
@@ -234,8 +243,8 @@ static int fuse(lane_t *L, const char *hook, const dps_backend_t *be, const dp_t
             pack(bucket + used * es, y, off, k, kind, pre, rd);
             used += k, off += k;
         }
-        if (run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0, 0, &replayed))
-            return -1; /* packing and unpacking weigh */
+        int rc = run(L, hook, be, kind, bucket, used, rd, op, 1.0, 1.0, 0, 0, &replayed);
+        if (rc) return rc; /* packing and unpacking weigh */
         double out = fixable && !replayed ? post * dps_elastic_fix() : post;
         for (size_t j = first, done = 0; done < used;) {
             uint64_t k = t[j].count - first_off < used - done ? t[j].count - first_off : used - done;

@@ -100,19 +100,27 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
         for (size_t i = 0; i < n; i++)
             if (owner[i] == r) group[m++] = t[i];
         if (!m) continue;
-        dps_e.bcast_root = r;
+        dps_e.bcast_root = r, dps_e.stop_at_loss = 1;
         int rc = collective("dp_from_owners", be, group, m, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
-        dps_e.bcast_root = 0;
-        if (rc) return rc;
+        dps_e.bcast_root = 0, dps_e.stop_at_loss = 0;
+        if (rc < 0) return rc;
+        if (rc == 0 && dps_elastic_generation() == losses) continue;
         /* owners name ranks as they were numbered: after a loss (the survivors renumbered) the
-         * broadcast went from another rank, and a lost owner's tensors cannot come at all */
-        if (dps_elastic_generation() != losses) {
-            DPS_ERROR("dp_from_owners: a rank was lost during the call and the survivors are numbered anew "
-                      "(dp_world_size() is %d now): the tensors of owner %d and after are not their owners'; "
-                      "call it again with owners among the survivors",
-                      dp_world_size(), r);
-            return -1;
-        }
+         * rest would come from other ranks, and a lost owner's tensors cannot come at all. Every
+         * survivor ends the call after the same collective, which completed before the loss:
+         * this one where its result was replayed here (rc 0), the one before where this one
+         * stopped. Where nothing is left to send the call is whole. */
+        int first_missing = rc == DPS_STOPPED_AT_LOSS ? r : r + 1;
+        for (size_t i = 0; i < n; i++)
+            if (owner[i] >= first_missing) {
+                DPS_ERROR(
+                    "dp_from_owners: a rank was lost during the call and the survivors are numbered "
+                    "anew (dp_world_size() is %d now): the tensors of owner %d and after were not sent; "
+                    "call it again with owners among the survivors",
+                    dp_world_size(), first_missing);
+                return -1;
+            }
+        return 0;
     }
     return 0;
 }

@@ -314,6 +314,24 @@ checksum_counts() {
     done
 }
 
+@test "elastic mode, NCCL: dp_from_owners across a loss, one survivor a collective behind: both stop there" {
+    # rank 2 dies right after giving its data to the second all-reduce; rank 1 reads late, so rank
+    # 0 completes that one and goes on to the next while rank 1 is still in it when the loss is
+    # found: rank 1 gets the result replayed, rank 0 gives the next one up. Both end their calls
+    # there and the job ends; before, rank 0 ran the next one again among the survivors and waited
+    # for rank 1 forever
+    elastic 3 GPU_DOUBLE_DIE_RANK=2 GPU_DOUBLE_DIE_AT=2 GPU_DOUBLE_SLOW_RANK=1 GPU_DOUBLE_SLOW_MS=2500 \
+        DPSHIM_DIAG_LOG=debug -- --hook owners --dtype f32 --steps 1
+    assert_failure
+    [ "$status" -ne 124 ] || fail "the survivors waited for each other until the test's timeout"
+    assert_output --regexp "r1/3\] DEBUG elastic: dp_from_owners: .* laggard 1, abandoned 1, replayed 1"
+    assert_output --regexp "r0/3\] DEBUG elastic: dp_from_owners: .* laggard 0, abandoned 1, replayed 0"
+    assert_output --partial "[dpshim r0/3] ERROR dp_from_owners: a rank was lost during the call and the survivors are numbered anew (dp_world_size() is 2 now): the tensors of owner 1 and after were not sent"
+    for r in 0 1; do
+        assert_output --partial "rank $r: a hook returned -1"
+    done
+}
+
 @test "elastic mode, NCCL: every dtype through dp_grads, dp_grad_ready, dp_params and dp_bn_stats across a loss" {
     for hook in grads ready params bn; do
         elastic 3 -- --hook "$hook" --dtype all --steps 3 --kill-rank 1
