@@ -13,8 +13,8 @@
 int dps_device_split(const dp_tensor *t, size_t n, dp_tensor **host, size_t *nhost, dp_tensor **device,
                      size_t *ndevice);
 
-/* dps_fused for device tensors (all on one device). 0, or fatal: a failed collective leaves
- * ranks with different values. */
+/* dps_fused for device tensors (all on one device). 0, DPS_STOPPED_AT_LOSS (dps_e.stop_at_loss),
+ * or fatal: a failed collective leaves ranks with different values. */
 int dps_device_fused(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
                      dps_weight_t w, dps_redop_t op);
 

@@ -61,8 +61,8 @@ static int collective(const char *hook, const dps_backend_t *be, const dp_tensor
     if (DPS_LIKELY(split == 0)) return dps_fused_host(hook, be, t, n, kind, w, op);
     if (split < 0 || dps_check_tensors(hook, t, n, 1)) return -1;
     dps_guard_tensors(t, n);
-    if (nhost && dps_fused_host(hook, be, host, nhost, kind, w, op)) return -1;
-    return dps_device_fused(hook, be, device, ndevice, kind, w, op);
+    int rc = nhost ? dps_fused_host(hook, be, host, nhost, kind, w, op) : 0;
+    return rc ? rc : dps_device_fused(hook, be, device, ndevice, kind, w, op); /* rc: -1, or stopped */
 }
 
 static int params_(dp_tensor *t, size_t n)
