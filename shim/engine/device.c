@@ -663,9 +663,8 @@ static int run_kept(const char *hook, const dps_backend_t *be, const dp_tensor *
                     dps_weight_t w, dps_redop_t op)
 {
     size_t bytes = kept_layout(hook, t, n);
-    unsigned generation = dps_elastic_generation();
-    dps_elastic_recover_pending(be, hook); /* before this one starts */
-    int stop = dps_e.stop_at_loss && dps_elastic_generation() != generation;
+    /* a loss found before this one starts */
+    int stop = dps_elastic_recover_pending(be, hook) && dps_e.stop_at_loss;
     for (;;) {
         remake_comm(hook, be); /* which ends a collective given up on the stream */
         if (stop) return DPS_STOPPED_AT_LOSS;

@@ -375,9 +375,11 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
     }
 }
 
-void dps_elastic_recover_pending(const dps_backend_t *be, const char *hook)
+int dps_elastic_recover_pending(const dps_backend_t *be, const char *hook)
 {
-    if (el.on && dps_guard_lost_pending()) dps_elastic_recover(be, hook, 0, NULL, 0);
+    if (!el.on || !dps_guard_lost_pending()) return 0;
+    dps_elastic_recover(be, hook, 0, NULL, 0);
+    return 1;
 }
 
 void dps_elastic_completed(void)

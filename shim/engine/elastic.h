@@ -60,7 +60,7 @@ void dps_elastic_at_exit(void);
 enum { DPS_ELASTIC_AGAIN = 0, DPS_ELASTIC_REPLAYED = 1 };
 int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes);
 /* Before a collective starts: a loss found and not yet gone through is, first (recover with no
- * collective under way). */
-void dps_elastic_recover_pending(const dps_backend_t *be, const char *hook);
+ * collective under way). Returns 1 where it went through one. */
+int dps_elastic_recover_pending(const dps_backend_t *be, const char *hook);
 
 #endif

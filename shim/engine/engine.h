@@ -93,8 +93,8 @@ static inline uint64_t dps_total_count(const dp_tensor *t, size_t n)
 /* The host path (fusion.c): reduce (float elements weighted by w; scale 0 gives exact zeros) or
  * broadcast from rank 0 the tensors t[0..n), all in host memory, in place, packed into buckets of
  * [comm] bucket_mb; tensors of a bucket's size or more go to the backend in place. Returns 0, -1
- * after logging, or DPS_STOPPED_AT_LOSS (dps_e.stop_at_loss). The hook ABI (hook_abi.c) decides what goes here and what to the GPU path
- * (device.c), which stages through here where it must. */
+ * after logging, or DPS_STOPPED_AT_LOSS (dps_e.stop_at_loss). The hook ABI (hook_abi.c) decides
+ * what goes here and what to the GPU path (device.c), which stages through here where it must. */
 int dps_fused_host(const char *hook, const dps_backend_t *be, const dp_tensor *t, size_t n, dps_fuse_t kind,
                    dps_weight_t w, dps_redop_t op);
 

@@ -106,9 +106,8 @@ static int run_elastic(const char *hook, const dps_backend_t *be, int coll, void
                        int *replayed)
 {
     uint64_t bytes = coll == DPS_COLL_BARRIER ? 1 : count * dps_dtype_size(dtype);
-    unsigned generation = dps_elastic_generation();
-    dps_elastic_recover_pending(be, hook); /* before this one starts */
-    if (dps_e.stop_at_loss && dps_elastic_generation() != generation) return DPS_STOPPED_AT_LOSS;
+    /* a loss found before this one starts */
+    if (dps_elastic_recover_pending(be, hook) && dps_e.stop_at_loss) return DPS_STOPPED_AT_LOSS;
     for (;;) {
         double fixed = fixable ? post * dps_elastic_fix() : post;
         int rc = coll == DPS_COLL_BARRIER ? be->barrier()
