@@ -19,8 +19,10 @@
 /* --- messages between the ranks' watchdogs --- */
 
 /* MSG_WHERE asks a rank where it is; its MSG_HERE answers with its status, and starts no report.
- * MSG_LOST tells a rank that the others found it stalled and go on without it (elastic mode). */
-enum { MSG_STATUS = 1, MSG_LEAVING = 2, MSG_WHERE = 3, MSG_HERE = 4, MSG_LOST = 5 };
+ * MSG_LOST tells a rank that the others found it stalled and go on without it (elastic mode);
+ * MSG_ENDING tells the other survivors that this rank ends rank left_rank, and why (LOST_* in
+ * why): its process is gone soon after, for that reason and not a crash. */
+enum { MSG_STATUS = 1, MSG_LEAVING = 2, MSG_WHERE = 3, MSG_HERE = 4, MSG_LOST = 5, MSG_ENDING = 6 };
 /* WHY_PEER_GONE: a rank of this host whose process ended without leaving the program (liveness.c). */
 enum { WHY_TIMEOUT = 1, WHY_PEER_LEFT = 2, WHY_ANSWER = 3, WHY_FAILED = 4, WHY_PEER_GONE = 5 };
 
@@ -438,6 +440,12 @@ static int settle_by_loss(void)
     for (int r = 0; known(r); r++) {
         int kind = stall_of(&watch.peers[r]);
         if (watch.peers[r].gone || !kind) continue;
+        /* before the agreement's messages and the kill: a survivor that sees the process gone
+         * first still names the cause found here (the side channel keeps each pair's order) */
+        guard_msg_t ends = {.kind = MSG_ENDING, .rank = me, .left_rank = r, .why = kind};
+        for (int q = 0; known(q); q++)
+            if (q != me && q != r && !watch.peers[q].gone)
+                dps_guard_conf.be->guard_send(&ends, sizeof ends, q);
         lost_elastic(r, kind);
         dps_guard_end_peer(r);
         guard_msg_t end = {.kind = MSG_LOST, .rank = me, .left_rank = -1};
@@ -476,6 +484,15 @@ static void receive(void)
             p->left_seq = m.seq, p->left_step = m.step, p->tally = m.tally;
         } else if (m.kind == MSG_LOST) {
             ended_as_stalled(src);
+        } else if (m.kind == MSG_ENDING && known(m.left_rank) && m.left_rank != dps_guard_conf.rank &&
+                   atomic_load(&elastic.on) && (m.why == LOST_STALLED || m.why == LOST_SILENT)) {
+            /* its process ending is that rank's doing: the found cause beats "its process ended" */
+            _Atomic unsigned char *cause = &watch.peers[m.left_rank].lost_cause;
+            unsigned char was = atomic_load(cause);
+            while ((was == 0 || was == LOST_TOLD || was == LOST_GONE) &&
+                   !atomic_compare_exchange_weak(cause, &was, (unsigned char)m.why))
+                ;
+            lost_elastic(m.left_rank, m.why);
         } else if (m.kind == MSG_STATUS) {
             p->status = m, p->have = 1;
             if (m.why != WHY_ANSWER && !watch.first.kind) watch.first = m;

@@ -9,7 +9,9 @@
  * (start) it dies before the start-up broadcast of the weights (KILL_STEP unused). At the end
  * each rank prints its ranks, the two weights'
  * first elements and a checksum of all of them, and dp_metric's count of ranks.
- * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step.
+ * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step;
+ * ELASTIC_TRAIN_LATE=R:MS: rank R enters step KILL_STEP's gradient sum MS ms after the others, so
+ * that another survivor's guard finds the stalled rank first.
  * ELASTIC_TRAIN_SAVE=DIR: DIR/train.log, open from the start, gets "step S" after each step, and
  * DIR/w.ckpt the weights (made anew each step); at the end each rank reads w.ckpt back and prints
  * its checksum (for [files] rank0_only). */
@@ -106,6 +108,11 @@ int main(int argc, char **argv)
             pthread_t t;
             if (during) pthread_create(&t, NULL, kill_soon, NULL);
         }
+        int late_rank = -1, late_ms = 0;
+        if (s == kill_step && getenv("ELASTIC_TRAIN_LATE") &&
+            sscanf(getenv("ELASTIC_TRAIN_LATE"), "%d:%d", &late_rank, &late_ms) == 2 &&
+            late_rank == start_rank)
+            usleep((useconds_t)late_ms * 1000);
         for (int i = 0; i < SMALL + LARGE; i++)
             g[i] = (float)(start_rank + 1);
         dp_grads(tg, 2);
