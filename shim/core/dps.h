@@ -75,6 +75,10 @@ void dps_run_before_fatal_exit(void);
 void dps_exit_status_note(int status);
 /* Rank r was lost and the job went on without it (elastic mode): lost.N beside the statuses. */
 void dps_exit_status_lost(int rank);
+/* This rank ends with the others as their reports decided (the guard): end.N beside the statuses,
+ * so that dpshim-run ends a launcher that still waits for a rank that cannot end itself (stopped,
+ * or on a node cut off), which recovery mode would otherwise wait for. */
+void dps_exit_status_ends_job(void);
 _Noreturn void dps_exit_now(int status);
 /* Whether the launcher keeps the other ranks running after one is lost: Open MPI's mpirun
  * --enable-recovery (4.x) tells every rank so. */

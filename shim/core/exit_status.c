@@ -40,6 +40,13 @@ void dps_exit_status_lost(int rank)
     if (fd >= 0) dps_sys_close(fd);
 }
 
+void dps_exit_status_ends_job(void)
+{
+    if (dps_g.role != DPS_ROLE_RANK) return;
+    int fd = create_in_status_dir("end", dps_g.rank);
+    if (fd >= 0) dps_sys_close(fd);
+}
+
 int dps_launcher_keeps_survivors(void)
 {
     const char *v = getenv("OMPI_MCA_orte_enable_recovery");

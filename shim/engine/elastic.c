@@ -297,6 +297,9 @@ static void say_loss(const int *before, int nbefore)
                                   dps_guard_lost_cause(r));
     }
     if (dps_g.eff_rank != 0 || !lost) return;
+    /* said now, not at exit: dpshim-run then knows a rank's end was a loss the job went on from */
+    for (int r = 0; r < dps_g.size; r++)
+        if (el.lost_in_step[r]) dps_exit_status_lost(r);
     /* what of the step the lost ranks held: it is missing from the sums not complete at the loss
      * (a sum some survivor completed holds it) */
     char missing[160];
@@ -422,7 +425,6 @@ void dps_elastic_at_exit(void)
     for (int r = 0; r < dps_g.size; r++) {
         if (!el.lost_in_step[r]) continue;
         lost++;
-        dps_exit_status_lost(r);
         if (o < sizeof names)
             o += (size_t)snprintf(names + o, sizeof names - o, "%srank %d in step %llu", lost > 1 ? ", " : "",
                                   r, (unsigned long long)el.lost_in_step[r]);

@@ -58,6 +58,8 @@ static struct {
     atomic_int lowest;
     /* the watchdog's: the collective the main thread was in at the last loss, and when */
     uint64_t loss_seq, loss_ns;
+    /* this rank ends without knowing whether the others go on (no quorum here, no decision) */
+    atomic_int others_may_go_on;
     pthread_mutex_t lock;
     dps_survivors_t *agreement;
 } elastic = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -92,9 +94,9 @@ static struct {
     atomic_int opening; /* the backend is starting up, for the hook in opened_by */
     const char *opened_by;
     peer_t *peers;
-    atomic_int nleft; /* ranks that announced they left the program */
-    atomic_int ngone; /* ranks whose process ended without leaving it (kept after the table goes) */
-    int reporting;
+    atomic_int nleft;     /* ranks that announced they left the program */
+    atomic_int ngone;     /* ranks whose process ended without leaving it (kept after the table goes) */
+    atomic_int reporting; /* read by dps_guard_end_job on any thread */
     uint64_t deadline;
     guard_msg_t first; /* what started the report */
     /* this rank's wait for rank 0's file operation: when rank 0 was last asked, and how many of
@@ -188,6 +190,8 @@ static atomic_int ending;
 _Noreturn void dps_guard_end_job(int printed)
 {
     atomic_store(&ending, 1);
+    /* the ranks' report decided it: every rank that can end does so now */
+    if (watch.reporting && !atomic_load(&elastic.others_may_go_on)) dps_exit_status_ends_job();
     dps_run_before_fatal_exit();
     if (!printed) {
         struct timespec pause_ = {2, 0};
@@ -710,12 +714,15 @@ static int quorum(dps_guard_decision_t *out)
     int has_lowest = 0;
     for (int i = 0; i < out->n; i++)
         has_lowest |= out->ranks[i] == atomic_load(&elastic.lowest);
+    /* not a quorum: the ranks this one no longer reaches may be one, and go on */
+    int minority = 2 * out->n < elastic.members || (2 * out->n == elastic.members && !has_lowest);
+    if (minority) atomic_store(&elastic.others_may_go_on, 1);
     if (out->n < elastic.min_ranks) {
         snprintf(out->why, sizeof out->why, "%d rank(s) are left, fewer than [elastic] min_ranks = %d",
                  out->n, elastic.min_ranks);
         return -1;
     }
-    if (2 * out->n < elastic.members || (2 * out->n == elastic.members && !has_lowest)) {
+    if (minority) {
         snprintf(
             out->why, sizeof out->why,
             "the %d rank(s) this rank still reaches are not a quorum of the %d before (more than half, or "
@@ -776,6 +783,7 @@ int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
                     "no decision within [guard] timeout = %.0f s: this rank coordinates, and rank %d's view "
                     "(ready, and the same as its own) has not come",
                     conf->timeout, missing);
+            atomic_store(&elastic.others_may_go_on, 1);
             return -1;
         }
         nanosleep(&nap, NULL);

@@ -157,7 +157,7 @@ recovered() {
     while read -r dir; do [ ! -e "$dir" ] || fail "$dir is left"; done <"$BATS_TEST_TMPDIR/status_dirs"
 }
 
-@test "dpshim-run --enable-recovery: a rank that leaves no status is named; a bad DPSHIM_STATUS_DIR is refused" {
+@test "dpshim-run --enable-recovery: a rank that leaves no status is named; a folder given is cleared; a bad one is refused" {
     cd "$BATS_TEST_TMPDIR"
     mkdir shared
     # rank 1 is killed after its last collective: rank 0 finishes with 0, rank 1 leaves nothing
@@ -166,6 +166,14 @@ recovered() {
     assert_output --partial "rank 0 finished 3 steps, 2 ranks"
     assert_failure 75
     assert_output --partial "dpshim-run: rank(s) 1 left no exit status in $BATS_TEST_TMPDIR/shared: lost"
+    # the folder again, with an earlier job's marks of a lost rank 1 and of a guard's end: rank
+    # 1's exit 3 now is the job's, and nothing is ended early
+    touch shared/lost.1 shared/end.0
+    DPSHIM_STATUS_DIR=shared recovered 2 --oversubscribe --enable-recovery /usr/bin/python3 -c \
+        'import os, time; time.sleep(12); raise SystemExit(3 * int(os.environ["OMPI_COMM_WORLD_RANK"]))'
+    assert_failure 3
+    assert_output --partial "dpshim-run: the job failed: rank 1 exited with status 3"
+    refute_output --partial "ending it"
     DPSHIM_STATUS_DIR=/nonexistent recovered 2 --enable-recovery /bin/true
     assert_failure 2
     assert_output --partial "DPSHIM_STATUS_DIR=/nonexistent: not a folder this user can write to"

@@ -206,7 +206,7 @@ mpi() {
 
 # elastic_run STEPS [MODE]: elastic_train STEPS on 4 ranks (1 and 3 on nodeB) through dpshim-run
 # under mpirun --enable-recovery, in the background, its output in $out; with MODE (before:
-# SIGKILL) ranks 1 and 3 each end at step 3.
+# SIGKILL; stop: SIGSTOP) ranks 1 and 3 each end or stop at step 3.
 elastic_run() {
     out=$BATS_TEST_TMPDIR/out
     timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=$TIMEOUT \
@@ -238,6 +238,20 @@ elastic_done() {
     assert_output --partial "rank 0 of 2 (started as 0 of 4): small -0.12999998 large -0.12999998"
     assert_output --partial "rank 1 of 2 (started as 2 of 4): small -0.12999998 large -0.12999998"
     [ "$elapsed" -le $((TIMEOUT + 30)) ] || fail "took $elapsed s"
+}
+
+@test "elastic: nodeB's ranks stopped, too few left ([elastic] min_ranks): the guard ends the job, stopped ranks and all" {
+    # nodeA's ranks cannot end the stopped ones on another node, nor does the launcher in
+    # recovery mode: dpshim-run ends it once the guard has ended the job
+    local start=$SECONDS
+    DPSHIM_ELASTIC_MIN_RANKS=3 elastic_run 6 stop
+    elastic_done "$start"
+    assert_equal "$status" 75
+    assert_output --partial "the survivors of a lost rank cannot go on: 2 rank(s) are left, fewer than [elastic] min_ranks = 3"
+    assert_output --partial "the guard ended the job, and mpirun still runs 10 s later, waiting for rank(s) 1 3 (stopped, or on a node it cannot reach): ending it"
+    assert_output --partial "the job failed: rank 0 exited with status 75"
+    [ "$elapsed" -le $((TIMEOUT + 40)) ] || fail "took $elapsed s"
+    ! pgrep -f "elastic_train 6 [13] 3 stop" || fail "a stopped rank is still there"
 }
 
 @test "elastic: the link to nodeB cut: nodeA's ranks go on, and the job ends by itself with status 0" {
