@@ -417,6 +417,20 @@ static int ensure_perm(dpnn_model_t *m, size_t n)
     return m->perm_cap ? 0 : -1;
 }
 
+/* Trains m->perm[0..n) in batches of `batch`, adding the loss and sample count to v. */
+static int train_samples(dpnn_model_t *m, const dpnn_data_t *d, size_t n, size_t batch, uint64_t max_steps,
+                         double v[2])
+{
+    for (size_t s = 0; s < n && !(max_steps && m->steps >= max_steps); s += batch) {
+        size_t b = n - s < batch ? n - s : batch;
+        memcpy(m->bidx, m->perm + s, b * sizeof *m->bidx);
+        size_t k = dp_batch ? dp_batch(m->bidx, b) : b;
+        if (train_batch(m, d, m->bidx, k, &v[0]) != 0) return -1;
+        v[1] += (double)k;
+    }
+    return 0;
+}
+
 int dpnn_train_epoch(dpnn_model_t *m, const dpnn_data_t *d, size_t batch, uint64_t max_steps,
                      dpnn_epoch_stats_t *stats)
 {
@@ -431,13 +445,11 @@ int dpnn_train_epoch(dpnn_model_t *m, const dpnn_data_t *d, size_t batch, uint64
     size_t n = dp_epoch ? dp_epoch(m->perm, d->n) : d->n;
     double v[2] = {0.0, 0.0}; /* summed loss, samples */
     uint64_t first = m->steps;
-    for (size_t s = 0; s < n && !(max_steps && m->steps >= max_steps); s += batch) {
-        size_t b = n - s < batch ? n - s : batch;
-        memcpy(m->bidx, m->perm + s, b * sizeof *m->bidx);
-        size_t k = dp_batch ? dp_batch(m->bidx, b) : b;
-        if (train_batch(m, d, m->bidx, k, &v[0]) != 0) return -1;
-        v[1] += (double)k;
-    }
+    if (train_samples(m, d, n, batch, max_steps, v) != 0) return -1;
+    /* a job that went on without a rank lost in this epoch: this rank's share of what it had not
+     * trained (dp_epoch_rest needs hook ABI version 5) */
+    size_t rest = dp_abi_version && dp_abi_version() >= 5 && dp_epoch_rest ? dp_epoch_rest(m->perm, d->n) : 0;
+    if (rest && train_samples(m, d, rest < d->n ? rest : d->n, batch, max_steps, v) != 0) return -1;
     if (dp_metric) dp_metric(v, 2, DP_SUM);
     stats->loss = v[1] > 0 ? v[0] / v[1] : 0.0;
     stats->steps = m->steps - first;

@@ -206,23 +206,22 @@ static size_t epoch_rest_(uint64_t *idx, size_t cap)
     uint64_t n = 0;
     const uint64_t *mine = NULL;
     if (dps_elastic_rest_due()) {
-        const dps_backend_t *be = dps_comm("dpshim_epoch_rest");
+        const dps_backend_t *be = dps_comm("dp_epoch_rest");
         uint64_t count, have;
         dps_elastic_rest(&count);
         dp_tensor t = {&count, 1, DP_I64, DP_HOST, "epoch rest count"};
-        if (!be || collective("dpshim_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM))
+        if (!be || collective("dp_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM))
             return 0;
         uint64_t *all = calloc(count ? count : 1, sizeof *all);
         if (!all) {
-            DPS_ERROR("dpshim_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
+            DPS_ERROR("dp_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
             return 0;
         }
         const uint64_t *rest = dps_elastic_rest(&have); /* after the broadcast: a loss inside it may add */
         if (dps_g.eff_rank == 0 && count) memcpy(all, rest, (have < count ? have : count) * sizeof *all);
         t = (dp_tensor){all, count, DP_I64, DP_HOST, "epoch rest"};
-        int rc = count
-                     ? collective("dpshim_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM)
-                     : 0;
+        int rc =
+            count ? collective("dp_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;
         if (!rc) mine = dps_elastic_rest_share(all, count, &n);
         free(all);
         if (rc) return 0;
@@ -512,7 +511,7 @@ DPS_EXPORT ONE_AT_A_TIME(int, dp_params, "dp_params", params_, (dp_tensor * t, s
     ONE_AT_A_TIME(size_t, dp_batch, "dp_batch", batch_, (uint64_t * idx, size_t n), (idx, n)) DPS_EXPORT
     ONE_AT_A_TIME(size_t, dpshim_batch_whole, "dp_batch", whole_batch_, (uint64_t n), (n)) DPS_EXPORT
     ONE_AT_A_TIME(size_t, dpshim_epoch_count, "dp_epoch", epoch_count_, (size_t n), (n)) DPS_EXPORT
-    ONE_AT_A_TIME(size_t, dpshim_epoch_rest, "dpshim_epoch_rest", epoch_rest_, (uint64_t * idx, size_t cap),
+    ONE_AT_A_TIME(size_t, dp_epoch_rest, "dp_epoch_rest", epoch_rest_, (uint64_t * idx, size_t cap),
                   (idx, cap)) DPS_EXPORT
     ONE_AT_A_TIME(size_t, dp_epoch, "dp_epoch", epoch_, (uint64_t * idx, size_t n), (idx, n)) DPS_EXPORT
     ONE_AT_A_TIME(int, dp_grad_ready, "dp_grad_ready", grad_ready_, (const dp_tensor *t), (t)) DPS_EXPORT

@@ -8,6 +8,22 @@ load helpers
 
 TRAIN=$BUILD/bin/elastic_train
 
+# trained_per_epoch PREFIX EPOCHS: from the lines "EPOCH SAMPLE..." of PREFIX.* (one file a rank),
+# what each epoch trained: "epoch E: N samples, T twice" in $output.
+trained_per_epoch() {
+    run python3 -c '
+import collections, glob, sys
+seen = collections.defaultdict(collections.Counter)
+for f in glob.glob(sys.argv[1] + ".*"):
+    for line in open(f):
+        epoch, *samples = map(int, line.split())
+        seen[epoch].update(samples)
+for epoch in range(int(sys.argv[2])):
+    c = seen[epoch]
+    print(f"epoch {epoch}: {len(c)} samples, {sum(c.values()) - len(c)} twice")' "$1" "$2"
+    echo "$output"
+}
+
 # elastic N ARGS...: elastic_train ARGS on N ranks through dpshim-run, whose status is the ranks'
 # own under the launcher's recovery mode; timed.
 elastic() {
@@ -289,20 +305,30 @@ whole_files() {
             fail "the survivors' parameters differ"
         # what every rank trained, the lost one's steps before its loss included: each epoch
         # every sample, the padding's few twice
-        run python3 -c '
-import collections, glob, sys
-seen = collections.defaultdict(collections.Counter)
-for f in glob.glob(sys.argv[1] + ".*"):
-    for line in open(f):
-        epoch, *samples = map(int, line.split())
-        seen[epoch].update(samples)
-for epoch in range(3):
-    c = seen[epoch]
-    print(f"epoch {epoch}: {len(c)} samples, {sum(c.values()) - len(c)} twice")' "$BATS_TEST_TMPDIR/trained"
-        echo "$output"
+        trained_per_epoch "$BATS_TEST_TMPDIR/trained" 3
         assert_output "epoch 0: 512 samples, 1 twice
 epoch 1: 512 samples, 2 twice
 epoch 2: 512 samples, 0 twice"
+    done
+}
+
+@test "a C framework's epochs in scale mode (dp_epoch_rest), rank 1 or rank 0 of 3 killed: every sample trained once" {
+    local lost
+    for lost in 1 0; do
+        rm -f "$BATS_TEST_TMPDIR"/trained.*
+        run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 DPSHIM_DATA_MODE=scale \
+            TRACE="$BATS_TEST_TMPDIR/trained" "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery \
+            "$BUILD/bin/elastic_epochs" 3 100 10 $lost 6 </dev/null
+        echo "$output"
+        assert_success
+        # 100 samples at np=3: shards of 34 (two samples twice), 4 steps an epoch; killed as
+        # epoch 1's second step starts, after one batch: 24 left, 12 for each survivor
+        assert_output --partial "elastic: the 24 samples of this epoch the lost rank(s) had not trained are trained now, 12 by each survivor"
+        [ "$(grep -c '^rank .*: 15 steps, 2 ranks$' <<<"$output")" -eq 2 ] || fail "two survivors should finish"
+        trained_per_epoch "$BATS_TEST_TMPDIR/trained" 3
+        assert_output "epoch 0: 100 samples, 2 twice
+epoch 1: 100 samples, 2 twice
+epoch 2: 100 samples, 0 twice"
     done
 }
 

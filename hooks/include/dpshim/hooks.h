@@ -1,4 +1,4 @@
-/* dpshim hook ABI, version 4: the points where a framework lets dpshim make it data-parallel.
+/* dpshim hook ABI, version 5: the points where a framework lets dpshim make it data-parallel.
  * A framework declares these weak (define DPSHIM_HOOKS_WEAK before including) and calls them
  * when non-NULL; without libdpshim.so preloaded every pointer is NULL and it runs alone.
  * Later versions add functions; the meaning of these never changes. */
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DPSHIM_HOOK_ABI_VERSION 4
+#define DPSHIM_HOOK_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +74,13 @@ DPSHIM_HOOK_DECL int dp_step_end(uint64_t step);
  * Owners are ranks as dp_rank numbers them (after a lost rank, the survivors'). Returns 0, or -1
  * (an owner outside 0..world size-1, NULL lists, a rank lost during the call). */
 DPSHIM_HOOK_DECL int dp_from_owners(dp_tensor *t, size_t n, const int32_t *owner);
+
+/* Version 5. Scale mode, after this rank's dp_epoch shard of an epoch is trained, on every rank
+ * at the same place: the samples that ranks lost during the epoch had not trained (a job that goes
+ * on without a lost rank), this rank's share of them. Returns their count and keeps the first
+ * min(count, cap) at idx; asked again with a larger idx, it returns the same share. 0 where nothing
+ * was lost (or not scale mode); train the share as the epoch's last batches. */
+DPSHIM_HOOK_DECL size_t dp_epoch_rest(uint64_t *idx, size_t cap);
 
 /* Version 3. The hook ABI version of the loaded libdpshim.so (its DPSHIM_HOOK_ABI_VERSION): a
  * framework built against a newer header calls a newer hook only where this is at least that

@@ -49,7 +49,7 @@ class _Shim:
                 ("dp_epoch", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dpshim_batch_whole", ctypes.c_size_t, [ctypes.c_uint64]),
                 ("dpshim_epoch_count", ctypes.c_size_t, [ctypes.c_size_t]),
-                ("dpshim_epoch_rest", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+                ("dp_epoch_rest", ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                 ("dp_grads", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
                 ("dpshim_grads_summed", ctypes.c_int, [ctypes.POINTER(_Tensor), ctypes.c_size_t]),
                 ("dp_grad_ready", ctypes.c_int, [ctypes.POINTER(_Tensor)]),
@@ -80,7 +80,7 @@ class _Shim:
 
 
 _COLLECTIVES = ("dp_params", "dp_from_owners", "dp_seed", "dp_grads", "dpshim_grads_summed", "dp_grad_ready", "dp_bn_stats",
-                "dp_metric", "dp_step_end", "dpshim_epoch_rest")
+                "dp_metric", "dp_step_end", "dp_epoch_rest")
 # the adapter's directory (sitecustomize.py and this package)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Python's standard library, the adapter, and torch's package once imported: no script lines there

@@ -87,11 +87,11 @@ def _patch_samplers(torch):
             yield [arr[i] for i in range(keep)]
 
     def epoch_rest():
-        n = _shim.dpshim_epoch_rest(None, 0)
+        n = _shim.dp_epoch_rest(None, 0)
         if not n:
             return []
         arr = (ctypes.c_uint64 * n)()
-        _shim.dpshim_epoch_rest(arr, n)
+        _shim.dp_epoch_rest(arr, n)
         return list(arr)
 
     def length(self):
