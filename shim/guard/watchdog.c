@@ -60,6 +60,8 @@ static struct {
     uint64_t loss_seq, loss_ns;
     /* this rank ends without knowing whether the others go on (no quorum here, no decision) */
     atomic_int others_may_go_on;
+    /* the main thread's word to the watchdog: rank + 1 never answered the agreement */
+    atomic_int silent_in_agreement;
     pthread_mutex_t lock;
     dps_survivors_t *agreement;
 } elastic = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -355,6 +357,7 @@ static void rank0_answered(const guard_msg_t *m);
 
 static void send_agreement(void);
 static void lost_elastic(int r, int cause);
+static void end_lost_rank(int r, int kind);
 
 static int going_on_after_loss(void)
 {
@@ -444,19 +447,26 @@ static int settle_by_loss(void)
     for (int r = 0; known(r); r++) {
         int kind = stall_of(&watch.peers[r]);
         if (watch.peers[r].gone || !kind) continue;
-        /* before the agreement's messages and the kill: a survivor that sees the process gone
-         * first still names the cause found here (the side channel keeps each pair's order) */
-        guard_msg_t ends = {.kind = MSG_ENDING, .rank = me, .left_rank = r, .why = kind};
-        for (int q = 0; known(q); q++)
-            if (q != me && q != r && !watch.peers[q].gone)
-                dps_guard_conf.be->guard_send(&ends, sizeof ends, q);
-        lost_elastic(r, kind);
-        dps_guard_end_peer(r);
-        guard_msg_t end = {.kind = MSG_LOST, .rank = me, .left_rank = -1};
-        dps_guard_conf.be->guard_send(&end, sizeof end, r);
+        end_lost_rank(r, kind);
     }
     forget_report();
     return 1;
+}
+
+/* Rank r, stalled or silent (kind), is lost: the others hear why, the agreement goes on without
+ * it, and its process is ended (on this host; elsewhere it ends itself on MSG_LOST, if it can). */
+static void end_lost_rank(int r, int kind)
+{
+    int me = dps_guard_conf.rank;
+    /* before the agreement's messages and the kill: a survivor that sees the process gone
+     * first still names the cause found here (the side channel keeps each pair's order) */
+    guard_msg_t ends = {.kind = MSG_ENDING, .rank = me, .left_rank = r, .why = kind};
+    for (int q = 0; known(q); q++)
+        if (q != me && q != r && !watch.peers[q].gone) dps_guard_conf.be->guard_send(&ends, sizeof ends, q);
+    lost_elastic(r, kind);
+    dps_guard_end_peer(r);
+    guard_msg_t end = {.kind = MSG_LOST, .rank = me, .left_rank = -1};
+    dps_guard_conf.be->guard_send(&end, sizeof end, r);
 }
 
 static void receive(void)
@@ -762,21 +772,38 @@ int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
         }
         pthread_mutex_unlock(&elastic.lock);
         send_agreement();
+        /* the wait for a decision is the agreement's to time: the guard's timeout starts anew
+         * for the rest of the recovery */
+        if (d) atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
         if (d) return quorum(out);
         if (broken) {
             snprintf(out->why, sizeof out->why,
                      "their counts of completed collectives are more than one apart");
             return -1;
         }
-        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > conf->timeout) {
-            int coordinator, missing;
-            pthread_mutex_lock(&elastic.lock);
-            dps_surv_waiting(elastic.agreement, &coordinator, &missing);
-            pthread_mutex_unlock(&elastic.lock);
+        /* the coordinator waits [guard] timeout for the others' views; the others wait twice as
+         * long for its decision, so that it can first find a silent one */
+        int coordinator, missing;
+        pthread_mutex_lock(&elastic.lock);
+        dps_surv_waiting(elastic.agreement, &coordinator, &missing);
+        int silent = coordinator != conf->rank ? coordinator : missing,
+            known_lost = silent >= 0 && dps_surv_is_lost(elastic.agreement, silent);
+        pthread_mutex_unlock(&elastic.lock);
+        double patience = conf->timeout * (coordinator == conf->rank ? 1 : 2);
+        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > patience && silent >= 0 &&
+            !known_lost && !atomic_load(&elastic.silent_in_agreement)) {
+            /* silent past the guard's timeout, as a report would find it: lost, and the
+             * agreement goes on without it (a cut link: only a quorum goes on) */
+            atomic_store(&elastic.silent_in_agreement, silent + 1);
+            start = dps_guard_now_ns();
+            continue;
+        }
+        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > patience) {
             if (coordinator != conf->rank)
-                snprintf(out->why, sizeof out->why,
-                         "no decision came within [guard] timeout = %.0f s from the coordinator, rank %d",
-                         conf->timeout, coordinator);
+                snprintf(
+                    out->why, sizeof out->why,
+                    "no decision came within %.0f s (twice [guard] timeout) from the coordinator, rank %d",
+                    patience, coordinator);
             else
                 snprintf(
                     out->why, sizeof out->why,
@@ -795,6 +822,11 @@ static void tick(void)
 {
     const dps_guard_pos_t *pos = &dps_guard_pos;
     receive();
+    int silent = atomic_load(&elastic.silent_in_agreement);
+    if (silent) {
+        if (!watch.peers[silent - 1].gone) end_lost_rank(silent - 1, LOST_SILENT);
+        atomic_store(&elastic.silent_in_agreement, 0);
+    }
     if (!watch.reporting) look_at_file_wait();
     if (!watch.reporting && atomic_load(&failed)) start_report(WHY_FAILED, -1);
     if (!watch.reporting) look_at_processes();

@@ -177,6 +177,21 @@ whole_files() {
     ! pgrep -f "elastic_train 6 1 3 stop" || fail "the stopped rank is still there"
 }
 
+@test "a rank killed, and another stopped as the survivors agree: that one is lost too, and the last two go on" {
+    # rank 2 stops where rank 1 dies: the agreement on rank 1's loss never hears from it
+    local start=$SECONDS
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=4 "$BUILD/bin/dpshim-run" -np 4 \
+        --oversubscribe --enable-recovery \
+        sh -c 'case $OMPI_COMM_WORLD_RANK in 1) exec "$0" 6 1 3 before ;; 2) exec "$0" 6 2 3 stop ;; *) exec "$0" 6 ;; esac' \
+        "$TRAIN" </dev/null
+    echo "$output"
+    assert_success
+    assert_output --regexp "elastic: lost rank 1 \([^,]+, process [0-9]+: its process ended\), rank 2 \([^,]+, process [0-9]+: no answer past \[guard\] timeout: stopped, or its host or link is down\) during step 3"
+    survivors_agree 2
+    [ $((SECONDS - start)) -lt 30 ] || fail "took $((SECONDS - start)) s"
+    ! pgrep -f "elastic_train 6 2 3 stop" || fail "the stopped rank is still there"
+}
+
 @test "a rank lost as every rank reads the checkpoint back, before rank 0 replaces it: no wait for it" {
     # rank 0 waits for the others to have read the file before it renames the next one onto it;
     # rank 2 dies before its read (rank 0 stops waiting for it), or rank 0 before its own (the
