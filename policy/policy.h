@@ -147,8 +147,9 @@ typedef struct dps_error {
       "PYTHONHASHSEED was dpshim's choice for the job (the adapter takes both "                              \
       "out of the script's environment)")                                                                    \
     X(DPS_ENV_STATUS_DIR, "dpshim-run",                                                                      \
-      "the folder where each rank process leaves its exit status (rank.N), which dpshim-run reads under "    \
-      "the launcher's recovery mode")
+      "the folder where each rank process leaves its exit status (rank.N), the lowest survivor the ranks "   \
+      "lost (lost.N), and a rank the guard ended with the others a mark (end.N), which dpshim-run reads "    \
+      "under the launcher's recovery mode")
 
 typedef struct dps_env_var {
     const char *name, *set_by, *doc;
