@@ -358,6 +358,7 @@ static void rank0_answered(const guard_msg_t *m);
 static void send_agreement(void);
 static void lost_elastic(int r, int cause);
 static void end_lost_rank(int r, int kind);
+static void note_lost_cause(peer_t *p, int cause, int beats_gone);
 
 static int going_on_after_loss(void)
 {
@@ -501,11 +502,7 @@ static void receive(void)
         } else if (m.kind == MSG_ENDING && known(m.left_rank) && m.left_rank != dps_guard_conf.rank &&
                    atomic_load(&elastic.on) && (m.why == LOST_STALLED || m.why == LOST_SILENT)) {
             /* its process ending is that rank's doing: the found cause beats "its process ended" */
-            _Atomic unsigned char *cause = &watch.peers[m.left_rank].lost_cause;
-            unsigned char was = atomic_load(cause);
-            while ((was == 0 || was == LOST_TOLD || was == LOST_GONE) &&
-                   !atomic_compare_exchange_weak(cause, &was, (unsigned char)m.why))
-                ;
+            note_lost_cause(&watch.peers[m.left_rank], m.why, 1);
             lost_elastic(m.left_rank, m.why);
         } else if (m.kind == MSG_STATUS) {
             p->status = m, p->have = 1;
@@ -636,6 +633,16 @@ static void look_at_processes(void)
     }
 }
 
+/* p's cause of loss, where none is known yet or only another rank's word (or, beats_gone: that
+ * its process ended, which the rank that ended it explains). */
+static void note_lost_cause(peer_t *p, int cause, int beats_gone)
+{
+    unsigned char was = atomic_load(&p->lost_cause);
+    while ((was == 0 || was == LOST_TOLD || (beats_gone && was == LOST_GONE)) &&
+           !atomic_compare_exchange_weak(&p->lost_cause, &was, (unsigned char)cause))
+        ;
+}
+
 /* Rank r is lost, and the job goes on without it: the agreement holds it lost, the main thread
  * gives up its collective, the exit barrier waits no more for r, and the agreement's messages go
  * out. */
@@ -645,10 +652,7 @@ static void lost_elastic(int r, int cause)
     /* told by another rank: what this rank saw of r says why, where it saw anything */
     if (cause == LOST_TOLD && dps_guard_peer_gone(r)) cause = LOST_GONE;
     if (cause == LOST_TOLD && watch.reporting && stall_of(p)) cause = stall_of(p);
-    unsigned char was = atomic_load(&p->lost_cause); /* a cause seen here beats another rank's word */
-    while ((was == 0 || was == LOST_TOLD) &&
-           !atomic_compare_exchange_weak(&p->lost_cause, &was, (unsigned char)cause))
-        ;
+    note_lost_cause(p, cause, 0);      /* a cause seen here beats another rank's word */
     pthread_mutex_lock(&elastic.lock); /* a no-op where the agreement told this rank */
     dps_surv_lost(elastic.agreement, r);
     pthread_mutex_unlock(&elastic.lock);
@@ -774,8 +778,10 @@ int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
         send_agreement();
         /* the wait for a decision is the agreement's to time: the guard's timeout starts anew
          * for the rest of the recovery */
-        if (d) atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
-        if (d) return quorum(out);
+        if (d) {
+            atomic_store(&dps_guard_pos.since_ns, dps_guard_now_ns());
+            return quorum(out);
+        }
         if (broken) {
             snprintf(out->why, sizeof out->why,
                      "their counts of completed collectives are more than one apart");
@@ -790,15 +796,15 @@ int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out)
             known_lost = silent >= 0 && dps_surv_is_lost(elastic.agreement, silent);
         pthread_mutex_unlock(&elastic.lock);
         double patience = conf->timeout * (coordinator == conf->rank ? 1 : 2);
-        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > patience && silent >= 0 &&
-            !known_lost && !atomic_load(&elastic.silent_in_agreement)) {
+        int waited_out = conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > patience;
+        if (waited_out && silent >= 0 && !known_lost && !atomic_load(&elastic.silent_in_agreement)) {
             /* silent past the guard's timeout, as a report would find it: lost, and the
              * agreement goes on without it (a cut link: only a quorum goes on) */
             atomic_store(&elastic.silent_in_agreement, silent + 1);
             start = dps_guard_now_ns();
             continue;
         }
-        if (conf->timeout > 0 && (double)(dps_guard_now_ns() - start) * 1e-9 > patience) {
+        if (waited_out) {
             if (coordinator != conf->rank)
                 snprintf(
                     out->why, sizeof out->why,
@@ -822,11 +828,8 @@ static void tick(void)
 {
     const dps_guard_pos_t *pos = &dps_guard_pos;
     receive();
-    int silent = atomic_load(&elastic.silent_in_agreement);
-    if (silent) {
-        if (!watch.peers[silent - 1].gone) end_lost_rank(silent - 1, LOST_SILENT);
-        atomic_store(&elastic.silent_in_agreement, 0);
-    }
+    int silent = atomic_exchange(&elastic.silent_in_agreement, 0);
+    if (silent && !watch.peers[silent - 1].gone) end_lost_rank(silent - 1, LOST_SILENT);
     if (!watch.reporting) look_at_file_wait();
     if (!watch.reporting && atomic_load(&failed)) start_report(WHY_FAILED, -1);
     if (!watch.reporting) look_at_processes();
