@@ -58,7 +58,10 @@ import torch
 class Numbers(torch.utils.data.IterableDataset):
     def __iter__(self):
         return iter(range(10))
-print(sum(int(b.sum()) for b in torch.utils.data.DataLoader(Numbers(), batch_size=4)))'
+import sys
+# one write per line: unbuffered, print writes the number and the newline apart, and the
+# launcher can merge the line of the other rank in between
+sys.stdout.write("%d\n" % sum(int(b.sum()) for b in torch.utils.data.DataLoader(Numbers(), batch_size=4)))'
     assert_success
     assert_equal "$(grep -cx 45 <<<"$output")" 2
     # no training, nothing shared out: rank 0 says so at exit
