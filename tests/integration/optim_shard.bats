@@ -65,13 +65,15 @@ equal_to_unsharded() {
     done
 }
 
-@test "AdamW (amsgrad), RMSprop (centered), Adagrad, two groups with a scheduler, a closure, at np=2, 3 and 4" {
-    for n in 2 3 4; do
+@test "AdamW (amsgrad), RMSprop (centered), Adagrad, two groups with a scheduler, a closure, at np=2 and 3; groups at 4" {
+    for n in 2 3; do
         for opt in adamw rmsprop adagrad groups; do
             equal_to_unsharded $n --opt $opt
         done
         equal_to_unsharded $n --opt sgd --closure
     done
+    # each optimizer's fields are cut alike at any N (np=2 even, 3 uneven); 4 once, with groups
+    equal_to_unsharded 4 --opt groups
 }
 
 @test "a custom optimizer: whole tensors under on, a rank with no tensor at np=4; left whole under auto" {
