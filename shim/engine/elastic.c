@@ -7,7 +7,11 @@
  * - one that no survivor completed runs again among them; a gradient sum of the hook call under
  *   way (the step at the loss) is then weighted over the shares the survivors hold;
  * - from the next hook call on, the survivors are the job: dp_rank and dp_world_size, the
- *   batches' shares, the gradients' weights and the epochs' shards follow their number;
+ *   batches' shares, the gradients' weights and the epochs' shards follow their number. Every
+ *   survivor switches at the same collective: the first that was not complete anywhere at the
+ *   loss. A survivor that completed the last one finds the loss only when the next starts, so one
+ *   that had it replayed goes on answering the old job until then: in between the program cuts
+ *   its next batch or shard, and all survivors must cut it alike;
  * - in scale mode, what a lost rank had not trained of its shard of the epoch under way is shared
  *   out among the survivors at the end of their own shards (dps_elastic_rest). */
 #define _GNU_SOURCE
@@ -26,17 +30,21 @@
 
 static struct {
     int on;
-    uint64_t done;           /* collectives of the main thread completed so far */
-    int *ranks, n;           /* the survivors (ranks of the job as it started), n of them */
-    int *hook_ranks, hook_n; /* the survivors as the hook call under way began, once it met a loss */
-    int in_hook;             /* a hook call met a loss: hook_ranks holds its start */
-    double fix;              /* the weight's correction for the hook call's gradient sums */
+    uint64_t done;              /* collectives of the main thread completed so far */
+    int *survivors, nsurvivors; /* the ranks the collectives run among (ranks of the job's start) */
+    unsigned generation;        /* recoveries so far: the survivors' sets */
+    int *ranks, n;              /* the job as the program is told (dp_rank, shares): the survivors
+                                   from the first collective the loss left incomplete on */
+    unsigned told_generation;   /* the survivors' set ranks[] is */
+    int *hook_ranks, hook_n;    /* the survivors as the hook call under way began, once it met a loss */
+    int in_hook;                /* a hook call met a loss: hook_ranks holds its start */
+    double fix;                 /* the weight's correction for the hook call's gradient sums */
     unsigned char *laggard;
     int *decided, *before;
     uint64_t *lost_in_step;    /* per rank of the job's start: the step it was lost in, 0: not lost */
     int *batch_ranks, batch_n; /* the ranks the last batch was split among (split mode) */
-    unsigned generation, batch_generation; /* recoveries so far; as of the last batch */
-    int last_on_device; /* the last completed collective's result is the GPU path's to send */
+    unsigned batch_generation; /* the job told of as of the last batch */
+    int last_on_device;        /* the last completed collective's result is the GPU path's to send */
     void *(*read_device_result)(size_t *bytes); /* the GPU path's last result, read back */
 } el = {.fix = 1.0};
 
@@ -72,13 +80,14 @@ void dps_elastic_setup(const dps_backend_t *be)
         : dps_g.eff_size != size ? "the job's ranks are not all in its collectives"
                                  : NULL;
     el.ranks = malloc((size_t)size * sizeof *el.ranks);
+    el.survivors = malloc((size_t)size * sizeof *el.survivors);
     el.hook_ranks = malloc((size_t)size * sizeof *el.hook_ranks);
     el.decided = malloc((size_t)size * sizeof *el.decided);
     el.laggard = malloc((size_t)size);
     el.before = malloc((size_t)size * sizeof *el.before);
     el.lost_in_step = calloc((size_t)size, sizeof *el.lost_in_step);
     el.batch_ranks = malloc((size_t)size * sizeof *el.batch_ranks);
-    if (!why && (!el.ranks || !el.hook_ranks || !el.decided || !el.laggard || !el.before ||
+    if (!why && (!el.ranks || !el.survivors || !el.hook_ranks || !el.decided || !el.laggard || !el.before ||
                  !el.lost_in_step || !el.batch_ranks))
         why = "no memory for its tables";
     uint64_t min_ranks = dps_policy_num(&dps_g.policy, DPS_P_elastic_min_ranks);
@@ -90,8 +99,8 @@ void dps_elastic_setup(const dps_backend_t *be)
         return;
     }
     for (int r = 0; r < size; r++)
-        el.ranks[r] = el.batch_ranks[r] = r;
-    el.n = el.batch_n = size, el.on = 1;
+        el.ranks[r] = el.survivors[r] = el.batch_ranks[r] = r;
+    el.n = el.nsurvivors = el.batch_n = size, el.on = 1;
     be->set_abandon(dps_guard_lost_pending);
     if (dps_g.overlap) {
         dps_g.overlap = 0; /* the background reductions cannot be given up yet: every rank alike */
@@ -122,7 +131,7 @@ double dps_elastic_fix(void)
 
 int dps_elastic_shrunk(void)
 {
-    return el.on && el.n < dps_g.size;
+    return el.on && el.nsurvivors < dps_g.size;
 }
 
 static int among(int r, const int *ranks, int n)
@@ -155,14 +164,14 @@ static double survivors_fraction(void)
 
 void dps_elastic_note_batch(void)
 {
-    if (!el.on || el.batch_generation == el.generation) return;
+    if (!el.on || el.batch_generation == el.told_generation) return;
     memcpy(el.batch_ranks, el.ranks, (size_t)el.n * sizeof *el.ranks);
-    el.batch_n = el.n, el.batch_generation = el.generation;
+    el.batch_n = el.n, el.batch_generation = el.told_generation;
 }
 
 int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w)
 {
-    if (!el.on || el.batch_generation == el.generation || !dps_e.have_batch) return 0;
+    if (!el.on || el.batch_generation == el.told_generation || !dps_e.have_batch) return 0;
     /* a rank was lost between the batch's split and its gradients: each survivor's share of what
      * the survivors hold */
     uint64_t kept = held(el.ranks, el.n);
@@ -316,6 +325,32 @@ static void say_loss(const int *before, int nbefore)
         dps_g.split_mode ? ", each global batch split among them" : ", each with its batch");
 }
 
+/* The program is told of the survivors (dps_elastic_tell): renumbered, and the step at the loss
+ * weighted over what they hold. */
+static void tell(void)
+{
+    if (el.told_generation == el.generation) return;
+    if (!el.in_hook) memcpy(el.hook_ranks, el.ranks, (size_t)el.n * sizeof *el.ranks), el.hook_n = el.n;
+    el.in_hook = 1;
+    int nbefore = el.n;
+    memcpy(el.before, el.ranks, (size_t)nbefore * sizeof *el.before);
+    memcpy(el.ranks, el.survivors, (size_t)el.nsurvivors * sizeof *el.ranks);
+    el.n = el.nsurvivors, el.told_generation = el.generation;
+    int me = 0;
+    for (int i = 0; i < el.n; i++)
+        if (el.ranks[i] == dps_g.rank) me = i;
+    int was_rank0 = dps_g.eff_rank == 0;
+    dps_g.eff_rank = me, dps_g.eff_size = el.n;
+    if (me == 0 && !was_rank0) take_over_rank0();
+    el.fix = 1.0 / survivors_fraction();
+    say_loss(el.before, nbefore);
+}
+
+void dps_elastic_tell(void)
+{
+    if (el.on) tell();
+}
+
 int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes)
 {
     dps_guard_mark_t mark = dps_guard_own_begin("the survivors' agreement");
@@ -326,28 +361,19 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
             snprintf(what, sizeof what, "the survivors of a lost rank cannot go on: %s", d.why);
             dps_guard_failed(what);
         }
-        if (!el.in_hook) memcpy(el.hook_ranks, el.ranks, (size_t)el.n * sizeof *el.ranks), el.hook_n = el.n;
-        el.in_hook = 1;
-        int nbefore = el.n;
-        memcpy(el.before, el.ranks, (size_t)nbefore * sizeof *el.before);
         if (be->set_survivors(d.ranks, d.n, d.generation) != 0) {
             char what[600];
             snprintf(what, sizeof what, "%s: going on among the survivors: %s", hook, be->last_error());
             dps_guard_failed(what);
         }
-        memcpy(el.ranks, d.ranks, (size_t)d.n * sizeof *el.ranks);
-        el.n = d.n, el.generation++;
+        memcpy(el.survivors, d.ranks, (size_t)d.n * sizeof *el.survivors);
+        el.nsurvivors = d.n, el.generation++;
         if (dps_files_new_leader(d.ranks, d.n)) dps_files_lead_handles(); /* rank 0 lost: this rank leads */
         int me = 0, lag = 0;
         for (int i = 0; i < d.n; i++) {
             if (d.ranks[i] == dps_g.rank) me = i;
             lag |= d.laggard[i];
         }
-        int was_rank0 = dps_g.eff_rank == 0;
-        dps_g.eff_rank = me, dps_g.eff_size = d.n;
-        if (me == 0 && !was_rank0) take_over_rank0();
-        el.fix = 1.0 / survivors_fraction();
-        say_loss(el.before, nbefore);
         int replayed = 0;
         if (lag) {
             /* a root whose last collective went through NCCL sends that one's result */
@@ -368,6 +394,9 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
             replayed = d.laggard[me];
         }
         if (replayed) el.done++, el.last_on_device = 0;
+        /* a collective completed elsewhere ends as it did there: the survivors that completed it
+         * are told of the loss at the next, and so is this one */
+        if (!replayed) tell();
         DPS_DEBUG(
             "elastic: %s: done %llu, cut %llu, root %d, laggard %d, abandoned %d, replayed %d, fix %.17g",
             hook, (unsigned long long)el.done, (unsigned long long)d.cut, d.root, d.laggard[me], abandoned,
@@ -380,8 +409,13 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
 
 int dps_elastic_recover_pending(const dps_backend_t *be, const char *hook)
 {
-    if (!el.on || !dps_guard_lost_pending()) return 0;
-    dps_elastic_recover(be, hook, 0, NULL, 0);
+    if (!el.on) return 0;
+    if (dps_guard_lost_pending())
+        dps_elastic_recover(be, hook, 0, NULL, 0);
+    else if (el.told_generation != el.generation)
+        tell(); /* its last collective was replayed: told now, where the others find the loss */
+    else
+        return 0;
     return 1;
 }
 
@@ -412,12 +446,13 @@ unsigned dps_elastic_generation(void)
 
 const int *dps_elastic_ranks(int *n)
 {
-    *n = el.n;
-    return el.ranks;
+    *n = el.nsurvivors;
+    return el.survivors;
 }
 
 void dps_elastic_at_exit(void)
 {
+    if (el.on) tell(); /* a loss in the last collective, replayed here: the job's account */
     if (!dps_elastic_shrunk() || dps_g.eff_rank != 0) return;
     char names[512];
     size_t o = 0;

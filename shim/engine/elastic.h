@@ -15,8 +15,13 @@
 void dps_elastic_plan(dps_state_t *s);
 void dps_elastic_setup(const dps_backend_t *be);
 int dps_elastic_on(void);
-/* The survivors are fewer than the job's ranks at its start: dp_rank and dp_world_size are theirs. */
+/* The survivors are fewer than the job's ranks at its start (dp_rank and dp_world_size answer
+ * them once the program is told). */
 int dps_elastic_shrunk(void);
+/* The program is told of the survivors now: where this rank's collective at the loss was
+ * replayed, it is told otherwise at its next collective, where the other survivors find the loss;
+ * for a call that ends at the loss on every survivor alike. */
+void dps_elastic_tell(void);
 /* A hook call begins (dps_comm): its gradients' weights need no correction yet. */
 void dps_elastic_hook_begin(void);
 /* The factor for the rest of the hook call's gradient sums after a loss met inside it (1: none). */
@@ -45,8 +50,8 @@ void dps_elastic_completed(void);
 void dps_elastic_completed_on_device(void);
 void dps_elastic_set_result_reader(void *(*read)(size_t *bytes));
 void dps_elastic_result_on_device(void);
-/* Recoveries so far (a GPU communicator is made anew where it moved), and the survivors: ranks
- * of the job as it started, in order. */
+/* Recoveries so far (a GPU communicator is made anew where it moved), and the survivors the
+ * collectives run among: ranks of the job as it started, in order. */
 unsigned dps_elastic_generation(void);
 const int *dps_elastic_ranks(int *n);
 /* At exit, on the lowest survivor: the job's losses said once more, and left for dpshim-run. */
@@ -54,13 +59,15 @@ void dps_elastic_at_exit(void);
 
 /* After a loss: waits for the survivors' decision and goes on among them. `abandoned`: this rank
  * gave up the collective on buf (bytes long), which it then either holds completed
- * (DPS_ELASTIC_REPLAYED: another survivor had completed it) or must run again among the survivors
- * (DPS_ELASTIC_AGAIN; also where no collective was under way). Ends the job where the survivors
- * cannot go on. */
+ * (DPS_ELASTIC_REPLAYED: another survivor had completed it; the program is told of the
+ * survivors at the next collective) or must run again among the survivors (DPS_ELASTIC_AGAIN;
+ * also where no collective was under way; told now). Ends the job where the survivors cannot go
+ * on. */
 enum { DPS_ELASTIC_AGAIN = 0, DPS_ELASTIC_REPLAYED = 1 };
 int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes);
 /* Before a collective starts: a loss found and not yet gone through is, first (recover with no
- * collective under way). Returns 1 where it went through one. */
+ * collective under way), and the program is told of the survivors. Returns 1 where it went
+ * through one, or was told of one only now. */
 int dps_elastic_recover_pending(const dps_backend_t *be, const char *hook);
 
 #endif

@@ -111,6 +111,7 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
          * this one where its result was replayed here (rc 0), the one before where this one
          * stopped. Where nothing is left to send the call is whole. */
         int first_missing = rc == DPS_STOPPED_AT_LOSS ? r : r + 1;
+        dps_elastic_tell(); /* as the survivors that stopped were */
         for (size_t i = 0; i < n; i++)
             if (owner[i] >= first_missing) {
                 DPS_ERROR(

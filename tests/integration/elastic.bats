@@ -35,11 +35,14 @@ elastic() {
     echo "$output"
 }
 
-# survivors_agree COUNT: COUNT ranks finished, all with one checksum, each counting COUNT ranks.
+# survivors_agree COUNT: COUNT ranks finished, all with one checksum, each counting COUNT ranks,
+# and each told of the job's size alike at every step.
 survivors_agree() {
     [ "$(grep -c '^rank .* ranks$' <<<"$output")" -eq "$1" ] || fail "expected $1 ranks to finish"
     [ "$(grep -o 'checksum [0-9a-f]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] || fail "the survivors' weights differ"
     [ "$(grep -c ", $1 ranks\$" <<<"$output")" -eq "$1" ] || fail "dp_metric did not count $1 ranks"
+    [ "$(grep '^rank [0-9]* sizes:' <<<"$output" | sed 's/^rank [0-9]* //' | sort -u | wc -l)" -eq 1 ] ||
+        fail "the survivors were told of the job's size at different steps"
 }
 
 @test "a healthy job under --enable-recovery: the weights bitwise those of a job without it" {
@@ -85,6 +88,25 @@ survivors_agree() {
         local took='-0\.1(00000001|04999997|09999999|14999995|1999999)'
         assert_output --regexp "rank 0 of 2 \(started as 0 of 3\): small $took large $took"
     done
+}
+
+@test "a rank lost in a step's last sum that one survivor completed: both are told at the same collective" {
+    # rank 2 stops inside step 3's ring all-reduce, after its last send: rank 0 completes the sum,
+    # rank 1 (its send to rank 2 held back, so never received) gets the result replayed. Both
+    # must renumber at step 4's first collective, where rank 0 finds the loss: a program cuts its
+    # next batch from dp_world_size() before that.
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=debug \
+        DPSHIM_COMM_PIECE_KB=4096 RING_STOP=2:12 RING_LATE=1:12:20 "$BUILD/bin/dpshim-run" -np 3 --oversubscribe \
+        --enable-recovery env LD_PRELOAD="$BUILD/lib/libring_faults.so:$SHIM" "$TRAIN" 6 </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "ring_faults: rank 2 stops in the ring step of its send"
+    assert_output --regexp "elastic: dp_grads: .*laggard 1, abandoned 1, replayed 1"
+    assert_output --partial "elastic: the job lost rank 2 in step 4 and went on with 2 of its 3 ranks"
+    assert_output --partial "rank 0 sizes: 3 3 3 3 2 2"
+    # steps 1-3 average 1, 2 and 3; steps 4-6 average 1 and 2
+    assert_output --partial "rank 1 of 2 (started as 1 of 3): small -0.104999997 large -0.104999997"
+    survivors_agree 2
 }
 
 @test "two ranks of 4 lost one after the other: the last two go on" {

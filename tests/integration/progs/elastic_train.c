@@ -8,7 +8,8 @@
  * the second on); or it stalls there in its own code (stall: sleeps for ever; stop: SIGSTOP); or
  * (start) it dies before the start-up broadcast of the weights (KILL_STEP unused). At the end
  * each rank prints its ranks, the two weights'
- * first elements and a checksum of all of them, and dp_metric's count of ranks.
+ * first elements and a checksum of all of them, and dp_metric's count of ranks; then the job's
+ * size as dp_world_size() answered at the start of each step (every survivor must see the same).
  * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step;
  * ELASTIC_TRAIN_LATE=R:MS: rank R enters step KILL_STEP's gradient sum MS ms after the others, so
  * that another survivor's guard finds the stalled rank first.
@@ -98,7 +99,12 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    char sizes[4096] = "";
+    size_t sizes_len = 0;
     for (int s = 1; s <= steps; s++) {
+        if (sizes_len < sizeof sizes)
+            sizes_len +=
+                (size_t)snprintf(sizes + sizes_len, sizeof sizes - sizes_len, " %d", dp_world_size());
         if (start_rank == kill_rank && s == kill_step) {
             if (!strcmp(how, "stall"))
                 for (;;)
@@ -167,5 +173,6 @@ int main(int argc, char **argv)
     printf("rank %d of %d (started as %d of %d): small %.9g large %.9g checksum %016llx, %g ranks\n",
            dp_rank(), dp_world_size(), start_rank, start_size, (double)w[0], (double)w[SMALL],
            (unsigned long long)sum, ranks);
+    printf("rank %d sizes:%s\n", dp_rank(), sizes);
     return 0;
 }
