@@ -7,7 +7,8 @@
 //                                the loss's value averaged (dp_grads), weighted by each rank's
 //                                share of the batch being trained on
 //   <optimizer>::step            gradients no backward averaged since this optimizer's last
-//                                step averaged first; dp_step_end after
+//                                step averaged first; dp_step_end after; after a lost rank, in
+//                                scale mode, the batches it had not trained, to hand out next
 //   <sampler>::next              split mode: this rank's share of each batch (dp_batch); scale
 //                                mode: every Nth batch; under NoGradGuard ([data] eval =
 //                                whole): the whole batch, so an evaluation pass prints as alone
@@ -63,10 +64,21 @@ struct State {
     // the sampler that handed out the last training batch is the one being trained on
     struct Handed {
         uint64_t n, replicas;
+        // scale mode: the group of batches this one was taken from (a place past its end took
+        // padding), and this rank's place in it among the ranks there were then: the batches of
+        // a rank lost before their step are trained again (hand_out_lost_batches)
+        std::vector<std::vector<size_t>> group = {};
+        int place = 0, ranks = 0;
     };
     std::unordered_map<const void *, std::deque<Handed>> handed;
+    // per sampler, the batches of lost ranks not yet trained, handed out before its next ones
+    std::unordered_map<const void *, std::deque<std::vector<size_t>>> make_up;
     const void *training = nullptr;
     bool batch_used = false;        // a step was made on the front batch: the next backward moves on
+    uint64_t backwards_at_step = 0; // backward passes as the last step ended
+    // a step of the training sampler's pass came after more than one backward pass outside a
+    // closure (gradient accumulation): its queue then holds batches already trained
+    bool accumulating = false;
     std::vector<at::Tensor> copies; // contiguous copies of parameters given to dp_params
 } st;
 
@@ -656,6 +668,75 @@ uintptr_t load_optimizer(const uintptr_t a[6], void *real)
     return r;
 }
 
+// The ranks that share the data out now: the job's, or after a lost rank the survivors',
+// renumbered (dp_world_size and dp_rank answer for them then).
+struct Ranks {
+    int rank, size;
+};
+Ranks ranks_now()
+{
+    int n = dp_world_size();
+    return n < conf.size ? Ranks{dp_rank(), n} : Ranks{conf.rank, conf.size};
+}
+
+// Scale mode, after a rank was lost: the batches of the groups it had taken and not trained (the
+// step's under way at the loss, and those fetched ahead for DataLoader workers) are handed out
+// first from the next group on, so every sample of the epoch is trained. Each survivor knows the
+// groups; which places were lost it learns from the others' places, and the list it takes from
+// the new rank 0, so that all hand out the same. Every survivor is told of the smaller job at the
+// same collective, so all enter here at the same step. With gradient accumulation the queue holds
+// batches already trained, and which it cannot tell: then nothing is handed out, and rank 0 says so.
+void hand_out_lost_batches(const Ranks &now)
+{
+    auto *q = training_batches();
+    if (conf.split_mode || !q || q->empty() || q->front().ranks <= now.size) return;
+    const int before = q->front().ranks;
+    std::vector<double> alive(static_cast<size_t>(before) + 1, 0.0); // and, last, any rank accumulating
+    alive[static_cast<size_t>(q->front().place)] = 1;
+    alive.back() = st.accumulating ? 1 : 0;
+    dp_metric(alive.data(), alive.size(), DP_SUM);
+    const bool accumulating = alive.back() > 0;
+    std::vector<double> list; // the batches' lengths, then their indices
+    std::vector<double> idx;
+    for (auto &h : *q) {
+        for (size_t p = 0; !accumulating && h.ranks == before && p < h.group.size(); p++)
+            if (alive[p] == 0) {
+                list.push_back(static_cast<double>(h.group[p].size()));
+                idx.insert(idx.end(), h.group[p].begin(), h.group[p].end());
+            }
+        h.group.clear(), h.place = now.rank, h.ranks = now.size;
+    }
+    if (accumulating) {
+        if (now.rank == 0)
+            std::fprintf(stderr,
+                         "[dpshim] WARN elastic: the batches of this epoch the lost rank(s) had not trained "
+                         "are not trained: the program steps once for several batches (gradient "
+                         "accumulation), and which of them were trained is not known\n");
+        return;
+    }
+    list.insert(list.end(), idx.begin(), idx.end());
+    double count[2] = {now.rank == 0 ? static_cast<double>(list.size()) : 0,
+                       now.rank == 0 ? static_cast<double>(idx.size()) : 0};
+    dp_metric(count, 2, DP_SUM);
+    const size_t batches = static_cast<size_t>(count[0] - count[1]);
+    if (!batches) return;
+    list.resize(static_cast<size_t>(count[0]));
+    if (now.rank != 0) std::fill(list.begin(), list.end(), 0.0);
+    dp_metric(list.data(), list.size(), DP_SUM);
+    size_t at = batches;
+    for (size_t b = 0; b < batches; b++) {
+        std::vector<size_t> batch(static_cast<size_t>(list[b]));
+        for (auto &i : batch)
+            i = static_cast<size_t>(list[at++]);
+        st.make_up[st.training].push_back(std::move(batch));
+    }
+    if (now.rank == 0)
+        std::fprintf(stderr,
+                     "[dpshim] WARN elastic: the %zu samples of this epoch the lost rank(s) had not trained "
+                     "(%zu batch(es)) are trained now, handed out before the sampler's next batches\n",
+                     static_cast<size_t>(count[1]), batches);
+}
+
 uintptr_t step(const uintptr_t a[6], void *real)
 {
     auto *opt = reinterpret_cast<torch::optim::Optimizer *>(a[1]);
@@ -666,24 +747,16 @@ uintptr_t step(const uintptr_t a[6], void *real)
         bool shared = weigh_current_batch();
         average(params_of(*opt), nullptr, shared);
     }
+    if (!st.batch_used && st.backwards - st.backwards_at_step > 1) st.accumulating = true;
     Plan *plan = plan_of(*opt);
     // a closure's backward passes are averaged as they end
     uintptr_t r = plan ? sharded_step(*opt, *plan, a, real) : call_real(real, a);
+    if (!st.batch_used) hand_out_lost_batches(ranks_now()); // its sums are done: a loss is known
+    st.backwards_at_step = st.backwards;
     st.stepped[opt] = st.backwards;
     st.batch_used = true; // once per batch, however many optimizers step on it
     dp_step_end(++st.steps);
     return r;
-}
-
-// The ranks that share the data out now: the job's, or after a lost rank the survivors',
-// renumbered (dp_world_size and dp_rank answer for them then).
-struct Ranks {
-    int rank, size;
-};
-Ranks ranks_now()
-{
-    int n = dp_world_size();
-    return n < conf.size ? Ranks{dp_rank(), n} : Ranks{conf.rank, conf.size};
 }
 
 uintptr_t sampler_next(const uintptr_t a[6], void *real)
@@ -708,20 +781,30 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
         size_t keep = dp_batch(idx.data(), idx.size());
         st.handed[self].push_back({idx.size(), 1});
         got->assign(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(keep));
-    } else if (got && !evaluating) {
-        // scale mode: N batches of the sampler's, this rank's the rank-th; a short last group is
-        // padded with its first batches ([data] uneven = pad) or ends the epoch (drop)
-        std::vector<std::vector<size_t>> group{std::move(*got)};
-        for (int r = 1; r < now.size; r++) {
+    } else if ((got || st.make_up.count(self)) && !evaluating) {
+        // scale mode: N batches, this rank's the rank-th: first those a lost rank had taken and
+        // not trained, then the sampler's; a short last group is padded with its first batches
+        // ([data] uneven = pad) or ends the epoch (drop)
+        std::vector<std::vector<size_t>> group;
+        const size_t ranks = static_cast<size_t>(now.size);
+        auto lost = st.make_up.find(self);
+        while (lost != st.make_up.end() && group.size() < ranks && !lost->second.empty())
+            group.push_back(std::move(lost->second.front())), lost->second.pop_front();
+        if (got && group.size() < ranks)
+            group.push_back(std::move(*got));
+        else if (got)
+            lost->second.push_back(std::move(*got)); // every place taken: it waits its turn
+        if (lost != st.make_up.end() && lost->second.empty()) st.make_up.erase(lost);
+        while (got && group.size() < ranks) {
             Batch b = next(self, batch_size);
             if (!b) break;
             group.push_back(std::move(*b));
         }
-        if (group.size() < static_cast<size_t>(now.size) && conf.uneven == 1) {
+        if (group.empty() || (group.size() < ranks && conf.uneven == 1)) {
             got = c10::nullopt;
         } else {
-            got = std::move(group[static_cast<size_t>(now.rank) % group.size()]);
-            st.handed[self].push_back({got->size(), 1});
+            got = group[static_cast<size_t>(now.rank) % group.size()];
+            st.handed[self].push_back({got->size(), 1, std::move(group), now.rank, now.size});
         }
     }
     new (out) Batch(std::move(got));
@@ -732,7 +815,8 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
 void forget_batches(const void *sampler)
 {
     st.handed.erase(sampler);
-    if (sampler == st.training) st.batch_used = false;
+    st.make_up.erase(sampler);
+    if (sampler == st.training) st.batch_used = st.accumulating = false;
 }
 
 uintptr_t sequential_reset(const uintptr_t a[6], void *real)

@@ -9,7 +9,8 @@
 //   --eval-every K (a test pass after every K training batches too)   --draw (a random number
 //   drawn after training, on stderr)   --load PATH (model and optimizer from PATH.*.pt first)
 //   --cuda (the model and each batch on the GPU)   --kill R (the process of MPI rank R ends with
-//   SIGKILL before its second batch, as a rank lost to the OOM killer)
+//   SIGKILL before its second batch, as a rank lost to the OOM killer)   --accumulate K (gradients
+//   of K batches summed, one step for them: zero_grad before the first, step after the K-th)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
 // a hash of their bytes and the elements of the first optimizer's state in this process.
 // stderr: the training samples this process took per epoch, and the epoch's time.
@@ -101,6 +102,7 @@ int main(int argc, char **argv)
     torch::Device device(torch::kCPU);
     int eval_every = 0;
     int kill_rank = -1; // --kill R: the process of MPI rank R is SIGKILLed before its 2nd batch
+    int accumulate = 1;
     const char *mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
     torch::Dtype dtype = torch::kDouble;
     for (int i = 1; i < argc; i++) {
@@ -138,6 +140,8 @@ int main(int argc, char **argv)
             device = torch::Device(torch::kCUDA);
         else if (a == "--kill")
             kill_rank = std::stoi(value());
+        else if (a == "--accumulate")
+            accumulate = std::stoi(value());
         else
             return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
@@ -194,7 +198,7 @@ int main(int argc, char **argv)
             auto x = x_here.to(device), y = y_here.to(device);
             auto loss_of = [&] {
                 for (auto &o : opts)
-                    o->zero_grad();
+                    if (batches % accumulate == 0) o->zero_grad();
                 auto loss = torch::nll_loss(net->forward(x), y);
                 loss.backward();
                 return loss;
@@ -205,7 +209,7 @@ int main(int argc, char **argv)
             } else {
                 loss = loss_of();
                 for (auto &o : opts)
-                    o->step();
+                    if ((batches + 1) % accumulate == 0) o->step();
             }
             loss_sum += loss.item<double>();
             batches++;
