@@ -29,7 +29,7 @@
 #include "shard.h"
 
 static struct {
-    int on;
+    int on, set_up;             /* set_up: dps_elastic_setup ran (the backend is open) */
     uint64_t done;              /* collectives of the main thread completed so far */
     int *survivors, nsurvivors; /* the ranks the collectives run among (ranks of the job's start) */
     unsigned generation;        /* recoveries so far: the survivors' sets */
@@ -69,6 +69,7 @@ DPS_STARTUP void dps_elastic_plan(dps_state_t *s)
 void dps_elastic_setup(const dps_backend_t *be)
 {
     int size = dps_g.size;
+    el.set_up = 1;
     if (!may_go_on(&dps_g)) return;
     const char *why =
         dps_policy_num(&dps_g.policy, DPS_P_guard_timeout) == 0
@@ -192,10 +193,13 @@ static struct {
 
 void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
 {
-    if (!el.on || dps_g.split_mode) return;
+    /* also before the first collective, which opens the backend and turns elastic mode on: a
+     * program may draw its first epoch before it (every rank of the job cuts it then) */
+    if (dps_g.split_mode || !(el.on || (!el.set_up && may_go_on(&dps_g)))) return;
+    int size = el.on ? el.n : dps_g.size;
     uint64_t *o = realloc(ep.order, (n ? n : 1) * sizeof *o);
     if (o) ep.order = o;
-    int *r = realloc(ep.ranks, (size_t)el.n * sizeof *r);
+    int *r = realloc(ep.ranks, (size_t)size * sizeof *r);
     if (r) ep.ranks = r;
     ep.n = 0, ep.nrest = 0, ep.nmine = 0, ep.shared = 0;
     if (!o || !r) {
@@ -204,8 +208,9 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
         return;
     }
     memcpy(ep.order, order, n * sizeof *order);
-    memcpy(ep.ranks, el.ranks, (size_t)el.n * sizeof *el.ranks);
-    ep.n = n, ep.size = el.n, ep.trained = 0;
+    for (int i = 0; i < size; i++)
+        ep.ranks[i] = el.on ? el.ranks[i] : i;
+    ep.n = n, ep.size = size, ep.trained = 0;
 }
 
 void dps_elastic_step_end(void)

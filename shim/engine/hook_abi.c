@@ -218,8 +218,10 @@ static size_t epoch_rest_(uint64_t *idx, size_t cap)
             DPS_ERROR("dp_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
             return 0;
         }
-        const uint64_t *rest = dps_elastic_rest(&have); /* after the broadcast: a loss inside it may add */
-        if (dps_g.eff_rank == 0 && count) memcpy(all, rest, (have < count ? have : count) * sizeof *all);
+        /* after the broadcast: a loss inside it may add. Every rank fills the list (each holds the
+         * same): where rank 0 is lost in the next broadcast, the one that takes its place sends it */
+        const uint64_t *rest = dps_elastic_rest(&have);
+        if (count) memcpy(all, rest, (have < count ? have : count) * sizeof *all);
         t = (dp_tensor){all, count, DP_I64, DP_HOST, "epoch rest"};
         int rc =
             count ? collective("dp_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;

@@ -369,6 +369,25 @@ epoch 2: 100 samples, 0 twice"
     done
 }
 
+@test "dp_epoch_rest: a loss in the first epoch, then rank 0 lost as it sends the list: every sample trained once" {
+    # np=4, 400000 samples, batches of 5000: rank 1 is killed as step 2 starts, in the epoch drawn
+    # before the job's first collective; at the shard's end rank 0 stops inside the broadcast of
+    # the list of the 95000 samples rank 1 had not trained (its first ring send of 1/3 of it), so
+    # the rank that takes its place sends the list
+    rm -f "$BATS_TEST_TMPDIR"/trained.*
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 DPSHIM_DATA_MODE=scale \
+        TRACE="$BATS_TEST_TMPDIR/trained" RING_STOP=0:1 "$BUILD/bin/dpshim-run" -np 4 --oversubscribe \
+        --enable-recovery env LD_PRELOAD="$BUILD/lib/libring_faults.so:$SHIM" "$BUILD/bin/elastic_epochs" \
+        1 400000 5000 1 2 </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "ring_faults: rank 0 stops in the ring step of its send"
+    assert_output --partial "the job lost rank 0 in step 21, rank 1 in step 2 and went on with 2 of its 4 ranks"
+    assert_output --partial "the 95000 samples of this epoch the lost rank(s) had not trained are trained now, 47500 by each survivor"
+    trained_per_epoch "$BATS_TEST_TMPDIR/trained" 1
+    assert_output "epoch 0: 400000 samples, 0 twice"
+}
+
 # Through mpirun itself (the ThreadSanitizer build runs this one: its runtime comes first in $SHIM):
 # the watchdog finds the loss and carries the agreement while the main thread gives up its sum.
 @test "the watchdog and the main thread through a loss: rank 1 of 3 killed during the sum at step 3" {

@@ -1,16 +1,18 @@
-/* A preload for the elastic tests that places a rank's loss inside the ring all-reduce, so that
- * one survivor completes the collective and another does not (it then gets the result replayed).
- * It counts a rank's point-to-point sends of more than 64 KiB (the ring's blocks: nothing else the
- * shim sends is as large):
- *   RING_STOP=RANK:N     once rank RANK's send N is complete (its right neighbour has the block)
- *                        and the receive of the same ring step is not, the rank stops (SIGSTOP:
- *                        no progress, MPI's included) and dies by SIGKILL 0.5 s later. Its right
- *                        neighbour completes the sum; its left one waits for its own send to it.
- *   RING_LATE=RANK:N:MS  rank RANK posts its send N MS ms late (so that the rank that stops has
- *                        not received it yet).
+/* A preload for the elastic tests that places a rank's loss at a chosen point inside the ring
+ * all-reduce (the survivors' collectives after a loss, and large sums), where a SIGKILL from the
+ * program's own code cannot reach. It counts a
+ * rank's point-to-point sends of more than 64 KiB (the ring's blocks: nothing else the shim sends
+ * is as large):
+ *   RING_STOP=RANK:N        once rank RANK's point-to-point send N is complete (its right
+ *                           neighbour in the ring has the block) and the receive of the same ring
+ *                           step is not, the rank stops. Its right neighbour completes the sum;
+ *                           its left one waits for its own send to it. The ring posts each step's
+ *                           receive, then its send, and waits for both with MPI_Testall.
+ *   RING_LATE=RANK:N:MS     rank RANK posts its send N MS ms late (so that the rank that stops has
+ *                           not received it yet).
+ * A rank that stops gets SIGSTOP (no progress, MPI's included) and dies by SIGKILL 0.5 s later.
  * Ranks are Open MPI's (OMPI_COMM_WORLD_RANK). Preloaded before libdpshim.so, so that the MPI
- * backend's calls reach it first; the ring posts each step's receive, then its send, and waits
- * for both with MPI_Testall. */
+ * backend's calls reach it first. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <mpi.h>
@@ -28,6 +30,26 @@ static int setting(const char *name, int *n, int *ms)
     return spec && me && sscanf(spec, "%d:%d:%d", &rank, n, ms) >= 2 && rank == atoi(me);
 }
 
+/* Counts the sends of more than 64 KiB: this one's number among them, 0 for a small one. */
+static int large(int *calls, int count, MPI_Datatype type)
+{
+    int size = 0;
+    PMPI_Type_size(type, &size);
+    return (long)count * size > (64 << 10) ? ++*calls : 0;
+}
+
+static void stop(const char *where)
+{
+    fprintf(stderr, "ring_faults: rank %s stops in %s\n", getenv("OMPI_COMM_WORLD_RANK"), where);
+    pid_t self = getpid();
+    if (fork() == 0) {
+        usleep(500000);
+        kill(self, SIGKILL);
+        _exit(0);
+    }
+    raise(SIGSTOP);
+}
+
 static MPI_Request stop_after; /* the send RING_STOP names, once posted */
 static int stop_armed;
 
@@ -35,11 +57,9 @@ int PMPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag,
                MPI_Request *req)
 {
     static int (*real)(const void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
-    static int large;
+    static int calls;
     if (!real) *(void **)&real = dlsym(RTLD_NEXT, "PMPI_Isend");
-    int size = 0, n, ms;
-    PMPI_Type_size(type, &size);
-    int this_one = (long)count * size > (64 << 10) ? ++large : 0;
+    int n, ms, this_one = large(&calls, count, type);
     if (this_one && setting("RING_LATE", &n, &ms) && n == this_one) usleep((useconds_t)ms * 1000);
     int rc = real(buf, count, type, dest, tag, comm, req);
     if (this_one && setting("RING_STOP", &n, &ms) && n == this_one) stop_after = *req, stop_armed = 1;
@@ -52,16 +72,7 @@ int PMPI_Testall(int count, MPI_Request reqs[], int *flag, MPI_Status st[])
     if (!real) *(void **)&real = dlsym(RTLD_NEXT, "PMPI_Testall");
     int rc = real(count, reqs, flag, st), sent = 0;
     if (stop_armed && !*flag && count == 2 && reqs[1] == stop_after &&
-        PMPI_Request_get_status(reqs[1], &sent, MPI_STATUS_IGNORE) == MPI_SUCCESS && sent) {
-        fprintf(stderr, "ring_faults: rank %s stops in the ring step of its send\n",
-                getenv("OMPI_COMM_WORLD_RANK"));
-        pid_t self = getpid();
-        if (fork() == 0) {
-            usleep(500000);
-            kill(self, SIGKILL);
-            _exit(0);
-        }
-        raise(SIGSTOP);
-    }
+        PMPI_Request_get_status(reqs[1], &sent, MPI_STATUS_IGNORE) == MPI_SUCCESS && sent)
+        stop("the ring step of its send");
     return rc;
 }
