@@ -182,13 +182,23 @@ int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w)
 
 /* --- scale mode: the shards of the ranks lost in an epoch ------------------------------------ */
 
+/* A list of samples shared out among the survivors (dp_epoch_rest), and the ranks it was cut
+ * among (ranks of the job's start, in the order of their shares). */
+typedef struct shared_list {
+    uint64_t *list, n;
+    int *ranks, size;
+} shared_list_t;
+
 static struct {
     uint64_t *order, n;    /* the epoch's order, as every rank drew it (dp_epoch) */
     int *ranks, size;      /* the ranks it was cut among (by their ranks at the job's start) */
     uint64_t trained;      /* samples of it this rank trained: the batches of the steps ended */
-    uint64_t *rest, nrest; /* what the ranks lost in it had not trained */
-    uint64_t *mine, nmine; /* this rank's share of the job's rest, once shared out */
-    int shared;
+    uint64_t *rest, nrest; /* what the ranks lost in it had not trained, in the order found */
+    uint64_t given;        /* of it, what was shared out so far */
+    shared_list_t *lists;  /* those lists, in turn: a rank's work is its shard, then its share */
+    int nlists;            /*   of each list it was there for */
+    uint64_t *mine, nmine; /* this rank's share of the last list */
+    int again;             /* the last call could not hold it all: the next returns it again */
 } ep;
 
 void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
@@ -201,7 +211,9 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
     if (o) ep.order = o;
     int *r = realloc(ep.ranks, (size_t)size * sizeof *r);
     if (r) ep.ranks = r;
-    ep.n = 0, ep.nrest = 0, ep.nmine = 0, ep.shared = 0;
+    for (int i = 0; i < ep.nlists; i++)
+        free(ep.lists[i].list), free(ep.lists[i].ranks);
+    ep.n = 0, ep.nrest = 0, ep.given = 0, ep.nlists = 0, ep.nmine = 0, ep.again = 0;
     if (!o || !r) {
         DPS_WARN_ONCE("[elastic] no memory to keep the epoch's order: the samples a lost rank had not "
                       "trained are not trained in the epoch of its loss");
@@ -218,59 +230,106 @@ void dps_elastic_step_end(void)
     if (ep.n && dps_e.have_batch) ep.trained += dps_e.batch_n; /* the batch the step was given */
 }
 
-/* Rank r was lost: what it had not trained of its shard of the epoch joins the rest. Every rank
- * steps alike, so it trained as many samples as this rank in the steps that ended; those of the
- * step under way are lost with it. */
+/* Appends items[from..n) to the rest; 0, or -1 out of memory. */
+static int add_rest(const uint64_t *items, uint64_t from, uint64_t n)
+{
+    if (from >= n) return 0;
+    uint64_t *rest = realloc(ep.rest, (ep.nrest + n - from) * sizeof *rest);
+    if (!rest) return -1;
+    ep.rest = rest;
+    memcpy(ep.rest + ep.nrest, items + from, (n - from) * sizeof *items);
+    ep.nrest += n - from;
+    return 0;
+}
+
+/* Rank r was lost: what it had not trained of its work in the epoch joins the rest. Its work is
+ * its shard, then its share of each list shared out while it was there; every rank steps alike,
+ * so it trained as many samples of it as this rank in the steps that ended, and those of the step
+ * under way are lost with it. */
 static void note_rest(int r)
 {
     int j = 0;
     while (j < ep.size && ep.ranks[j] != r)
         j++;
     if (!ep.n || j == ep.size) return;
-    uint64_t count = dps_epoch_count(ep.n, j, ep.size, (dps_uneven_t)dps_g.uneven);
-    uint64_t done = ep.trained, s = (uint64_t)ep.size;
-    uint64_t head = ep.n < s ? ep.n : s;
-    if (done >= count) return;
-    uint64_t *rest = realloc(ep.rest, (ep.nrest + count - done) * sizeof *rest);
-    if (!rest) {
+    dps_uneven_t uneven = (dps_uneven_t)dps_g.uneven;
+    uint64_t count = dps_epoch_count(ep.n, j, ep.size, uneven), s = (uint64_t)ep.size;
+    uint64_t head = ep.n < s ? ep.n : s, done = ep.trained;
+    int failed = 0;
+    if (done < count) { /* its shard as dps_epoch_shard cuts it */
+        uint64_t *shard = malloc((count - done) * sizeof *shard);
+        for (uint64_t k = done; shard && k < count; k++) {
+            uint64_t p = (uint64_t)j + k * s;
+            shard[k - done] = p < ep.n ? ep.order[p] : ep.order[(p - ep.n) % head];
+        }
+        failed = !shard || add_rest(shard, 0, count - done);
+        free(shard);
+    }
+    done = done > count ? done - count : 0;
+    for (int l = 0; l < ep.nlists && !failed; l++) {
+        const shared_list_t *g = &ep.lists[l];
+        int k = 0;
+        while (k < g->size && g->ranks[k] != r)
+            k++;
+        if (k == g->size) continue; /* it was lost before this list */
+        uint64_t *share = malloc((g->n ? g->n : 1) * sizeof *share),
+                 *scratch = malloc((size_t)g->size * sizeof *scratch);
+        failed = !share || !scratch;
+        if (!failed) {
+            memcpy(share, g->list, g->n * sizeof *share);
+            uint64_t m = dps_epoch_shard(share, g->n, k, g->size, uneven, scratch);
+            failed = add_rest(share, done, m);
+            done = done > m ? done - m : 0;
+        }
+        free(share), free(scratch);
+    }
+    if (failed)
         DPS_WARN_ONCE("[elastic] no memory for the samples rank %d had not trained: they are not trained in "
                       "this epoch",
                       r);
-        return;
-    }
-    ep.rest = rest;
-    for (uint64_t k = done; k < count; k++) { /* its shard as dps_epoch_shard cuts it */
-        uint64_t p = (uint64_t)j + k * s;
-        ep.rest[ep.nrest++] = p < ep.n ? ep.order[p] : ep.order[(p - ep.n) % head];
-    }
 }
 
 int dps_elastic_rest_due(void)
 {
     /* with [data] uneven = join the shards differ in length: the survivors would not meet there */
-    return el.on && !dps_g.split_mode && dps_g.uneven != DPS_UNEVEN_JOIN && ep.n && !ep.shared;
+    return el.on && !dps_g.split_mode && dps_g.uneven != DPS_UNEVEN_JOIN && ep.n && !ep.again;
 }
 
 const uint64_t *dps_elastic_rest(uint64_t *n)
 {
-    *n = ep.nrest;
-    return ep.rest;
+    *n = ep.nrest - ep.given;
+    return ep.rest + ep.given;
 }
 
-const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t *count)
+const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t cap, uint64_t *count)
 {
-    if (!ep.shared && rest) {
-        uint64_t keep = dps_epoch_count(n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven);
-        uint64_t *mine = malloc((n ? n : 1) * sizeof *mine),
-                 *head = malloc((size_t)dps_g.eff_size * sizeof *head);
-        if (mine && head) {
+    if (rest) {
+        int size = dps_g.eff_size;
+        uint64_t *mine = malloc((n ? n : 1) * sizeof *mine), *head = malloc((size_t)size * sizeof *head),
+                 *list = malloc((n ? n : 1) * sizeof *list);
+        int *ranks = malloc((size_t)size * sizeof *ranks);
+        shared_list_t *lists = realloc(ep.lists, (size_t)(ep.nlists + 1) * sizeof *lists);
+        if (lists) ep.lists = lists;
+        uint64_t keep = 0;
+        if (!n) {
+            free(list), free(ranks); /* nothing shared out */
+        } else if (mine && head && list && ranks && lists) {
             memcpy(mine, rest, n * sizeof *rest);
-            keep = dps_epoch_shard(mine, n, dps_g.eff_rank, dps_g.eff_size, (dps_uneven_t)dps_g.uneven, head);
+            memcpy(list, rest, n * sizeof *rest);
+            memcpy(ranks, el.ranks, (size_t)size * sizeof *ranks); /* el.ranks: eff_rank's order */
+            keep = dps_epoch_shard(mine, n, dps_g.eff_rank, size, (dps_uneven_t)dps_g.uneven, head);
+            ep.lists[ep.nlists++] = (shared_list_t){list, n, ranks, size};
+        } else {
+            DPS_WARN_ONCE(
+                "[elastic] no memory to share out the samples lost ranks had not trained: this rank "
+                "trains none of them");
+            free(list), free(ranks), free(mine), mine = NULL;
         }
         free(head);
         free(ep.mine);
-        ep.mine = mine, ep.nmine = mine ? keep : 0, ep.shared = 1;
+        ep.mine = mine, ep.nmine = keep, ep.given += n;
     }
+    ep.again = ep.nmine > cap;
     *count = ep.nmine;
     return ep.mine;
 }

@@ -35,13 +35,15 @@ int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w);
  * on the batch dp_batch gave it last. */
 void dps_elastic_note_epoch(const uint64_t *order, uint64_t n);
 void dps_elastic_step_end(void);
-/* Scale mode, at the end of this rank's shard: 1 where the rest of this epoch is yet to be shared
- * out (elastic mode, shards of one length); what ranks lost in it had not trained (this rank's
- * view: the lowest survivor's is the job's); this rank's share of the job's rest (given: cut as an
- * epoch is, and kept until the next epoch; NULL: the share kept, if any). */
+/* Scale mode, at the end of this rank's shard and again after each share is trained: 1 where
+ * this call shares out what is left (elastic mode, shards of one length), 0 where it returns the
+ * share again (the call before could not hold it all); what ranks lost in the epoch had not
+ * trained and was not shared out yet (this rank's view: the lowest survivor's is the job's); this
+ * rank's share of the list shared out (given: cut as an epoch is, and kept; NULL: the share kept,
+ * if any), for a call that holds cap of it. */
 int dps_elastic_rest_due(void);
 const uint64_t *dps_elastic_rest(uint64_t *n);
-const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t *count);
+const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t cap, uint64_t *count);
 /* A collective of the main thread completed. */
 void dps_elastic_completed(void);
 /* The same for a GPU collective through NCCL, whose result the GPU path keeps (a replay reads it

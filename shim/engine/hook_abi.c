@@ -199,9 +199,12 @@ static size_t epoch_count_(size_t n)
 
 /* Scale mode, at the end of this rank's shard of an epoch (elastic mode): this rank's share of what
  * ranks lost in it had not trained, the lowest survivor's list for every survivor (one list, one
- * truth: each cut alike), into idx[0..cap); its length (0: none, or not elastic). Every survivor
- * calls it at the same place (shards of one length: [data] uneven = pad or drop) and makes the
- * same broadcasts, whether it met a loss or not: the count, then the list where there is one. */
+ * truth: each cut alike), into idx[0..cap); its length (0: none, or not elastic). Called again
+ * once that share is trained, the same for what ranks lost meanwhile had not trained of their
+ * work (their shards, then their shares). Every survivor calls it at the same place (shards of
+ * one length: [data] uneven = pad or drop) and makes the same broadcasts, whether it met a loss
+ * or not: the count, then the list where there is one. A call after one that could not hold the
+ * whole share (idx NULL, or cap short) returns that share again. */
 static size_t epoch_rest_(uint64_t *idx, size_t cap)
 {
     uint64_t n = 0;
@@ -225,7 +228,7 @@ static size_t epoch_rest_(uint64_t *idx, size_t cap)
         t = (dp_tensor){all, count, DP_I64, DP_HOST, "epoch rest"};
         int rc =
             count ? collective("dp_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM) : 0;
-        if (!rc) mine = dps_elastic_rest_share(all, count, &n);
+        if (!rc) mine = dps_elastic_rest_share(all, count, idx ? cap : 0, &n);
         free(all);
         if (rc) return 0;
         if (dps_g.eff_rank == 0 && count)
@@ -233,7 +236,7 @@ static size_t epoch_rest_(uint64_t *idx, size_t cap)
                      "now, %llu by each survivor ([data] uneven applies)",
                      (unsigned long long)count, (unsigned long long)n);
     } else {
-        mine = dps_elastic_rest_share(NULL, 0, &n);
+        mine = dps_elastic_rest_share(NULL, 0, idx ? cap : 0, &n);
     }
     if (idx && mine) memcpy(idx, mine, (n < cap ? n : cap) * sizeof *idx);
     return n;

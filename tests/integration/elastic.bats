@@ -326,7 +326,7 @@ whole_files() {
     assert_output --partial "off, as [optim] shard = on keeps each rank's share of the optimizer's state on that rank alone"
 }
 
-@test "scale mode, rank 1 or rank 0 of 3 killed in an epoch: the survivors train what it had not, once" {
+@test "scale mode, rank 1 or rank 0 of 3 killed in an epoch, with or without DataLoader workers: the survivors train what it had not, once" {
     local lost
     for lost in 1 0; do
         rm -f "$BATS_TEST_TMPDIR"/trained.*
@@ -347,9 +347,23 @@ whole_files() {
 epoch 1: 512 samples, 2 twice
 epoch 2: 512 samples, 0 twice"
     done
+    # two DataLoader workers fetch 4 batches ahead, so each epoch's sampler (3 batches here) has
+    # ended before its first step; rank 1 is killed in epoch 1's last step, after two batches:
+    # its 43 left are shared out where the loop's pass ends
+    rm -f "$BATS_TEST_TMPDIR"/trained.*
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=1 KILL_STEP=6 WORKERS=2 \
+        DPSHIM_DATA_MODE=scale TRACE="$BATS_TEST_TMPDIR/trained" "$BUILD/bin/dpshim-run" \
+        -np 3 --oversubscribe --enable-recovery /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "elastic: the 43 samples of this epoch the lost rank(s) had not trained are trained now, 22 by each survivor"
+    trained_per_epoch "$BATS_TEST_TMPDIR/trained" 3
+    assert_output "epoch 0: 512 samples, 1 twice
+epoch 1: 512 samples, 2 twice
+epoch 2: 512 samples, 0 twice"
 }
 
-@test "a C framework's epochs in scale mode (dp_epoch_rest), rank 1 or rank 0 of 3 killed: every sample trained once" {
+@test "a C framework's epochs in scale mode (dp_epoch_rest), rank 1 or rank 0 of 3 killed, or a second rank in the share: every sample trained once" {
     local lost
     for lost in 1 0; do
         rm -f "$BATS_TEST_TMPDIR"/trained.*
@@ -367,6 +381,20 @@ epoch 2: 512 samples, 0 twice"
 epoch 1: 100 samples, 2 twice
 epoch 2: 100 samples, 0 twice"
     done
+    # np=4, shards of 25 in 3 steps: rank 1 killed at step 2 (15 left, 5 for each survivor), then
+    # rank 2 as the step of its share starts: the program asks again once its share is trained,
+    # and gets its part of those 5 (3 each, one twice)
+    rm -f "$BATS_TEST_TMPDIR"/trained.*
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 DPSHIM_DATA_MODE=scale \
+        TRACE="$BATS_TEST_TMPDIR/trained" "$BUILD/bin/dpshim-run" -np 4 --oversubscribe --enable-recovery \
+        "$BUILD/bin/elastic_epochs" 2 100 10 1 2 2 4 </dev/null
+    echo "$output"
+    assert_success
+    assert_output --partial "the 15 samples of this epoch the lost rank(s) had not trained are trained now, 5 by each survivor"
+    assert_output --partial "the 5 samples of this epoch the lost rank(s) had not trained are trained now, 3 by each survivor"
+    trained_per_epoch "$BATS_TEST_TMPDIR/trained" 2
+    assert_output "epoch 0: 100 samples, 1 twice
+epoch 1: 100 samples, 0 twice"
 }
 
 @test "dp_epoch_rest: a loss in the first epoch, then rank 0 lost as it sends the list: every sample trained once" {

@@ -1,8 +1,9 @@
 /* Epochs in scale mode on the hook ABI, as a C framework runs them, for the elastic tests: each
  * epoch a permutation of N samples (every rank draws the same), this rank's shard from dp_epoch,
- * batches of B, then its share of what ranks lost in the epoch had not trained (dp_epoch_rest).
- *   elastic_epochs EPOCHS N B [KILL_RANK KILL_STEP]
- * KILL_RANK dies with SIGKILL as step KILL_STEP (counted from 1 over the whole run) starts.
+ * batches of B, then its share of what ranks lost in the epoch had not trained (dp_epoch_rest),
+ * asked again after each share until there is none.
+ *   elastic_epochs EPOCHS N B [KILL_RANK KILL_STEP]...
+ * Each KILL_RANK dies with SIGKILL as step KILL_STEP (counted from 1 over the whole run) starts.
  * TRACE=PREFIX: each rank appends "EPOCH SAMPLE..." to PREFIX.RANK for each batch whose step
  * ended, so that the lines of every rank, the lost one's included, say what was trained. */
 #define _GNU_SOURCE
@@ -17,8 +18,9 @@
 #define DPSHIM_HOOKS_WEAK
 #include <dpshim/hooks.h>
 
-static int trace = -1, kill_rank = -1, start_rank;
-static uint64_t kill_step, step;
+enum { MAX_KILLS = 4 };
+static int trace = -1, kill_rank[MAX_KILLS], kills, start_rank;
+static uint64_t kill_step[MAX_KILLS], step;
 
 /* One step per batch of idx[0..n): the batch told (dp_batch), a gradient sum, then the step's end
  * and its trace line. */
@@ -28,7 +30,8 @@ static void train(int epoch, uint64_t *idx, size_t n, size_t batch)
     dp_tensor t = {g, 16, DP_F32, DP_HOST, "grad"};
     for (size_t s = 0; s < n; s += batch) {
         size_t b = n - s < batch ? n - s : batch;
-        if (start_rank == kill_rank && step + 1 == kill_step) raise(SIGKILL);
+        for (int k = 0; k < kills; k++)
+            if (start_rank == kill_rank[k] && step + 1 == kill_step[k]) raise(SIGKILL);
         if (dp_batch(idx + s, b) != b) exit(1); /* scale mode: the batch as it is, counted */
         for (int i = 0; i < 16; i++)
             g[i] = 1.0f;
@@ -46,14 +49,16 @@ static void train(int epoch, uint64_t *idx, size_t n, size_t batch)
 int main(int argc, char **argv)
 {
     if (argc < 4 || !dp_epoch || !dp_epoch_rest) {
-        fprintf(stderr,
-                "usage: elastic_epochs EPOCHS N BATCH [KILL_RANK KILL_STEP], under LD_PRELOAD=libdpshim.so "
-                "(hook ABI version 5)\n");
+        fprintf(
+            stderr,
+            "usage: elastic_epochs EPOCHS N BATCH [KILL_RANK KILL_STEP]..., under LD_PRELOAD=libdpshim.so "
+            "(hook ABI version 5)\n");
         return 2;
     }
     int epochs = atoi(argv[1]);
     size_t n = strtoul(argv[2], NULL, 10), batch = strtoul(argv[3], NULL, 10);
-    if (argc > 5) kill_rank = atoi(argv[4]), kill_step = strtoull(argv[5], NULL, 10);
+    for (int a = 4; a + 1 < argc && kills < MAX_KILLS; a += 2, kills++)
+        kill_rank[kills] = atoi(argv[a]), kill_step[kills] = strtoull(argv[a + 1], NULL, 10);
     start_rank = dp_rank();
     if (getenv("TRACE")) {
         char path[4096];
@@ -73,8 +78,8 @@ int main(int argc, char **argv)
             idx[i - 1] = idx[j], idx[j] = t;
         }
         train(e, idx, dp_epoch(idx, n), batch);
-        size_t rest = dp_epoch_rest(idx, n);
-        train(e, idx, rest < n ? rest : n, batch);
+        for (size_t rest; (rest = dp_epoch_rest(idx, n)) != 0;)
+            train(e, idx, rest < n ? rest : n, batch);
     }
     double ranks = 1;
     dp_metric(&ranks, 1, DP_SUM);

@@ -108,20 +108,57 @@ def _patch_samplers(torch):
     sampler.BatchSampler.__iter__ = batches
     sampler.BatchSampler.__len__ = length
 
+    # Scale mode, in a job that goes on without lost ranks: where the loop's pass is over, what
+    # ranks lost since the sampler's end had not trained (DataLoader workers fetch ahead, so the
+    # sampler ends a few batches early), shared out again until nothing is left; those batches
+    # are fetched here, in the loop's process, as the workers have stopped.
+    def late_rest(it):
+        batches = it._index_sampler
+        pending = getattr(batches, "_dpshim_pending", None)
+        if pending is None or batches.__dict__.get("_dpshim_whole") or _shim.split or not _acting():
+            return None
+        idx = epoch_rest()
+        late = it.__dict__["_dpshim_late"] = collections.deque(cut(batches, idx, False, pending))
+        return late
+
+    def fetch_late(it, late):
+        fetcher = it.__dict__.get("_dpshim_fetcher")
+        if fetcher is None:
+            fetcher = it.__dict__["_dpshim_fetcher"] = torch.utils.data._utils.fetch._MapDatasetFetcher(
+                it._dataset, it._auto_collation, it._collate_fn, it._drop_last)
+        data = fetcher.fetch(late.popleft())
+        if it._pin_memory:
+            data = torch.utils.data._utils.pin_memory.pin_memory(data)
+        return data
+
     # The loader may fetch batches ahead of the training loop; the share that weighs a step's
     # gradients must be that of the batch the loop just got, so it is recorded on delivery.
     base_iter = torch.utils.data.dataloader._BaseDataLoaderIter
     next_batch = base_iter.__next__
 
     def delivered(self):
-        try:
-            data = next_batch(self)
-        except StopIteration:  # the loop's pass is over
-            batches = self._index_sampler
-            if gradients._backwards != getattr(batches, "_dpshim_backwards", gradients._backwards):
-                batches.__dict__["_dpshim_trained_on"] = True
-            _state.replicas, _state.shared = 1, False  # batches made by hand after it are the script's own
-            raise
+        late = self.__dict__.get("_dpshim_late")
+        if late:
+            return deliver(self, fetch_late(self, late))
+        if late is None:  # the loader's own batches
+            try:
+                return deliver(self, next_batch(self))
+            except StopIteration:
+                pass
+        # the loop's pass is over, but for what ranks lost meanwhile had not trained (asked once
+        # more on every rank alike; a call after the end asks nothing)
+        if not self.__dict__.get("_dpshim_over"):
+            late = late_rest(self)
+            if late:
+                return deliver(self, fetch_late(self, late))
+            self.__dict__["_dpshim_over"] = late is not None
+        batches = self._index_sampler
+        if gradients._backwards != getattr(batches, "_dpshim_backwards", gradients._backwards):
+            batches.__dict__["_dpshim_trained_on"] = True
+        _state.replicas, _state.shared = 1, False  # batches made by hand after it are the script's own
+        raise StopIteration
+
+    def deliver(self, data):
         pending = getattr(self._index_sampler, "_dpshim_pending", None)
         if pending and _acting():  # a forked child's copy is not this pass's
             n, replicas, evaluation = pending.popleft()
