@@ -458,15 +458,16 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
             replayed = d.laggard[me];
         }
         if (replayed) el.done++, el.last_on_device = 0;
-        /* a collective completed elsewhere ends as it did there: the survivors that completed it
-         * are told of the loss at the next, and so is this one */
-        if (!replayed) tell();
+        /* a collective given up and completed nowhere runs again among the survivors: the first
+         * the loss left incomplete, where every survivor is told. One completed elsewhere ends as
+         * it did there, and the survivors are told at the next (dps_elastic_recover_pending), as
+         * they are after a loss found outside a collective (a file wait) */
+        if (abandoned && !replayed) tell();
         DPS_DEBUG(
             "elastic: %s: done %llu, cut %llu, root %d, laggard %d, abandoned %d, replayed %d, fix %.17g",
             hook, (unsigned long long)el.done, (unsigned long long)d.cut, d.root, d.laggard[me], abandoned,
             replayed, el.fix);
         dps_guard_own_end(mark);
-        (void)abandoned;
         return replayed ? DPS_ELASTIC_REPLAYED : DPS_ELASTIC_AGAIN;
     }
 }
@@ -474,12 +475,10 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
 int dps_elastic_recover_pending(const dps_backend_t *be, const char *hook)
 {
     if (!el.on) return 0;
-    if (dps_guard_lost_pending())
-        dps_elastic_recover(be, hook, 0, NULL, 0);
-    else if (el.told_generation != el.generation)
-        tell(); /* its last collective was replayed: told now, where the others find the loss */
-    else
-        return 0;
+    int went = dps_guard_lost_pending();
+    if (went) dps_elastic_recover(be, hook, 0, NULL, 0);
+    if (el.told_generation == el.generation) return went;
+    tell(); /* now, where every survivor finds the loss */
     return 1;
 }
 

@@ -61,10 +61,10 @@ void dps_elastic_at_exit(void);
 
 /* After a loss: waits for the survivors' decision and goes on among them. `abandoned`: this rank
  * gave up the collective on buf (bytes long), which it then either holds completed
- * (DPS_ELASTIC_REPLAYED: another survivor had completed it; the program is told of the
- * survivors at the next collective) or must run again among the survivors (DPS_ELASTIC_AGAIN;
- * also where no collective was under way; told now). Ends the job where the survivors cannot go
- * on. */
+ * (DPS_ELASTIC_REPLAYED: another survivor had completed it) or must run again among the survivors
+ * (DPS_ELASTIC_AGAIN; also where no collective was under way). The program is told of the
+ * survivors at the collective run again, else at the next collective's start. Ends the job where
+ * the survivors cannot go on. */
 enum { DPS_ELASTIC_AGAIN = 0, DPS_ELASTIC_REPLAYED = 1 };
 int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned, void *buf, size_t bytes);
 /* Before a collective starts: a loss found and not yet gone through is, first (recover with no

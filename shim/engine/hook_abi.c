@@ -111,9 +111,9 @@ static int from_owners_(dp_tensor *t, size_t n, const int32_t *owner)
          * this one where its result was replayed here (rc 0), the one before where this one
          * stopped. Where nothing is left to send the call is whole. */
         int first_missing = rc == DPS_STOPPED_AT_LOSS ? r : r + 1;
-        dps_elastic_tell(); /* as the survivors that stopped were */
         for (size_t i = 0; i < n; i++)
             if (owner[i] >= first_missing) {
+                dps_elastic_tell(); /* as the survivors that stopped at the next one were */
                 DPS_ERROR(
                     "dp_from_owners: a rank was lost during the call and the survivors are numbered "
                     "anew (dp_world_size() is %d now): the tensors of owner %d and after were not sent; "

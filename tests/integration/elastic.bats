@@ -107,6 +107,22 @@ survivors_agree() {
     # steps 1-3 average 1, 2 and 3; steps 4-6 average 1 and 2
     assert_output --partial "rank 1 of 2 (started as 1 of 3): small -0.104999997 large -0.104999997"
     survivors_agree 2
+    # the same with rank 0 lost, and a rank0_only log and checkpoint written after each step:
+    # rank 1 completed the sum and finds the loss waiting for rank 0's write of the log, rank 2
+    # has the sum replayed; neither is told before step 4's first collective
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=30 DPSHIM_DIAG_LOG=debug \
+        DPSHIM_COMM_PIECE_KB=4096 RING_STOP=0:12 RING_LATE=2:12:20 ELASTIC_TRAIN_SAVE="$BATS_TEST_TMPDIR" \
+        DPSHIM_FILES_RANK0_ONLY='*.ckpt *.log' "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery \
+        env LD_PRELOAD="$BUILD/lib/libring_faults.so:$SHIM" "$TRAIN" 6 </dev/null
+    echo "$output"
+    assert_success
+    assert_output --regexp "r1/3\] DEBUG elastic: wait for rank 0's write of [^ ]*train.log.*replayed 0"
+    assert_output --regexp "r2/3\] DEBUG elastic: dp_grads: .*laggard 1, abandoned 1, replayed 1"
+    assert_output --partial "elastic: the job lost rank 0 in step 4 and went on with 2 of its 3 ranks"
+    assert_output --partial "rank 0 sizes: 3 3 3 3 2 2"
+    survivors_agree 2
+    [ "$(grep -o 'checkpoint 1204000 bytes, checksum [0-9a-f]*' <<<"$output" | sort -u | wc -l)" -eq 1 ] ||
+        fail "the survivors read different checkpoints"
 }
 
 @test "two ranks of 4 lost one after the other: the last two go on" {
