@@ -183,10 +183,10 @@ at_2_and_3() {
     assert_equal "$(count 'epoch 1 trained on 48 samples in 3 batches')" 2
 }
 
-# lost_in_epoch_1 KILL ARGS...: the trainer at np=3 in scale mode under --enable-recovery, MPI rank
-# KILL SIGKILLed before its second batch; true where the launcher keeps the survivors (Open MPI 4),
-# else the job ended as it must there.
-lost_in_epoch_1() {
+# lost_rank KILL ARGS...: the trainer at np=3 in scale mode under --enable-recovery, MPI rank KILL
+# SIGKILLed before its second batch of epoch 1 (or ARGS' --kill-epoch); true where the launcher
+# keeps the survivors (Open MPI 4), else the job ended as it must there.
+lost_rank() {
     local kill=$1
     shift
     run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_DATA_MODE=scale DPSHIM_GUARD_TIMEOUT=30 \
@@ -208,7 +208,7 @@ lost_in_epoch_1() {
     done
 }
 
-@test "scale mode, a rank lost in epoch 1 (--enable-recovery): its untrained batches are trained, and the survivors share every later epoch" {
+@test "scale mode, a rank lost in epoch 1 or between epochs (--enable-recovery): its untrained batches are trained, and the survivors share every later epoch" {
     # 100 samples in 7 batches of 16 (the last of 4): after the loss each of the two survivors
     # takes every other batch (4, the last pair padded), not every third with the lost rank's left
     # untrained. With rank 0 lost (RandomSampler), the order comes from the new rank 0: one order
@@ -217,22 +217,26 @@ lost_in_epoch_1() {
     # with the lost rank's 16 every one of the 100 samples is trained once
     local kill
     for kill in 1:sequential 0:random; do
-        lost_in_epoch_1 "${kill%:*}" --sampler "${kill#*:}" || return 0 # Open MPI 5: once is enough
+        lost_rank "${kill%:*}" --sampler "${kill#*:}" || return 0 # Open MPI 5: once is enough
         assert_output --partial "the 16 samples of this epoch the lost rank(s) had not trained (1 batch(es)) are trained now"
         assert_equal "$(count "epoch 1 trained on 48 samples in 3 batches")" 1
         assert_equal "$(count "epoch 1 trained on 36 samples in 3 batches")" 1
     done
     # DataLoader workers fetch ahead: the third group (the batch of 4, the others' places padded
     # with it) was cut before the loss, the lost batch is handed out after it, padded too: 52 each
-    lost_in_epoch_1 1 --workers 2 || return 0
+    lost_rank 1 --workers 2 || return 0
     assert_output --partial "the 16 samples of this epoch the lost rank(s) had not trained (1 batch(es)) are trained now"
     assert_equal "$(count "epoch 1 trained on 52 samples in 4 batches")" 2
     # gradient accumulation: a step's batches may have been trained before the loss, and which is
     # not known, so none is handed out, and rank 0 says so; epoch 1 cuts the rest as before
-    lost_in_epoch_1 1 --accumulate 2
+    lost_rank 1 --accumulate 2
     assert_output --partial "are not trained: the program steps once for several batches (gradient accumulation)"
     refute_output --partial "are trained now"
     assert_equal "$(count "epoch 1 trained on 36 samples in 3 batches")" 2
+    # rank 0 lost between epochs: RandomSampler's order for epoch 2 comes from the rank that takes
+    # its place (before, from no rank: a generator state of zeros, which libtorch refuses)
+    lost_rank 0 --sampler random --kill-epoch 2
+    assert_output --partial "the job lost rank 0 in step"
 }
 
 # pytorch/examples' cpp/mnist as a user copies it (libtorch/mnist_cnn.cpp: two convolutions, feature

@@ -696,6 +696,18 @@ void hand_out_lost_batches(const Ranks &now)
     alive.back() = st.accumulating ? 1 : 0;
     dp_metric(alive.data(), alive.size(), DP_SUM);
     const bool accumulating = alive.back() > 0;
+    // another rank lost inside these sums (every survivor is told at the same one): a place would
+    // read as lost whose batch was trained, so nothing is handed out
+    auto lost_again = [&] { return ranks_now().size != now.size; };
+    auto give_up = [&] {
+        const Ranks later = ranks_now();
+        for (auto &h : *q)
+            h.group.clear(), h.place = later.rank, h.ranks = later.size;
+        if (later.rank == 0)
+            std::fprintf(stderr, "[dpshim] WARN elastic: another rank was lost as the survivors listed the "
+                                 "batches the lost rank(s) had not trained: those are not trained\n");
+    };
+    if (lost_again()) return give_up();
     std::vector<double> list; // the batches' lengths, then their indices
     std::vector<double> idx;
     for (auto &h : *q) {
@@ -718,11 +730,13 @@ void hand_out_lost_batches(const Ranks &now)
     double count[2] = {now.rank == 0 ? static_cast<double>(list.size()) : 0,
                        now.rank == 0 ? static_cast<double>(idx.size()) : 0};
     dp_metric(count, 2, DP_SUM);
+    if (lost_again()) return give_up();
     const size_t batches = static_cast<size_t>(count[0] - count[1]);
     if (!batches) return;
     list.resize(static_cast<size_t>(count[0]));
     if (now.rank != 0) std::fill(list.begin(), list.end(), 0.0);
     dp_metric(list.data(), list.size(), DP_SUM);
+    if (lost_again()) return give_up();
     size_t at = batches;
     for (size_t b = 0; b < batches; b++) {
         std::vector<size_t> batch(static_cast<size_t>(list[b]));
@@ -831,7 +845,7 @@ uintptr_t sequential_reset(const uintptr_t a[6], void *real)
 uintptr_t random_reset(const uintptr_t a[6], void *real)
 {
     forget_batches(reinterpret_cast<void *>(a[0]));
-    const bool root = ranks_now().rank == 0;
+    bool root = false;
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor own;
     {
@@ -840,9 +854,12 @@ uintptr_t random_reset(const uintptr_t a[6], void *real)
         own = state.clone();
         auto *bytes = state.data_ptr<uint8_t>();
         std::vector<double> v(static_cast<size_t>(state.numel()));
-        for (size_t i = 0; i < v.size(); i++)
-            v[i] = root ? bytes[i] : 0;
-        dp_metric(v.data(), v.size(), DP_SUM);
+        for (int size = 0; size != ranks_now().size;) { // a loss inside: rank 0 may be another now
+            size = ranks_now().size, root = ranks_now().rank == 0;
+            for (size_t i = 0; i < v.size(); i++)
+                v[i] = root ? bytes[i] : 0;
+            dp_metric(v.data(), v.size(), DP_SUM);
+        }
         for (size_t i = 0; i < v.size(); i++)
             bytes[i] = static_cast<uint8_t>(v[i]);
         gen.set_state(state);

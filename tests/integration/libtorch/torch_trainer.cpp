@@ -9,7 +9,8 @@
 //   --eval-every K (a test pass after every K training batches too)   --draw (a random number
 //   drawn after training, on stderr)   --load PATH (model and optimizer from PATH.*.pt first)
 //   --cuda (the model and each batch on the GPU)   --kill R (the process of MPI rank R ends with
-//   SIGKILL before its second batch, as a rank lost to the OOM killer)   --accumulate K (gradients
+//   SIGKILL before its second batch, as a rank lost to the OOM killer; with --kill-epoch E, before
+//   epoch E starts)   --accumulate K (gradients
 //   of K batches summed, one step for them: zero_grad before the first, step after the K-th)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
 // a hash of their bytes and the elements of the first optimizer's state in this process.
@@ -102,6 +103,7 @@ int main(int argc, char **argv)
     torch::Device device(torch::kCPU);
     int eval_every = 0;
     int kill_rank = -1; // --kill R: the process of MPI rank R is SIGKILLed before its 2nd batch
+    int kill_epoch = 0; // --kill-epoch E: or before epoch E starts (its sampler drawn)
     int accumulate = 1;
     const char *mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
     torch::Dtype dtype = torch::kDouble;
@@ -140,6 +142,8 @@ int main(int argc, char **argv)
             device = torch::Device(torch::kCUDA);
         else if (a == "--kill")
             kill_rank = std::stoi(value());
+        else if (a == "--kill-epoch")
+            kill_epoch = std::stoi(value());
         else if (a == "--accumulate")
             accumulate = std::stoi(value());
         else
@@ -190,11 +194,13 @@ int main(int argc, char **argv)
     };
 
     for (int epoch = 1; epoch <= epochs; epoch++) {
+        if (epoch == kill_epoch && mpi_rank && std::atoi(mpi_rank) == kill_rank) raise(SIGKILL);
         double loss_sum = 0;
         long batches = 0, seen = 0;
         auto began = std::chrono::steady_clock::now();
         auto train_on = [&](const torch::Tensor &x_here, const torch::Tensor &y_here) {
-            if (epoch == 1 && batches == 1 && mpi_rank && std::atoi(mpi_rank) == kill_rank) raise(SIGKILL);
+            if (!kill_epoch && epoch == 1 && batches == 1 && mpi_rank && std::atoi(mpi_rank) == kill_rank)
+                raise(SIGKILL);
             auto x = x_here.to(device), y = y_here.to(device);
             auto loss_of = [&] {
                 for (auto &o : opts)
