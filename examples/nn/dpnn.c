@@ -449,8 +449,11 @@ int dpnn_train_epoch(dpnn_model_t *m, const dpnn_data_t *d, size_t batch, uint64
     /* a job that went on without a rank lost in this epoch: this rank's share of what it had not
      * trained, asked again once trained until none is left (dp_epoch_rest needs hook ABI version 5) */
     int ask = dp_abi_version && dp_abi_version() >= 5 && dp_epoch_rest;
-    for (size_t rest; ask && (rest = dp_epoch_rest(m->perm, d->n)) != 0;)
-        if (train_samples(m, d, rest < d->n ? rest : d->n, batch, max_steps, v) != 0) return -1;
+    for (size_t rest; ask && (rest = dp_epoch_rest(NULL, 0)) != 0;) { /* its length, then the share */
+        if (ensure_perm(m, rest) != 0) return -1;
+        dp_epoch_rest(m->perm, rest);
+        if (train_samples(m, d, rest, batch, max_steps, v) != 0) return -1;
+    }
     if (dp_metric) dp_metric(v, 2, DP_SUM);
     stats->loss = v[1] > 0 ? v[0] / v[1] : 0.0;
     stats->steps = m->steps - first;

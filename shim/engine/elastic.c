@@ -193,6 +193,7 @@ static struct {
     uint64_t *order, n;    /* the epoch's order, as every rank drew it (dp_epoch) */
     int *ranks, size;      /* the ranks it was cut among (by their ranks at the job's start) */
     uint64_t trained;      /* samples of it this rank trained: the batches of the steps ended */
+    uint64_t worked;       /* this rank's work in it so far: its shard, then its shares */
     uint64_t *rest, nrest; /* what the ranks lost in it had not trained, in the order found */
     uint64_t given;        /* of it, what was shared out so far */
     shared_list_t *lists;  /* those lists, in turn: a rank's work is its shard, then its share */
@@ -220,9 +221,13 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
         return;
     }
     memcpy(ep.order, order, n * sizeof *order);
-    for (int i = 0; i < size; i++)
+    int me = 0;
+    for (int i = 0; i < size; i++) {
         ep.ranks[i] = el.on ? el.ranks[i] : i;
+        if (ep.ranks[i] == dps_g.rank) me = i;
+    }
     ep.n = n, ep.size = size, ep.trained = 0;
+    ep.worked = dps_epoch_count(n, me, size, (dps_uneven_t)dps_g.uneven);
 }
 
 void dps_elastic_step_end(void)
@@ -292,7 +297,12 @@ static void note_rest(int r)
 int dps_elastic_rest_due(void)
 {
     /* with [data] uneven = join the shards differ in length: the survivors would not meet there */
-    return el.on && !dps_g.split_mode && dps_g.uneven != DPS_UNEVEN_JOIN && ep.n && !ep.again;
+    if (!el.on || dps_g.split_mode || dps_g.uneven == DPS_UNEVEN_JOIN || !ep.n || ep.again) return 0;
+    /* asked once the work so far is done: what of it was not trained (a short last batch the
+     * program dropped) counts as done, on every rank alike, so that a rank lost later is known
+     * to have trained all of it */
+    if (ep.trained < ep.worked) ep.trained = ep.worked;
+    return 1;
 }
 
 const uint64_t *dps_elastic_rest(uint64_t *n)
@@ -327,7 +337,7 @@ const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_
         }
         free(head);
         free(ep.mine);
-        ep.mine = mine, ep.nmine = keep, ep.given += n;
+        ep.mine = mine, ep.nmine = keep, ep.given += n, ep.worked += keep;
     }
     ep.again = ep.nmine > cap;
     *count = ep.nmine;

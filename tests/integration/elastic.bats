@@ -363,11 +363,11 @@ whole_files() {
 epoch 1: 512 samples, 2 twice
 epoch 2: 512 samples, 0 twice"
     done
-    # two DataLoader workers fetch 4 batches ahead, so each epoch's sampler (3 batches here) has
-    # ended before its first step; rank 1 is killed in epoch 1's last step, after two batches:
-    # its 43 left are shared out where the loop's pass ends
+    # two DataLoader workers (persistent: one iterator for every epoch) fetch 4 batches ahead, so
+    # each epoch's sampler (3 batches here) has ended before its first step; rank 1 is killed in
+    # epoch 1's last step, after two batches: its 43 left are shared out where the loop's pass ends
     rm -f "$BATS_TEST_TMPDIR"/trained.*
-    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=1 KILL_STEP=6 WORKERS=2 \
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_GUARD_TIMEOUT=60 KILL_RANK=1 KILL_STEP=6 WORKERS=2 PERSISTENT=1 \
         DPSHIM_DATA_MODE=scale TRACE="$BATS_TEST_TMPDIR/trained" "$BUILD/bin/dpshim-run" \
         -np 3 --oversubscribe --enable-recovery /usr/bin/python3 "$SRC/tests/integration/elastic_torch.py" </dev/null
     echo "$output"

@@ -1,7 +1,7 @@
 """A plain PyTorch training script (nothing of dpshim in it) for elastic.bats: a small MLP, SGD
 (Adam with $OPT=adam),
 a shuffled DataLoader over 512 samples in batches of 64 ($WORKERS worker processes, none by
-default), 3 epochs. The rank that started as $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with
+default; kept from epoch to epoch with $PERSISTENT set), 3 epochs. The rank that started as $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with
 SIGKILL before the forward pass of step $KILL_STEP (5).
 Prints the final loss and a sum of the parameters; with $SAVE, saves the model there after each
 epoch (torch.save) and prints the sum of the parameters the file holds at the end; with $TRACE,
@@ -19,7 +19,8 @@ opt = (torch.optim.Adam(model.parameters(), lr=0.01) if os.environ.get("OPT") ==
 X = torch.randn(512, 20)
 Y = (X[:, 0] > 0).long()
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y, torch.arange(512)), batch_size=64,
-                                     shuffle=True, num_workers=int(os.environ.get("WORKERS", "0")))
+                                     shuffle=True, num_workers=int(os.environ.get("WORKERS", "0")),
+                                     persistent_workers="PERSISTENT" in os.environ)
 kill, kill_step = int(os.environ.get("KILL_RANK", "-1")), int(os.environ.get("KILL_STEP", "5"))
 started_as = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 save = os.environ.get("SAVE")

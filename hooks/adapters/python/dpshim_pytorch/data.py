@@ -62,14 +62,13 @@ def _patch_samplers(torch):
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
         self.__dict__["_dpshim_backwards"] = gradients._backwards
         yield from cut(self, idx, whole, pending)
-        if not whole and not _shim.split:
-            # scale mode: what ranks lost in this epoch had not trained, shared out (none: no loss)
-            yield from cut(self, epoch_rest(), whole, pending)
+        # scale mode: what ranks lost in this epoch had not trained is shared out where the
+        # loop's pass ends (late_rest), not here: the loader may fetch ahead of the loop
 
-    def cut(self, idx, whole, pending):
+    def cut(self, idx, whole, pending, rest=False):
         for start in range(0, len(idx), self.batch_size):
             batch = idx[start:start + self.batch_size]
-            if len(batch) < self.batch_size and self.drop_last:
+            if len(batch) < self.batch_size and self.drop_last and not rest:  # the rest is trained whole
                 break
             if whole:  # evaluation: every rank the whole batch, weighted 1/N
                 pending.append((len(batch), _shim.size, True))
@@ -108,17 +107,17 @@ def _patch_samplers(torch):
     sampler.BatchSampler.__iter__ = batches
     sampler.BatchSampler.__len__ = length
 
-    # Scale mode, in a job that goes on without lost ranks: where the loop's pass is over, what
-    # ranks lost since the sampler's end had not trained (DataLoader workers fetch ahead, so the
-    # sampler ends a few batches early), shared out again until nothing is left; those batches
-    # are fetched here, in the loop's process, as the workers have stopped.
+    # Scale mode, in a job that goes on without lost ranks: where the loop's pass is over (not
+    # where the sampler ends: DataLoader workers fetch ahead), what ranks lost in the epoch had not
+    # trained, shared out until nothing is left; those batches are fetched here, in the loop's
+    # process, as the workers have stopped.
     def late_rest(it):
         batches = it._index_sampler
         pending = getattr(batches, "_dpshim_pending", None)
         if pending is None or batches.__dict__.get("_dpshim_whole") or _shim.split or not _acting():
             return None
         idx = epoch_rest()
-        late = it.__dict__["_dpshim_late"] = collections.deque(cut(batches, idx, False, pending))
+        late = it.__dict__["_dpshim_late"] = collections.deque(cut(batches, idx, False, pending, rest=True))
         return late
 
     def fetch_late(it, late):
@@ -135,6 +134,12 @@ def _patch_samplers(torch):
     # gradients must be that of the batch the loop just got, so it is recorded on delivery.
     base_iter = torch.utils.data.dataloader._BaseDataLoaderIter
     next_batch = base_iter.__next__
+    reset = base_iter._reset
+
+    def new_pass(self, loader, *args, **kwargs):  # also a persistent workers' iterator's next pass
+        self.__dict__.pop("_dpshim_late", None)
+        self.__dict__.pop("_dpshim_over", None)
+        return reset(self, loader, *args, **kwargs)
 
     def delivered(self):
         late = self.__dict__.get("_dpshim_late")
@@ -170,6 +175,7 @@ def _patch_samplers(torch):
         return data
 
     base_iter.__next__ = delivered
+    base_iter._reset = new_pass
 
 
 def _evaluating(trained_on=False):
