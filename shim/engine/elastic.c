@@ -215,11 +215,10 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
     for (int i = 0; i < ep.nlists; i++)
         free(ep.lists[i].list), free(ep.lists[i].ranks);
     ep.n = 0, ep.nrest = 0, ep.given = 0, ep.nlists = 0, ep.nmine = 0, ep.again = 0;
-    if (!o || !r) {
-        DPS_WARN_ONCE("[elastic] no memory to keep the epoch's order: the samples a lost rank had not "
-                      "trained are not trained in the epoch of its loss");
-        return;
-    }
+    /* every rank keeps it, or the job ends: a rank without it would skip the rest's sums */
+    if (!o || !r)
+        dps_fatal("dp_epoch: out of memory keeping the epoch's %llu samples ([elastic])",
+                  (unsigned long long)n);
     memcpy(ep.order, order, n * sizeof *order);
     int me = 0;
     for (int i = 0; i < size; i++) {
@@ -288,10 +287,8 @@ static void note_rest(int r)
         }
         free(share), free(scratch);
     }
-    if (failed)
-        DPS_WARN_ONCE("[elastic] no memory for the samples rank %d had not trained: they are not trained in "
-                      "this epoch",
-                      r);
+    if (failed) /* every survivor lists the same samples, or the job ends */
+        dps_fatal("elastic: out of memory listing the samples rank %d had not trained", r);
 }
 
 int dps_elastic_rest_due(void)
@@ -329,11 +326,8 @@ const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_
             memcpy(ranks, el.ranks, (size_t)size * sizeof *ranks); /* el.ranks: eff_rank's order */
             keep = dps_epoch_shard(mine, n, dps_g.eff_rank, size, (dps_uneven_t)dps_g.uneven, head);
             ep.lists[ep.nlists++] = (shared_list_t){list, n, ranks, size};
-        } else {
-            DPS_WARN_ONCE(
-                "[elastic] no memory to share out the samples lost ranks had not trained: this rank "
-                "trains none of them");
-            free(list), free(ranks), free(mine), mine = NULL;
+        } else { /* a rank without its share would make fewer steps than the others */
+            dps_fatal("dp_epoch_rest: out of memory for a list of %llu samples", (unsigned long long)n);
         }
         free(head);
         free(ep.mine);

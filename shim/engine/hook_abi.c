@@ -217,10 +217,8 @@ static size_t epoch_rest_(uint64_t *idx, size_t cap)
         if (!be || collective("dp_epoch_rest", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM))
             return 0;
         uint64_t *all = calloc(count ? count : 1, sizeof *all);
-        if (!all) {
-            DPS_ERROR("dp_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
-            return 0;
-        }
+        if (!all) /* every rank makes the next broadcast, or the job ends */
+            dps_fatal("dp_epoch_rest: out of memory for %llu samples", (unsigned long long)count);
         /* after the broadcast: a loss inside it may add. Every rank fills the list (each holds the
          * same): where rank 0 is lost in the next broadcast, the one that takes its place sends it */
         const uint64_t *rest = dps_elastic_rest(&have);
