@@ -234,16 +234,18 @@ void dps_elastic_step_end(void)
     if (ep.n && dps_e.have_batch) ep.trained += dps_e.batch_n; /* the batch the step was given */
 }
 
-/* Appends items[from..n) to the rest; 0, or -1 out of memory. */
-static int add_rest(const uint64_t *items, uint64_t from, uint64_t n)
+/* Rank k's share of g's list, cut as dps_epoch_shard cuts an epoch: malloc'ed, its length at *m.
+ * Out of memory the job ends: every survivor must hold the same lists. */
+static uint64_t *share_of(const shared_list_t *g, int k, uint64_t *m)
 {
-    if (from >= n) return 0;
-    uint64_t *rest = realloc(ep.rest, (ep.nrest + n - from) * sizeof *rest);
-    if (!rest) return -1;
-    ep.rest = rest;
-    memcpy(ep.rest + ep.nrest, items + from, (n - from) * sizeof *items);
-    ep.nrest += n - from;
-    return 0;
+    uint64_t *share = malloc((g->n ? g->n : 1) * sizeof *share),
+             *scratch = malloc((size_t)g->size * sizeof *scratch);
+    if (!share || !scratch)
+        dps_fatal("elastic: out of memory cutting a list of %llu samples", (unsigned long long)g->n);
+    memcpy(share, g->list, g->n * sizeof *share);
+    *m = dps_epoch_shard(share, g->n, k, g->size, (dps_uneven_t)dps_g.uneven, scratch);
+    free(scratch);
+    return share;
 }
 
 /* Rank r was lost: what it had not trained of its work in the epoch joins the rest. Its work is
@@ -252,43 +254,26 @@ static int add_rest(const uint64_t *items, uint64_t from, uint64_t n)
  * under way are lost with it. */
 static void note_rest(int r)
 {
-    int j = 0;
-    while (j < ep.size && ep.ranks[j] != r)
-        j++;
-    if (!ep.n || j == ep.size) return;
-    dps_uneven_t uneven = (dps_uneven_t)dps_g.uneven;
-    uint64_t count = dps_epoch_count(ep.n, j, ep.size, uneven), s = (uint64_t)ep.size;
-    uint64_t head = ep.n < s ? ep.n : s, done = ep.trained;
-    int failed = 0;
-    if (done < count) { /* its shard as dps_epoch_shard cuts it */
-        uint64_t *shard = malloc((count - done) * sizeof *shard);
-        for (uint64_t k = done; shard && k < count; k++) {
-            uint64_t p = (uint64_t)j + k * s;
-            shard[k - done] = p < ep.n ? ep.order[p] : ep.order[(p - ep.n) % head];
-        }
-        failed = !shard || add_rest(shard, 0, count - done);
-        free(shard);
-    }
-    done = done > count ? done - count : 0;
-    for (int l = 0; l < ep.nlists && !failed; l++) {
-        const shared_list_t *g = &ep.lists[l];
+    if (!ep.n) return;
+    const shared_list_t shard = {ep.order, ep.n, ep.ranks, ep.size};
+    uint64_t done = ep.trained;
+    for (int l = -1; l < ep.nlists; l++) {
+        const shared_list_t *g = l < 0 ? &shard : &ep.lists[l];
         int k = 0;
         while (k < g->size && g->ranks[k] != r)
             k++;
         if (k == g->size) continue; /* it was lost before this list */
-        uint64_t *share = malloc((g->n ? g->n : 1) * sizeof *share),
-                 *scratch = malloc((size_t)g->size * sizeof *scratch);
-        failed = !share || !scratch;
-        if (!failed) {
-            memcpy(share, g->list, g->n * sizeof *share);
-            uint64_t m = dps_epoch_shard(share, g->n, k, g->size, uneven, scratch);
-            failed = add_rest(share, done, m);
-            done = done > m ? done - m : 0;
+        uint64_t m, *share = share_of(g, k, &m);
+        if (done < m) {
+            uint64_t *rest = realloc(ep.rest, (ep.nrest + m - done) * sizeof *rest);
+            if (!rest) dps_fatal("elastic: out of memory listing the samples rank %d had not trained", r);
+            ep.rest = rest;
+            memcpy(ep.rest + ep.nrest, share + done, (m - done) * sizeof *share);
+            ep.nrest += m - done;
         }
-        free(share), free(scratch);
+        free(share);
+        done = done > m ? done - m : 0;
     }
-    if (failed) /* every survivor lists the same samples, or the job ends */
-        dps_fatal("elastic: out of memory listing the samples rank %d had not trained", r);
 }
 
 int dps_elastic_rest_due(void)
@@ -311,27 +296,22 @@ const uint64_t *dps_elastic_rest(uint64_t *n)
 const uint64_t *dps_elastic_rest_share(const uint64_t *rest, uint64_t n, uint64_t cap, uint64_t *count)
 {
     if (rest) {
-        int size = dps_g.eff_size;
-        uint64_t *mine = malloc((n ? n : 1) * sizeof *mine), *head = malloc((size_t)size * sizeof *head),
-                 *list = malloc((n ? n : 1) * sizeof *list);
-        int *ranks = malloc((size_t)size * sizeof *ranks);
-        shared_list_t *lists = realloc(ep.lists, (size_t)(ep.nlists + 1) * sizeof *lists);
-        if (lists) ep.lists = lists;
-        uint64_t keep = 0;
-        if (!n) {
-            free(list), free(ranks); /* nothing shared out */
-        } else if (mine && head && list && ranks && lists) {
-            memcpy(mine, rest, n * sizeof *rest);
-            memcpy(list, rest, n * sizeof *rest);
-            memcpy(ranks, el.ranks, (size_t)size * sizeof *ranks); /* el.ranks: eff_rank's order */
-            keep = dps_epoch_shard(mine, n, dps_g.eff_rank, size, (dps_uneven_t)dps_g.uneven, head);
-            ep.lists[ep.nlists++] = (shared_list_t){list, n, ranks, size};
-        } else { /* a rank without its share would make fewer steps than the others */
-            dps_fatal("dp_epoch_rest: out of memory for a list of %llu samples", (unsigned long long)n);
-        }
-        free(head);
+        shared_list_t g = {(uint64_t *)rest, n, el.ranks, dps_g.eff_size}; /* el.ranks: eff_rank's order */
+        uint64_t keep;
         free(ep.mine);
-        ep.mine = mine, ep.nmine = keep, ep.given += n, ep.worked += keep;
+        ep.mine = share_of(&g, dps_g.eff_rank, &keep);
+        if (n) { /* kept, with the ranks it was cut among, for the ranks lost later */
+            shared_list_t *lists = realloc(ep.lists, (size_t)(ep.nlists + 1) * sizeof *lists);
+            uint64_t *list = malloc(n * sizeof *list);
+            int *ranks = malloc((size_t)g.size * sizeof *ranks);
+            if (lists) ep.lists = lists;
+            if (!lists || !list || !ranks)
+                dps_fatal("dp_epoch_rest: out of memory for a list of %llu samples", (unsigned long long)n);
+            memcpy(list, rest, n * sizeof *list);
+            memcpy(ranks, g.ranks, (size_t)g.size * sizeof *ranks);
+            ep.lists[ep.nlists++] = (shared_list_t){list, n, ranks, g.size};
+        }
+        ep.nmine = keep, ep.given += n, ep.worked += keep;
     }
     ep.again = ep.nmine > cap;
     *count = ep.nmine;
