@@ -193,6 +193,7 @@ static struct {
     uint64_t *order, n;    /* the epoch's order, as every rank drew it (dp_epoch) */
     int *ranks, size;      /* the ranks it was cut among (by their ranks at the job's start) */
     uint64_t trained;      /* samples of it this rank trained: the batches of the steps ended */
+    uint64_t stepping;     /* the samples of the batches given since the last step ended */
     uint64_t worked;       /* this rank's work in it so far: its shard, then its shares */
     uint64_t *rest, nrest; /* what the ranks lost in it had not trained, in the order found */
     uint64_t given;        /* of it, what was shared out so far */
@@ -225,13 +226,20 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
         ep.ranks[i] = el.on ? el.ranks[i] : i;
         if (ep.ranks[i] == dps_g.rank) me = i;
     }
-    ep.n = n, ep.size = size, ep.trained = 0;
+    ep.n = n, ep.size = size, ep.trained = 0, ep.stepping = 0;
     ep.worked = dps_epoch_count(n, me, size, (dps_uneven_t)dps_g.uneven);
 }
 
+void dps_elastic_epoch_batch(uint64_t n)
+{
+    if (ep.n) ep.stepping += n;
+}
+
+/* Counted by the batches, not the steps: a step may train several (gradient accumulation), and
+ * a batch several steps (a GAN's two optimizers), or none yet (a loss inside the step). */
 void dps_elastic_step_end(void)
 {
-    if (ep.n && dps_e.have_batch) ep.trained += dps_e.batch_n; /* the batch the step was given */
+    ep.trained += ep.stepping, ep.stepping = 0;
 }
 
 /* Rank k's share of g's list, cut as dps_epoch_shard cuts an epoch: malloc'ed, its length at *m.

@@ -31,9 +31,10 @@ void dps_elastic_note_batch(void);
 /* A rank was lost since: the gradients' weight for this rank's share of that batch (each survivor's
  * share of what the survivors hold), 1 with *w set; 0 where no rank was. */
 int dps_elastic_batch_weight(uint64_t share, dps_weight_t *w);
-/* Scale mode: the epoch's order drawn (dp_epoch, before it is cut); a step ended (dp_step_end),
- * on the batch dp_batch gave it last. */
+/* Scale mode: the epoch's order drawn (dp_epoch, before it is cut); a training batch of n given
+ * (dp_batch); a step ended (dp_step_end): the batches given since are trained. */
 void dps_elastic_note_epoch(const uint64_t *order, uint64_t n);
+void dps_elastic_epoch_batch(uint64_t n);
 void dps_elastic_step_end(void);
 /* Scale mode, at the end of this rank's shard and again after each share is trained: 1 where
  * this call shares out what is left (elastic mode, shards of one length), 0 where it returns the

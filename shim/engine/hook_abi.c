@@ -152,6 +152,7 @@ static size_t batch_(uint64_t *idx, size_t n)
 {
     uint64_t start, share = note_batch(n, &start);
     if (start) memmove(idx, idx + start, share * sizeof *idx);
+    dps_elastic_epoch_batch(n); /* in scale mode: what a lost rank trained is counted in batches */
     dps_e.shared_work |= dps_g.eff_size > 1;
     return share;
 }

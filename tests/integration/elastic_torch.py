@@ -1,8 +1,11 @@
 """A plain PyTorch training script (nothing of dpshim in it) for elastic.bats: a small MLP, SGD
 (Adam with $OPT=adam),
 a shuffled DataLoader over 512 samples in batches of 64 ($WORKERS worker processes, none by
-default; kept from epoch to epoch with $PERSISTENT set), 3 epochs. The rank that started as $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with
-SIGKILL before the forward pass of step $KILL_STEP (5).
+default; kept from epoch to epoch with $PERSISTENT set), 3 epochs; with $ACCUMULATE=K, one
+optimizer step for every K batches (gradient accumulation); with $TWO_STEPS set, two optimizers,
+each over half the parameters, each stepping every batch (as a GAN's two). The rank that started
+as $KILL_RANK (OMPI_COMM_WORLD_RANK) kills itself with SIGKILL before the forward pass of batch
+$KILL_STEP (5).
 Prints the final loss and a sum of the parameters; with $SAVE, saves the model there after each
 epoch (torch.save) and prints the sum of the parameters the file holds at the end; with $TRACE,
 each rank appends the samples of each step it trained to $TRACE.<rank it started as>, a line
@@ -14,8 +17,15 @@ import torch
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))
-opt = (torch.optim.Adam(model.parameters(), lr=0.01) if os.environ.get("OPT") == "adam" else
-       torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+def optimizer(params):
+    return (torch.optim.Adam(params, lr=0.01) if os.environ.get("OPT") == "adam" else
+            torch.optim.SGD(params, lr=0.1, momentum=0.9))
+
+
+opts = ([optimizer(model[0].parameters()), optimizer(model[2].parameters())] if "TWO_STEPS" in os.environ
+        else [optimizer(model.parameters())])
+accumulate = int(os.environ.get("ACCUMULATE", "1"))
 X = torch.randn(512, 20)
 Y = (X[:, 0] > 0).long()
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y, torch.arange(512)), batch_size=64,
@@ -27,16 +37,22 @@ save = os.environ.get("SAVE")
 trace = open(f"{os.environ['TRACE']}.{started_as}", "a") if "TRACE" in os.environ else None
 step = 0
 for epoch in range(3):
-    for x, y, i in loader:
+    pending = []  # the samples of the batches of the step under way
+    for n, (x, y, i) in enumerate(loader):
         step += 1
         if started_as == kill and step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
-        opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        (loss / accumulate).backward()
+        pending += i.tolist()
+        if (n + 1) % accumulate and n + 1 < len(loader):
+            continue
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
         if trace:
-            print(epoch, *i.tolist(), file=trace, flush=True)
+            print(epoch, *pending, file=trace, flush=True)
+        pending = []
     if save:
         torch.save(model.state_dict(), save)
 total = sum(p.double().sum().item() for p in model.parameters())

@@ -75,7 +75,9 @@ def _patch_samplers(torch):
                 yield batch
                 continue
             arr = _index_array(batch)
-            keep = _shim.dp_batch(arr, len(batch))  # split mode: this rank's share
+            # split mode: this rank's share; scale mode keeps the batch, told on delivery alone
+            # (dp_batch counts what a step trains)
+            keep = _shim.dp_batch(arr, len(batch)) if _shim.split else len(batch)
             if len(batch) < _shim.size and _shim.split:
                 # fewer samples than ranks: every rank takes them all, weighted 1/N (no rank
                 # may get an empty batch, which collate cannot build)
