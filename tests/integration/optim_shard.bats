@@ -35,45 +35,54 @@ same_everywhere() {
     echo "$values"
 }
 
-# equal_to_unsharded N ARGS...: params and state_dict bitwise those of shard = off on every rank;
-# each rank's own optimizer state at most 1/N of the unsharded one (and a few scalars).
+# equal_to_unsharded N OPTS ARGS...: shard.py --opt OPTS ARGS on N ranks: for each of the
+# optimizers OPTS (a comma-separated list, trained in turn in one run), params and state_dict
+# bitwise those of shard = off on every rank; each rank's own optimizer state at most 1/N of the
+# unsharded one (and a few scalars).
 equal_to_unsharded() {
-    local n=$1
-    shift
-    shard "$n" off "$@"
+    local n=$1 opts=$2 opt tag
+    shift 2
+    local -A params state whole
+    shard "$n" off --opt "$opts" "$@"
     assert_success
-    local params state whole
-    params=$(same_everywhere "$n" params)
-    state=$(same_everywhere "$n" state)
-    whole=$(same_everywhere "$n" state_elements)
-    shard "$n" on "$@"
-    assert_success
-    [ "$(same_everywhere "$n" params)" = "$params" ] || fail "np=$n $*: parameters differ from shard = off"
-    [ "$(same_everywhere "$n" state)" = "$state" ] || fail "np=$n $*: state_dict differs from shard = off"
-    for r in $(seq 0 $((n - 1))); do
-        local mine
-        mine=$(value state_elements $r)
-        [ "$mine" -le $((whole / n + 32)) ] || fail "np=$n $*: rank $r keeps $mine state elements of $whole"
+    for opt in ${opts//,/ }; do
+        tag=$([[ $opts == *,* ]] && echo "$opt " || true)
+        params[$opt]=$(same_everywhere "$n" "${tag}params")
+        state[$opt]=$(same_everywhere "$n" "${tag}state")
+        whole[$opt]=$(same_everywhere "$n" "${tag}state_elements")
     done
-    echo "np=$n $*: bitwise; state elements per rank $(for r in $(seq 0 $((n - 1))); do value state_elements $r; done | xargs) of $whole" >&3
+    shard "$n" on --opt "$opts" "$@"
+    assert_success
+    for opt in ${opts//,/ }; do
+        tag=$([[ $opts == *,* ]] && echo "$opt " || true)
+        [ "$(same_everywhere "$n" "${tag}params")" = "${params[$opt]}" ] ||
+            fail "np=$n $opt $*: parameters differ from shard = off"
+        [ "$(same_everywhere "$n" "${tag}state")" = "${state[$opt]}" ] ||
+            fail "np=$n $opt $*: state_dict differs from shard = off"
+        local r mine per_rank=()
+        for r in $(seq 0 $((n - 1))); do
+            mine=$(value "${tag}state_elements" $r)
+            [ "$mine" -le $((whole[$opt] / n + 32)) ] ||
+                fail "np=$n $opt $*: rank $r keeps $mine state elements of ${whole[$opt]}"
+            per_rank+=("$mine")
+        done
+        echo "np=$n $opt${*:+ $*}: bitwise; state elements per rank ${per_rank[*]} of ${whole[$opt]}" >&3
+    done
 }
 
 @test "Adam and SGD with momentum at np=2, 3 and 4: bitwise the unsharded step, 1/N of the state" {
     for n in 2 3 4; do
-        equal_to_unsharded $n --opt adam
-        equal_to_unsharded $n --opt sgd
+        equal_to_unsharded $n adam,sgd
     done
 }
 
 @test "AdamW (amsgrad), RMSprop (centered), Adagrad, two groups with a scheduler, a closure, at np=2 and 3; groups at 4" {
+    # several models and optimizers trained one after the other in one process, each sharded
+    # anew; each optimizer's fields are cut alike at any N (np=2 even, 3 uneven)
     for n in 2 3; do
-        for opt in adamw rmsprop adagrad groups; do
-            equal_to_unsharded $n --opt $opt
-        done
-        equal_to_unsharded $n --opt sgd --closure
+        equal_to_unsharded $n adamw,rmsprop,adagrad,groups,sgd_closure
     done
-    # each optimizer's fields are cut alike at any N (np=2 even, 3 uneven); 4 once, with groups
-    equal_to_unsharded 4 --opt groups
+    equal_to_unsharded 4 groups
 }
 
 @test "a custom optimizer: whole tensors under on, a rank with no tensor at np=4; left whole under auto" {
@@ -117,7 +126,7 @@ equal_to_unsharded() {
     assert_success
     cmp "$BATS_TEST_TMPDIR/off.pt" "$BATS_TEST_TMPDIR/opt.pt" || fail "the checkpoint differs from shard = off's"
     # resumed at np=3: sharded as unsharded
-    equal_to_unsharded 3 --opt adam --load opt.pt --steps 6
+    equal_to_unsharded 3 adam --load opt.pt --steps 6
     # and alone: the whole state loads, and training goes on
     run "$PY" "$SCRIPT" --opt adam --load "$BATS_TEST_TMPDIR/opt.pt" --steps 6
     assert_success
@@ -125,7 +134,7 @@ equal_to_unsharded() {
     # a state that holds None (SGD without momentum) loads into cut parameters too
     shard 2 on --opt sgd0 --save sgd0.pt
     assert_success
-    equal_to_unsharded 3 --opt sgd0 --load sgd0.pt --steps 6
+    equal_to_unsharded 3 sgd0 --load sgd0.pt --steps 6
 }
 
 # parted MODE: optim/parted.py MODE on 2 ranks, in the test's directory; it must end within 30 s.
