@@ -77,19 +77,19 @@ PYEOF
 # saved_equal N FILE: rank 0's FILE (saved per rank) within 1e-9 of the one saved alone, and every
 # rank's bitwise rank 0's.
 saved_equal() {
-    local n=$1 stem=${2%.pt} dir=$BATS_TEST_TMPDIR
-    r=$(rel "$dir/alone/$2" "$dir/np$n/$stem.rank0.pt")
-    echo "$2 np=$n rel=$r" >&3
-    [ "$r" = bitwise ] || assert_le "$r" 1e-9
-    saved_same "$n" "$2"
+    local stem=${2%.pt} dir=$BATS_TEST_TMPDIR
+    saved_same "$1" "$2" 1e-9 "$dir/alone/$2" "$dir/np$1/$stem.rank0.pt"
 }
 
-# saved_same N FILE: every rank saved bitwise rank 0's FILE.
+# saved_same N FILE [TOL A B]...: every rank saved bitwise rank 0's FILE (and assert_rels of the
+# triples given).
 saved_same() {
-    local stem=${2%.pt} dir=$BATS_TEST_TMPDIR/np$1
-    for k in $(seq 1 $(($1 - 1))); do
-        assert_equal "$(rel "$dir/$stem.rank0.pt" "$dir/$stem.rank$k.pt")" bitwise
+    local stem=${2%.pt} dir=$BATS_TEST_TMPDIR/np$1 n=$1 k
+    shift 2
+    for k in $(seq 1 $((n - 1))); do
+        set -- "$@" bitwise "$dir/$stem.rank0.pt" "$dir/$stem.rank$k.pt"
     done
+    assert_rels "$@"
 }
 
 # seeded SCRIPT [SAVED]: alone, then np=2 and np=3: rank 0 prints alone's lines (same_numbers),
