@@ -58,19 +58,26 @@ demo() {
         LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/bin/fmnist_train" --epochs 3 --save "$BUILD_DIR/fmnist.ckpt"
 }
 
+# took WHAT START: how long since START ($SECONDS), said, so that a slow part is seen.
+took() { echo "dev.sh: $1 took $((SECONDS - $2)) s"; }
+
 run_tests() {
     mpirun_env
+    local start=$SECONDS
     # the unit tests again under AddressSanitizer and UBSan, in a build of their own
     cmake -S . -B "$BUILD_DIR-sanitize" -DDPSHIM_SANITIZE=ON -DDPSHIM_WERROR=ON >/dev/null
     cmake --build "$BUILD_DIR-sanitize" -j"$(nproc)" --target unit_tests >/dev/null
     ctest --test-dir "$BUILD_DIR-sanitize" -L unit --output-on-failure
+    took "building and running the unit tests under AddressSanitizer" $start && start=$SECONDS
     # the unit tests and the threaded integration cases (ctest -L threads) under ThreadSanitizer
     cmake -S . -B "$BUILD_DIR-tsan" -DDPSHIM_SANITIZE=thread -DDPSHIM_WERROR=ON >/dev/null
     cmake --build "$BUILD_DIR-tsan" -j"$(nproc)" --target unit_tests threads_tests >/dev/null
     ctest --test-dir "$BUILD_DIR-tsan" -L 'unit|threads' --output-on-failure
+    took "building and running the ThreadSanitizer tests" $start && start=$SECONDS
     # one file at a time: two side by side slow each other's ranks past the guard's timeouts
     # (multinode.bats' 5 s agreement failed so beside guard.bats)
     ctest --test-dir "$BUILD_DIR" --output-on-failure
+    took "every test" $start
 }
 
 # debian_mirror: the URI of the Debian archive (not its security archive) this machine's apt
@@ -838,7 +845,7 @@ case "${1:-}" in
 setup) setup ;;
 build) setup && build ;;
 demo) setup && build && demo "${2:-4}" ;;
-test) setup && build && run_tests ;;
+test) start=$SECONDS && setup && took "setting up" $start && start=$SECONDS && build && took "building" $start && run_tests ;;
 test-libtorch2) test_libtorch2 tests ;;
 libtorch2-packages) test_libtorch2 packages ;;
 gpu-check) exec bash tests/gpu/gpu_check.sh "${@:2}" ;;
