@@ -1,18 +1,18 @@
-/* The backward of BatchNorm over the global batch, in one pass over the layer (the PyTorch
- * adapter's SyncedBatchNorm, [bn] sync = on). PyTorch's native kernel in evaluation mode gives
- * the direct term dy * invstd * w and the affine gradients; the statistics of the global batch
- * add x * slope + offset per channel. As PyTorch ops that is three passes over the layer (the
+/* The backward of BatchNorm over the global batch, in one pass over the layer (the PyTorch and
+ * libtorch adapters' SyncedBatchNorm, [bn] sync = on). PyTorch's native kernel in evaluation mode
+ * gives the direct term dy * invstd * w and the affine gradients; the statistics of the global
+ * batch add x * slope + offset per channel. As PyTorch ops that is three passes over the layer (the
  * native kernel's, addcmul_, add_) and some fifteen operations on per-channel vectors; here it is
  * one pass and a loop over the channels, with the roundings of PyTorch's AVX2 kernels: every
  * per-channel value in double in the ops' order, and addcmul_ as one fused multiply-add, as those
- * kernels are compiled. Whether the PyTorch at hand rounds so the adapter
- * finds out once with a probe against PyTorch itself, and keeps PyTorch's ops where it does not.
+ * kernels are compiled. Whether the PyTorch at hand rounds so each adapter finds out once with a
+ * probe against PyTorch itself, and keeps PyTorch's ops where it does not.
  * Compiled with -ffp-contract=off: nothing is fused that the code does not fuse by name. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "batchnorm.h"
+#include "plugin_abi/batchnorm.h"
 
 #include "core/dps.h"
 #include "dpshim/hooks.h"

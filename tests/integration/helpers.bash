@@ -78,3 +78,40 @@ fault() {
     echo "ended after $elapsed s" >&3
     [ "$elapsed" -le $((TIMEOUT + 15)) ] || fail "took $elapsed s"
 }
+
+# bn_reference N [ENV...] -- [ARGS...]: the calling file's BatchNorm reference check
+# ("${BN_REFERENCE[@]}" ARGS: tests/integration/bn_reference.py, libtorch/bn_reference.cpp) on N
+# ranks: output, gradients and running statistics of each case bitwise the reference formulas, on
+# every rank.
+bn_reference() {
+    local n=$1 envs=()
+    shift
+    while [ "$1" != -- ]; do envs+=("$1") && shift; done
+    shift
+    run mpi "$n" env OMP_NUM_THREADS=1 "${envs[@]}" LD_PRELOAD="$SHIM" "${BN_REFERENCE[@]}" "$@"
+    echo "$output"
+    assert_success
+    assert_equal "$(grep -oE 'bitwise [0-9]+' <<<"$output" | wc -l)" "$n" # one per rank (lines may interleave)
+}
+
+# bn_reference_np23: bn_reference at np=2 and 3; on an x86-64 CPU with AVX2 and FMA, where the
+# framework runs its AVX2 kernels, every rank's backward took the single pass in both dtypes.
+bn_reference_np23() {
+    local n
+    for n in 2 3; do
+        bn_reference "$n" --
+        if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+            assert_equal "$(grep -o 'backward in one pass: float32 float64' <<<"$output" | wc -l)" "$n"
+        fi
+    done
+}
+
+# bn_reference_ops: the framework's ops, not the single pass, and the same bits, where its
+# kernels round otherwise (without vector instructions addcmul_ rounds twice: the probe keeps the
+# ops) or run on two threads (its three passes run in parallel).
+bn_reference_ops() {
+    bn_reference 2 ATEN_CPU_CAPABILITY=default --
+    assert_equal "$(grep -o 'backward in one pass: none' <<<"$output" | wc -l)" 2
+    bn_reference 2 -- 2
+    assert_equal "$(grep -o 'backward in one pass: none' <<<"$output" | wc -l)" 2
+}

@@ -139,6 +139,17 @@ at_2_and_3() {
     assert_equal "$samples" $((96 + 3 * 4))
 }
 
+# the libtorch adapter's BatchNorm against its reference formulas (bn_reference in helpers.bash)
+BN_REFERENCE=("$BUILD/bin/bn_reference")
+
+@test "synchronized BatchNorm, np=2 and 3: bitwise its reference formulas over shapes, dtypes and layouts" {
+    bn_reference_np23
+}
+
+@test "synchronized BatchNorm: libtorch's ops where its kernels round otherwise or run on more threads, same bits" {
+    bn_reference_ops
+}
+
 @test "[bn] sync = off: each rank's BatchNorm keeps its own share's statistics" {
     T=$BUILD/bin/bn_cnn
     run mpi 2 sh -c 'exec env LD_PRELOAD="$0" DPSHIM_BN_SYNC=off "$@" >out.$OMPI_COMM_WORLD_RANK' "$SHIM" "$T" --epochs 1

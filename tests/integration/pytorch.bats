@@ -171,35 +171,14 @@ pytorch_case() {
 @test "BatchNorm without running statistics, in eval mode too" { pytorch_case batchnorm_without_running_stats; }
 @test "BatchNorm with momentum=None and steps in eval mode" { pytorch_case batchnorm_eval_and_momentum_none; }
 
-# bn_reference N [ENV...] -- [ARGS...]: tests/integration/bn_reference.py on N ranks: output,
-# gradients and running statistics of each case bitwise the reference formulas, on every rank
-bn_reference() {
-    local n=$1 envs=()
-    shift
-    while [ "$1" != -- ]; do envs+=("$1") && shift; done
-    shift
-    run mpi "$n" env OMP_NUM_THREADS=1 "${envs[@]}" LD_PRELOAD="$SHIM" "$PY" "$SRC/tests/integration/bn_reference.py" "$@"
-    echo "$output"
-    assert_success
-    assert_equal "$(grep -oE 'bitwise [0-9]+' <<<"$output" | wc -l)" "$n" # one per rank (lines may interleave)
-}
+# the PyTorch adapter's BatchNorm against its reference formulas (bn_reference in helpers.bash)
+BN_REFERENCE=("$PY" "$SRC/tests/integration/bn_reference.py")
 
 @test "synchronized BatchNorm, np=2 and 3: bitwise its reference formulas over shapes, dtypes and layouts" {
-    for n in 2 3; do
-        bn_reference "$n" --
-        # an x86-64 CPU with AVX2 and FMA, where PyTorch runs its AVX2 kernels: the backward in one pass
-        if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-            assert_equal "$(grep -o 'backward in one pass: float32 float64' <<<"$output" | wc -l)" "$n"
-        fi
-    done
+    bn_reference_np23
 }
 @test "synchronized BatchNorm: PyTorch's ops where its kernels round otherwise or run on more threads, same bits" {
-    # PyTorch's kernels without vector instructions round addcmul_ twice: the probe keeps its ops
-    bn_reference 2 ATEN_CPU_CAPABILITY=default --
-    assert_equal "$(grep -o 'backward in one pass: none' <<<"$output" | wc -l)" 2
-    # two threads: PyTorch's three passes run in parallel
-    bn_reference 2 -- 2
-    assert_equal "$(grep -o 'backward in one pass: none' <<<"$output" | wc -l)" 2
+    bn_reference_ops
 }
 @test "a branch used on some steps only" { pytorch_case conditional_branch; }
 @test "a non-contiguous parameter with the drift check at every step: no false alarm" {

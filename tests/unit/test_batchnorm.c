@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "dpshim/hooks.h"
-#include "engine/batchnorm.h"
+#include "plugin_abi/batchnorm.h"
 
 static uint64_t lcg = 12345;
 static double uniform(void) /* in [-1, 1) */

@@ -42,7 +42,11 @@
 #include <vector>
 
 #include "dpshim/hooks.h"
+#include "plugin_abi/batchnorm.h"
 #include "plugin_abi/libtorch.h"
+
+// a library before the one pass lacks it: the adapter then keeps libtorch's ops
+#pragma weak dpshim_bn_backward
 
 namespace
 {
@@ -900,6 +904,104 @@ std::vector<int64_t> channel_shape(const at::Tensor &x)
     return shape;
 }
 
+// BatchNorm's backward as libtorch's ops: the native kernel's direct term and affine gradients,
+// then the statistics' terms from per-channel sums (over the ranks where over_ranks). The local
+// gradients are of this rank's loss over its n samples: scaled by n they are per sample and add
+// up across ranks with unequal n; dividing by n again returns to this rank's convention.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ops_backward(const at::Tensor &dy, const at::Tensor &x,
+                                                            const at::Tensor &weight, const at::Tensor &m,
+                                                            const at::Tensor &v, double eps, int64_t total,
+                                                            bool over_ranks)
+{
+    int64_t n = x.size(1) ? x.numel() / x.size(1) : 0;
+    auto g = at::native_batch_norm_backward(dy, x, weight, m, v, at::Tensor(), at::Tensor(), false, eps,
+                                            {true, true, true});
+    at::Tensor gx = std::get<0>(g), gw = std::get<1>(g), gb = std::get<2>(g);
+    // gb = sum(dy), gw = sum(dy * xhat) = invstd * sum(dy * (x - mean)), per channel
+    at::Tensor invstd = at::rsqrt(v.to(at::kDouble) + eps);
+    at::Tensor a = (gb.to(at::kDouble) * static_cast<double>(n)).contiguous();
+    at::Tensor b = (gw.to(at::kDouble) / invstd * static_cast<double>(n)).contiguous();
+    if (over_ranks) {
+        try {
+            bn_sums(a, b, static_cast<uint64_t>(n));
+        } catch (const std::exception &e) {
+            fail("summing BatchNorm's gradient terms", e);
+        }
+    }
+    if (n && total) {
+        at::Tensor k =
+            weight.to(at::kDouble) * invstd / (static_cast<double>(n) * static_cast<double>(total));
+        // gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
+        at::Tensor slope = -k * invstd * invstd * b;
+        at::Tensor offset = -k * a - slope * m.to(at::kDouble);
+        auto shape = channel_shape(x);
+        gx.addcmul_(x, slope.to(x.scalar_type()).view(shape)).add_(offset.to(x.scalar_type()).view(shape));
+    }
+    return {gx, gw, gb};
+}
+
+// The input's gradient in one pass (plugin_abi/batchnorm.h) into gx, from the native kernel's
+// affine gradients gw and gb; false where it cannot.
+bool one_pass(const at::Tensor &dy, const at::Tensor &x, const at::Tensor &weight, const at::Tensor &m,
+              const at::Tensor &v, const at::Tensor &gw, const at::Tensor &gb, at::Tensor &gx, double eps,
+              int64_t total, bool over_ranks)
+{
+    uint64_t outer = static_cast<uint64_t>(x.size(0)), channels = static_cast<uint64_t>(x.size(1));
+    uint64_t inner = outer && channels ? static_cast<uint64_t>(x.numel()) / (outer * channels) : 0;
+    return dpshim_bn_backward(dtype_of(x), outer, channels, inner, x.data_ptr(), dy.data_ptr(), gx.data_ptr(),
+                              m.data_ptr(), v.data_ptr(), weight.data_ptr(), gw.contiguous().data_ptr(),
+                              gb.contiguous().data_ptr(), eps, static_cast<uint64_t>(total),
+                              over_ranks ? 1 : 0) == 0;
+}
+
+// Whether the one pass rounds as libtorch's ops in this build, bit for bit, for dtype: both on
+// random layers, this rank's sums only, as the PyTorch adapter probes. The layers have planes of
+// 19, 16 and 1 and 5 or 8 channels, so vector code and scalar tails count, for the pass and for
+// the per-channel vectors alike; and a NaN plane and an infinity, so which NaN an operation gives
+// counts too.
+bool probe_one_pass(at::ScalarType dtype)
+{
+    at::NoGradGuard no_grad;
+    auto g = at::make_generator<at::CPUGeneratorImpl>(7);
+    auto opts = at::TensorOptions().dtype(dtype);
+    const at::ScalarType bits = dtype == at::kFloat ? at::kInt : at::kLong;
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{3, 5, 19}, {4, 8, 16}, {23, 6}, {2, 8, 3, 3}}) {
+        at::Tensor x = at::randn(shape, g, opts), dy = at::randn(shape, g, opts);
+        x[0][1].fill_(NAN);
+        x[-1][2].fill_(INFINITY);
+        std::vector<int64_t> dims{0};
+        for (int64_t d = 2; d < x.dim(); d++)
+            dims.push_back(d);
+        at::Tensor weight = at::randn({shape[1]}, g, opts);
+        at::Tensor m = x.mean(dims), v = x.var(dims, false);
+        int64_t total = x.numel() / shape[1];
+        auto want = ops_backward(dy, x, weight, m, v, 1e-5, total, false);
+        at::Tensor got = at::empty_like(x);
+        if (!one_pass(dy, x, weight, m, v, std::get<1>(want), std::get<2>(want), got, 1e-5, total, false) ||
+            !at::equal(got.view(bits), std::get<0>(want).view(bits)))
+            return false;
+    }
+    return true;
+}
+
+// One pass for a contiguous float32 or float64 layer (its weight of its dtype) on the CPU where
+// libtorch runs one thread (with more, its three passes run in parallel) and the pass rounds as
+// its ops.
+bool passes_once(const at::Tensor &x, const at::Tensor &weight)
+{
+    if (!dpshim_bn_backward || !x.device().is_cpu() ||
+        (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) || !x.is_contiguous() ||
+        at::get_num_threads() != 1 || weight.scalar_type() != x.scalar_type() || !weight.is_contiguous())
+        return false;
+    static std::mutex mutex;
+    static std::unordered_map<int, bool> matches; // dtype -> the probe's answer
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = matches.find(static_cast<int>(x.scalar_type()));
+    if (it == matches.end())
+        it = matches.emplace(static_cast<int>(x.scalar_type()), probe_one_pass(x.scalar_type())).first;
+    return it->second;
+}
+
 struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
     // y, and the global batch's mean and biased variance in float64; *total_p: its samples
     static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x,
@@ -926,47 +1028,32 @@ struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
         at::Tensor y = at::batch_norm(x, weight, bias, m, v, false, 0.0, eps, false);
         ctx->save_for_backward({x, weight, m, v});
         ctx->saved_data["eps"] = eps;
-        ctx->saved_data["n"] = static_cast<int64_t>(n);
         ctx->saved_data["total"] = static_cast<int64_t>(total);
         ctx->mark_non_differentiable({mean, var});
         *total_p = total;
         return {y, mean, var};
     }
 
-    // The local gradients are of this rank's loss over its n samples: scaled by n they are per
-    // sample and add up across ranks with unequal n; dividing by n again returns to this rank's
-    // convention.
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                    torch::autograd::variable_list grads)
     {
         auto saved = ctx->get_saved_variables();
         const at::Tensor &x = saved[0], &weight = saved[1], &m = saved[2], &v = saved[3];
         double eps = ctx->saved_data["eps"].toDouble();
-        int64_t n = ctx->saved_data["n"].toInt(), total = ctx->saved_data["total"].toInt();
+        int64_t total = ctx->saved_data["total"].toInt();
         at::Tensor dy = grads[0].contiguous();
-        auto g = at::native_batch_norm_backward(dy, x, weight, m, v, at::Tensor(), at::Tensor(), false, eps,
-                                                {true, true, true});
-        at::Tensor gx = std::get<0>(g), gw = std::get<1>(g), gb = std::get<2>(g);
-        // gb = sum(dy), gw = sum(dy * xhat) = invstd * sum(dy * (x - mean)), per channel
-        at::Tensor invstd = at::rsqrt(v.to(at::kDouble) + eps);
-        at::Tensor a = (gb.to(at::kDouble) * static_cast<double>(n)).contiguous();
-        at::Tensor b = (gw.to(at::kDouble) / invstd * static_cast<double>(n)).contiguous();
-        try {
-            bn_sums(a, b, static_cast<uint64_t>(n));
-        } catch (const std::exception &e) {
-            fail("summing BatchNorm's gradient terms", e);
+        if (passes_once(x, weight)) {
+            // the native kernel for the affine gradients only, the rest in one pass
+            auto g = at::native_batch_norm_backward(dy, x, weight, m, v, at::Tensor(), at::Tensor(), false,
+                                                    eps, {false, true, true});
+            at::Tensor gw = std::get<1>(g), gb = std::get<2>(g), gx = at::empty_like(x);
+            if (!one_pass(dy, x, weight, m, v, gw, gb, gx, eps, total, true))
+                fail("summing BatchNorm's gradient terms",
+                     std::runtime_error("dp_bn_stats failed (see the message above)"));
+            return {gx, gw, gb, at::Tensor(), at::Tensor()};
         }
-        if (n && total) {
-            at::Tensor k =
-                weight.to(at::kDouble) * invstd / (static_cast<double>(n) * static_cast<double>(total));
-            // gx -= k * (a + (x - mean) * invstd^2 * b), as gx += x * slope + offset
-            at::Tensor slope = -k * invstd * invstd * b;
-            at::Tensor offset = -k * a - slope * m.to(at::kDouble);
-            auto shape = channel_shape(x);
-            gx.addcmul_(x, slope.to(x.scalar_type()).view(shape))
-                .add_(offset.to(x.scalar_type()).view(shape));
-        }
-        return {gx, gw, gb, at::Tensor(), at::Tensor()};
+        auto g = ops_backward(dy, x, weight, m, v, eps, total, true);
+        return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()};
     }
 };
 
