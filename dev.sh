@@ -565,11 +565,17 @@ bench_bn_phases() {
 # One BatchNorm layer in training mode, alone (PyTorch's kernel) and at np=2 under dpshim (exact
 # statistics of the global batch), CPU time per forward and backward (tests/bench/bn_layer.py).
 bench_bn_layer() {
+    local program=(/usr/bin/python3 tests/bench/bn_layer.py) label=PyTorch
     echo "one BatchNorm layer, forward and backward, ms of CPU time (the best of 15): alone vs dpshim's exact statistics at np=2:"
-    paste -d' ' <(OMP_NUM_THREADS=1 /usr/bin/python3 tests/bench/bn_layer.py) \
-        <(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_DIAG_SUMMARY=off \
-            LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" /usr/bin/python3 tests/bench/bn_layer.py 2>/dev/null) |
-        awk '{ printf "  %-15s forward %6.2f vs %6.2f (%.2fx)  backward %6.2f vs %6.2f (%.2fx)\n", $1, $2, $5, $5 / $2, $3, $6, $6 / $3 }'
+    while :; do
+        echo " $label:"
+        paste -d' ' <(OMP_NUM_THREADS=1 "${program[@]}") \
+            <(timeout 300 mpirun -np 2 env OMP_NUM_THREADS=1 DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_DIAG_SUMMARY=off \
+                LD_PRELOAD="$BUILD_DIR/lib/libdpshim.so" "${program[@]}" 2>/dev/null) |
+            awk '{ printf "  %-15s forward %6.2f vs %6.2f (%.2fx)  backward %6.2f vs %6.2f (%.2fx)\n", $1, $2, $5, $5 / $2, $3, $6, $6 / $3 }'
+        [ "$label" = PyTorch ] && [ -x "$BUILD_DIR/bin/bench_bn_layer_torch" ] || break
+        program=("$BUILD_DIR/bin/bench_bn_layer_torch") label="libtorch (the C++ adapter)"
+    done
 }
 
 # [optim] shard: the Adam embedding model in scale mode at np=2 and 4, sharded (auto, the
