@@ -250,6 +250,25 @@ lost_rank() {
     assert_output --partial "the job lost rank 0 in step"
 }
 
+@test "scale mode at np=4, a second rank lost while the survivors list the first one's batches: said, and the two left go on as one" {
+    # rank 1 killed before its second batch; rank 2 stopped as it enters the survivors' first sum
+    # of the hand-out (the places still there): a place would read as lost whose batch was
+    # trained, so nothing is handed out, and rank 0 says so
+    run timeout --kill-after=10 "$MPI_TIMEOUT" env DPSHIM_DATA_MODE=scale DPSHIM_GUARD_TIMEOUT=30 METRIC_STOP=2:1 \
+        "$BUILD/bin/dpshim-run" -np 4 --oversubscribe --enable-recovery \
+        env LD_PRELOAD="$BUILD/lib/libring_faults.so:$SHIM" "$T" --epochs 3 --kill 1 </dev/null
+    echo "$output"
+    mpirun --version | grep -q 'Open MPI) 4' || skip "Open MPI 5's mpirun does not keep the survivors"
+    assert_success
+    assert_output --partial "ring_faults: rank 2 stops in a dp_metric after the loss"
+    assert_output --partial "another rank was lost as the survivors listed the batches the lost rank(s) had not trained: those are not trained"
+    refute_output --partial "are trained now"
+    for epoch in 2 3; do
+        assert_equal "$(count "epoch $epoch trained on 52 samples in 4 batches")" 2
+        assert_equal "$(grep "^epoch $epoch loss" <<<"$output" | sort -u | wc -l)" 1
+    done
+}
+
 # pytorch/examples' cpp/mnist as a user copies it (libtorch/mnist_cnn.cpp: two convolutions, feature
 # dropout and dropout, log_softmax and nll_loss, SGD at lr 0.01 with momentum 0.5, batch 64, a
 # test pass after each epoch) on the first 6400 training images of Fashion-MNIST (its sampler's

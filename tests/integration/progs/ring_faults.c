@@ -10,9 +10,12 @@
  *                           receive, then its send, and waits for both with MPI_Testall.
  *   RING_LATE=RANK:N:MS     rank RANK posts its send N MS ms late (so that the rank that stops has
  *                           not received it yet).
+ *   METRIC_STOP=RANK:N      rank RANK stops as it makes its Nth dp_metric call after the job lost
+ *                           a rank (dp_world_size() below its size at the first call): inside an
+ *                           adapter's own sums of the recovery, say.
  * A rank that stops gets SIGSTOP (no progress, MPI's included) and dies by SIGKILL 0.5 s later.
  * Ranks are Open MPI's (OMPI_COMM_WORLD_RANK). Preloaded before libdpshim.so, so that the MPI
- * backend's calls reach it first. */
+ * backend's calls and the adapters' hook calls reach it first. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <mpi.h>
@@ -75,4 +78,18 @@ int PMPI_Testall(int count, MPI_Request reqs[], int *flag, MPI_Status st[])
         PMPI_Request_get_status(reqs[1], &sent, MPI_STATUS_IGNORE) == MPI_SUCCESS && sent)
         stop("the ring step of its send");
     return rc;
+}
+
+int dp_metric(double *v, size_t n, int op)
+{
+    static int (*real)(double *, size_t, int), (*world_size)(void), first_size, calls;
+    if (!real) {
+        *(void **)&real = dlsym(RTLD_NEXT, "dp_metric");
+        *(void **)&world_size = dlsym(RTLD_NEXT, "dp_world_size");
+    }
+    int size = world_size(), at, ms;
+    if (!first_size) first_size = size;
+    if (size < first_size && setting("METRIC_STOP", &at, &ms) && ++calls == at)
+        stop("a dp_metric after the loss");
+    return real(v, n, op);
 }
