@@ -290,8 +290,9 @@ int dps_elastic_rest_due(void)
     if (!el.on || dps_g.split_mode || dps_g.uneven == DPS_UNEVEN_JOIN || !ep.n || ep.again) return 0;
     /* asked once the work so far is done: what of it was not trained (a short last batch the
      * program dropped) counts as done, on every rank alike, so that a rank lost later is known
-     * to have trained all of it */
-    if (ep.trained < ep.worked) ep.trained = ep.worked;
+     * to have trained all of it; but the batches given to a step still under way (gradient
+     * accumulation) count when that step ends */
+    if (ep.trained + ep.stepping < ep.worked) ep.trained = ep.worked - ep.stepping;
     return 1;
 }
 

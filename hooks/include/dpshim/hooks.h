@@ -48,7 +48,8 @@ DPSHIM_HOOK_DECL int dp_params(dp_tensor *t, size_t n);
 DPSHIM_HOOK_DECL int dp_seed(uint64_t *seed);
 /* split mode: the global batch in, this rank's contiguous share kept at idx[0..ret).
  * scale mode: returns n unchanged; the next dp_step_end counts the batch as trained (what a rank
- * lost in the epoch had trained, for dp_epoch_rest). */
+ * lost in the epoch had trained, for dp_epoch_rest): a batch only evaluated in the middle of an
+ * epoch must not be given. */
 DPSHIM_HOOK_DECL size_t dp_batch(uint64_t *idx, size_t n);
 /* scale mode: the epoch permutation in, this rank's shard kept at idx[0..ret).
  * split mode: returns n unchanged. */
