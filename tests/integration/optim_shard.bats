@@ -40,13 +40,14 @@ same_everywhere() {
 # bitwise those of shard = off on every rank; each rank's own optimizer state at most 1/N of the
 # unsharded one (and a few scalars).
 equal_to_unsharded() {
-    local n=$1 opts=$2 opt tag
+    local n=$1 opts=$2 opt tag several=
     shift 2
+    [[ $opts != *,* ]] || several=1 # then each line starts with its optimizer's name
     local -A params state whole
     shard "$n" off --opt "$opts" "$@"
     assert_success
     for opt in ${opts//,/ }; do
-        tag=$([[ $opts == *,* ]] && echo "$opt " || true)
+        tag=${several:+$opt }
         params[$opt]=$(same_everywhere "$n" "${tag}params")
         state[$opt]=$(same_everywhere "$n" "${tag}state")
         whole[$opt]=$(same_everywhere "$n" "${tag}state_elements")
@@ -54,7 +55,7 @@ equal_to_unsharded() {
     shard "$n" on --opt "$opts" "$@"
     assert_success
     for opt in ${opts//,/ }; do
-        tag=$([[ $opts == *,* ]] && echo "$opt " || true)
+        tag=${several:+$opt }
         [ "$(same_everywhere "$n" "${tag}params")" = "${params[$opt]}" ] ||
             fail "np=$n $opt $*: parameters differ from shard = off"
         [ "$(same_everywhere "$n" "${tag}state")" = "${state[$opt]}" ] ||

@@ -904,6 +904,15 @@ std::vector<int64_t> channel_shape(const at::Tensor &x)
     return shape;
 }
 
+// the dimensions BatchNorm's statistics sum over: all but the channels (1)
+std::vector<int64_t> batch_dims(const at::Tensor &x)
+{
+    std::vector<int64_t> dims{0};
+    for (int64_t d = 2; d < x.dim(); d++)
+        dims.push_back(d);
+    return dims;
+}
+
 // BatchNorm's backward as libtorch's ops: the native kernel's direct term and affine gradients,
 // then the statistics' terms from per-channel sums (over the ranks where over_ranks). The local
 // gradients are of this rank's loss over its n samples: scaled by n they are per sample and add
@@ -969,11 +978,8 @@ bool probe_one_pass(at::ScalarType dtype)
         at::Tensor x = at::randn(shape, g, opts), dy = at::randn(shape, g, opts);
         x[0][1].fill_(NAN);
         x[-1][2].fill_(INFINITY);
-        std::vector<int64_t> dims{0};
-        for (int64_t d = 2; d < x.dim(); d++)
-            dims.push_back(d);
         at::Tensor weight = at::randn({shape[1]}, g, opts);
-        at::Tensor m = x.mean(dims), v = x.var(dims, false);
+        at::Tensor m = x.mean(batch_dims(x)), v = x.var(batch_dims(x), false);
         int64_t total = x.numel() / shape[1];
         auto want = ops_backward(dy, x, weight, m, v, 1e-5, total, false);
         at::Tensor got = at::empty_like(x);
@@ -1008,9 +1014,7 @@ struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
                                                   const at::Tensor &weight, const at::Tensor &bias,
                                                   double eps, uint64_t *total_p)
     {
-        std::vector<int64_t> dims{0};
-        for (int64_t d = 2; d < x.dim(); d++)
-            dims.push_back(d);
+        const std::vector<int64_t> dims = batch_dims(x);
         uint64_t n = static_cast<uint64_t>(x.numel() / x.size(1));
         // summed in x's dtype (libtorch's cascade sums), as the PyTorch adapter does
         at::Tensor s = x.sum(dims).to(at::kDouble).contiguous(),

@@ -81,8 +81,9 @@ DPSHIM_HOOK_DECL int dp_from_owners(dp_tensor *t, size_t n, const int32_t *owner
  * at the same place: the samples that ranks lost during the epoch had not trained (a job that goes
  * on without a lost rank), this rank's share of them. Returns their count and keeps the first
  * min(count, cap) at idx; asked again right after with a larger idx (or after a NULL idx), it
- * returns the same share (so give it room for the count: a buffer as short again repeats it). 0 where nothing was lost (or not scale mode). Train the share as the
- * epoch's last batches, then ask again: ranks lost meanwhile leave more, until it returns 0. */
+ * returns the same share (so give it room for the count: a buffer as short again repeats it). 0
+ * where nothing was lost (or not scale mode). Train the share as the epoch's last batches, then
+ * ask again: ranks lost meanwhile leave more, until it returns 0. */
 DPSHIM_HOOK_DECL size_t dp_epoch_rest(uint64_t *idx, size_t cap);
 
 /* Version 3. The hook ABI version of the loaded libdpshim.so (its DPSHIM_HOOK_ABI_VERSION): a
