@@ -23,13 +23,15 @@ def _reduce_gradients(params, summed=False):
     if not params:
         return
     key = tuple(map(id, params))
-    anywhere = _anywhere.get(key)
+    entry = _anywhere.get(key)
+    anywhere = entry[1] if entry is not None and _same_objects(entry[0], params) else None
     if anywhere is None or _shim.overlap():
         # which parameters have a gradient anywhere: one small all-reduce, so every rank reduces
         # the same list even when some rank's backward never reached a parameter
         have = (ctypes.c_double * len(params))(*[0.0 if p.grad is None else 1.0 for p in params])
         _check(_shim.dp_metric(have, len(params), DP_MAX), "dp_metric")
-        _anywhere[key] = anywhere = [bool(h) for h in have]
+        anywhere = [bool(h) for h in have]
+        _remember_anywhere(key, params, anywhere)
         _average(_with_zeros(params, anywhere), summed)
         return
     # the same parameters as last time, most likely: their gradients go at once, and which ones
@@ -40,7 +42,7 @@ def _reduce_gradients(params, summed=False):
     _average(_with_zeros(params, anywhere) + [flags], summed)
     now = [f > 0 for f in flags.tolist()]
     if now != anywhere:
-        _anywhere[key] = now
+        _remember_anywhere(key, params, now)
         for i in zeroed:
             if not now[i]:
                 params[i].grad = None  # no rank had it: left alone, as without the shim
@@ -70,7 +72,21 @@ def _average(grads, summed=False):
                 g.copy_(w)
 
 
-_anywhere = {}  # the parameter list's ids -> which of them had a gradient on some rank last time
+# the parameter list's ids -> (weak references to its parameters, which of them had a gradient on
+# some rank last time). An id alone is not the parameter: a new model's parameters may take a
+# freed one's place on some ranks and not on others, and the ranks would then reduce differently.
+_anywhere = {}
+
+
+def _same_objects(refs, objects):
+    return len(refs) == len(objects) and all(r() is o for r, o in zip(refs, objects))
+
+
+def _remember_anywhere(key, params, anywhere):
+    import weakref
+    for k in [k for k, (refs, _) in _anywhere.items() if any(r() is None for r in refs)]:
+        del _anywhere[k]  # lists of parameters gone
+    _anywhere[key] = ([weakref.ref(p) for p in params], anywhere)
 
 
 def _with_zeros(params, anywhere):
@@ -88,7 +104,12 @@ def _with_zeros(params, anywhere):
     return grads
 
 
-_reduced = set()  # ids of parameters averaged by a backward since their optimizer's last step
+_reduced = {}  # id -> weak reference of the parameters averaged by a backward since their optimizer's last step
+
+
+def _was_reduced(p):
+    ref = _reduced.get(id(p))
+    return ref is not None and ref() is p
 _backwards = 0  # backward passes so far: a pass over a loader that saw some was trained on
 
 
@@ -116,7 +137,8 @@ def _after_backward(loss):
     params = _trained_parameters()
     summed, offset, losses = _step_reduction(loss)
     _reduce_gradients(params, summed)
-    _reduced.update(id(p) for p in params)
+    import weakref
+    _reduced.update((id(p), weakref.ref(p)) for p in params)
     # the loss value too, so that what the script does with it (a line search, a plateau
     # scheduler, a print) sees the global batch's loss, as alone
     import torch
@@ -214,13 +236,14 @@ def _before_step(optimizer):
     # an optimizer stepping another inside its own step reduces once; what a backward averaged
     # since this optimizer's last step is not averaged again
     if depth == 0:
-        _reduce_gradients([p for p in _parameters([optimizer]) if id(p) not in _reduced])
+        _reduce_gradients([p for p in _parameters([optimizer]) if not _was_reduced(p)])
 
 
 def _after_step(optimizer):
     _state.depth -= 1
     if _state.depth == 0:
-        _reduced.difference_update(id(p) for p in _parameters([optimizer]))
+        for p in _parameters([optimizer]):
+            _reduced.pop(id(p), None)
         _shim.steps += 1
         if _drift_copies:
             _refresh_drift_copies()
