@@ -14,8 +14,8 @@
 #   ./dev.sh gpu-check [PART] [--out DIR]  on a machine with a GPU: run the GPU checks (PART:
 #                        preflight, staged, nccl, torch, libtorch, bench or all) building there unless
 #                        gpu-pack built it here), write docs/gpu-check.md
-#   ./dev.sh gpu-pack [DIR]  build what gpu-check runs into DIR (build-gpu/), to carry to a GPU
-#                        machine that cannot build it (no PMIx or libffi headers there)
+#   ./dev.sh gpu-pack [DIR]  build what gpu-check runs and copy it into DIR (build-gpu/), to carry
+#                        to a GPU machine that cannot build it (no PMIx or libffi headers there)
 #   ./dev.sh setup | build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -39,8 +39,10 @@ setup() {
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+configure() { cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null; }
+
 build() {
-    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
+    configure
     cmake --build "$BUILD_DIR" -j"$(nproc)"
 }
 
@@ -605,25 +607,35 @@ bench_shard() {
     done
 }
 
-# What gpu-check runs, built here with nvcc for Hopper and Ampere, the test double and the
-# program that runs on it (the same checks without a GPU), the shared libraries a GPU machine
-# may lack (build-gpu/carry-lib, used there only for what it lacks), and Open MPI's runtime
-# (build-gpu/ompi): everything a bare GPU machine needs, under 64 MiB.
+# What gpu-check runs, built here with nvcc for Hopper and Ampere in the usual build folder (a
+# no-op where ./dev.sh build or test made it) and copied into DIR: the shim, its plugins and
+# adapters, the tools, the CUDA programs, the test double and the program that runs on it (the
+# same checks without a GPU), the shared libraries a GPU machine may lack (DIR/carry-lib, used
+# there only for what it lacks), and Open MPI's runtime (DIR/ompi): everything a bare GPU machine
+# needs, under 64 MiB.
 gpu_pack() {
     local out
     out=$(realpath -m "${1:-build-gpu}")
-    cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-    cmake --build "$out" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
+    if [ "$out" = "$BUILD_DIR" ]; then
+        echo "dev.sh: gpu-pack copies the build in $BUILD_DIR into another folder: name one (default build-gpu)" >&2
+        return 1
+    fi
+    configure
+    cmake --build "$BUILD_DIR" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
         gpu_hooks_cuda cuda_train gpu_hooks dpshim_gpu_double
-    mkdir -p "$out/carry-lib"
+    rm -rf "$out"/{bin,lib,libexec,tests,carry-lib}
+    mkdir -p "$out"/{bin,lib,libexec,tests/gpu_double,carry-lib}
+    cp -a "$BUILD_DIR"/bin/{cuda_train,dpshim-diag,dpshim-run,gpu_hooks,gpu_hooks_cuda} "$out/bin/"
+    cp -a "$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/lib/dpshim" "$out/lib/"
+    cp -a "$BUILD_DIR/libexec/dpshim" "$out/libexec/"
+    cp -a "$BUILD_DIR"/tests/gpu_double/*.so* "$out/tests/gpu_double/"
     local lib
     for lib in libffi.so.8; do
         cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')" "$out/carry-lib/" 2>/dev/null || true
     done
     pack_openmpi "$out/ompi" "$out/lib/dpshim/libdpshim-mpi.so"
-    rm -rf "$out/Testing" "$out/tests/integration" "$out/tests/unit" "$out/examples" "$out"/*/CMakeFiles "$out/CMakeFiles"
     du -sh "$out"
-    echo "dev.sh: carry build-gpu (run's carry list) and start ./dev.sh gpu-check there"
+    echo "dev.sh: carry $(basename "$out") (run's carry list) and start ./dev.sh gpu-check there"
 }
 
 # pack_openmpi DIR LIB...: Debian's Open MPI runtime relocated into DIR: mpirun, orted and

@@ -117,7 +117,7 @@ if ! command -v mpirun >/dev/null; then note ""; note "No mpirun: nothing else c
 if [ -x "$BUILD/bin/dpshim-diag" ] && [ -x "$BUILD/bin/gpu_hooks_cuda" ] && [ -d "$BUILD/carry-lib" ]; then
     note "- build: prebuilt by ./dev.sh gpu-pack, $BUILD"
 else
-    check "build" "" bash "$ROOT/dev.sh" gpu-pack "$BUILD"
+    check "build" "" env -u BUILD_DIR bash "$ROOT/dev.sh" gpu-pack "$BUILD"
 fi
 # the carried libraries this machine lacks, and only those (none where it built them)
 lacking=$(mktemp -d)

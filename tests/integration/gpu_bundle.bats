@@ -13,7 +13,7 @@ setup_file() {
     elif ! unshare -m true 2>/dev/null; then
         NO_PACK="no mount namespaces here (unshare -m)"
     else
-        (cd "$SRC" && ./dev.sh gpu-pack "$PACK") >"$BATS_FILE_TMPDIR/pack.log" 2>&1 ||
+        (cd "$SRC" && BUILD_DIR=$BUILD ./dev.sh gpu-pack "$PACK") >"$BATS_FILE_TMPDIR/pack.log" 2>&1 ||
             { cat "$BATS_FILE_TMPDIR/pack.log" >&3; return 1; }
     fi
 }
