@@ -142,7 +142,7 @@ def _after_backward(loss):
     # the loss value too, so that what the script does with it (a line search, a plateau
     # scheduler, a print) sees the global batch's loss, as alone
     import torch
-    if (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()
+    if (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()
             and not getattr(loss, "_dpshim_global", False)):
         if summed:
             # terms added by hand (a KL term written with torch.sum) are taken to be sums too;

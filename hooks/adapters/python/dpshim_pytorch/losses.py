@@ -41,7 +41,7 @@ def _patch_losses(torch):
                 _state.in_loss = depth
             # a training loss of a sharded batch (taken whole, its value is already everyone's)
             if (depth or not _acting() or not isinstance(loss, torch.Tensor) or not loss.requires_grad
-                    or loss.numel() != 1 or not loss.is_floating_point() or getattr(_state, "replicas", 1) != 1
+                    or loss.dim() != 0 or not loss.is_floating_point() or getattr(_state, "replicas", 1) != 1
                     or _evaluating()):
                 return loss
             # a sum over this rank's share of a batch split over the ranks: the global value is
