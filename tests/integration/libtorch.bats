@@ -160,6 +160,20 @@ BN_ONE_PASS=$(sed -n 2p "$BUILD/lib/dpshim/libdpshim-libtorch.needs" 2>/dev/null
     assert_failure
 }
 
+@test "a gradient penalty through synchronized BatchNorm: every rank stops, saying why; with sync off it trains" {
+    # the penalty differentiates BatchNorm's backward again; its gradient sums over the ranks,
+    # which no graph records: refused when reached (as PyTorch's SyncBatchNorm), not left out
+    T=$BUILD/bin/bn_cnn
+    "$T" --penalty --epochs 1 >/dev/null 2>&1 || fail "the gradient penalty fails alone"
+    run mpi 2 env LD_PRELOAD="$SHIM" "$T" --penalty --epochs 1
+    assert_failure
+    assert_equal "$(count 'a second derivative through a BatchNorm layer synchronized across the ranks')" 2
+    assert_output --partial "set [bn] sync = off"
+    run mpi 2 env LD_PRELOAD="$SHIM" DPSHIM_BN_SYNC=off "$T" --penalty --epochs 1
+    assert_success
+    assert_equal "$(count 'epoch 1 trained on 50 samples')" 2
+}
+
 @test "every rank makes the collectives; torch::save under rank0_only writes one model and one optimizer" {
     mkdir alone job
     (cd alone && "$T" --save run >/dev/null 2>&1)

@@ -25,6 +25,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Version.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
 #include <atomic>
 #include <cstdio>
@@ -1008,6 +1010,33 @@ bool passes_once(const at::Tensor &x, const at::Tensor &weight)
     return it->second;
 }
 
+// As PyTorch's SyncBatchNorm (once_differentiable): the input's gradient that backward returns
+// sums terms over the ranks, which no graph records, so it cannot be differentiated again. Where
+// a graph of it was asked for (create_graph: a gradient penalty), it is given a node that fails
+// when a second derivative reaches it, instead of a second derivative without the other ranks'
+// terms.
+// graph: the caller's grad mode (create_graph), from: what the gradients were computed from.
+torch::autograd::variable_list once_differentiable(torch::autograd::variable_list out, bool graph,
+                                                   const torch::autograd::variable_list &from)
+{
+    bool wanted = false;
+    for (const auto &t : from)
+        wanted = wanted || (t.defined() && t.requires_grad());
+    if (!graph || !wanted) return out;
+    auto fails = std::make_shared<torch::autograd::Error>(
+        "dpshim: a second derivative through a BatchNorm layer synchronized across the ranks (a gradient "
+        "computed with create_graph, as a gradient penalty does) is not supported, as with PyTorch's "
+        "SyncBatchNorm: set [bn] sync = off to keep each rank's own statistics, or leave BatchNorm out "
+        "of the part that is differentiated twice",
+        torch::autograd::collect_next_edges(from));
+    for (auto &t : out)
+        if (t.defined()) {
+            t = t.detach();
+            torch::autograd::set_history(t, fails);
+        }
+    return out;
+}
+
 struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
     // y, and the global batch's mean and biased variance in float64; *total_p: its samples
     static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x,
@@ -1045,6 +1074,9 @@ struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
         const at::Tensor &x = saved[0], &weight = saved[1], &m = saved[2], &v = saved[3];
         double eps = ctx->saved_data["eps"].toDouble();
         int64_t total = ctx->saved_data["total"].toInt();
+        torch::autograd::variable_list from{grads[0], x, weight};
+        bool graph = c10::GradMode::is_enabled();
+        at::NoGradGuard no_graph; // computed as once_differentiable does: no graph of it
         at::Tensor dy = grads[0].contiguous();
         if (passes_once(x, weight)) {
             // the native kernel for the affine gradients only, the rest in one pass
@@ -1054,10 +1086,11 @@ struct SyncedBatchNorm : torch::autograd::Function<SyncedBatchNorm> {
             if (!one_pass(dy, x, weight, m, v, gw, gb, gx, eps, total, true))
                 fail("summing BatchNorm's gradient terms",
                      std::runtime_error("dp_bn_stats failed (see the message above)"));
-            return {gx, gw, gb, at::Tensor(), at::Tensor()};
+            return once_differentiable({gx, gw, gb, at::Tensor(), at::Tensor()}, graph, from);
         }
         auto g = ops_backward(dy, x, weight, m, v, eps, total, true);
-        return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()};
+        return once_differentiable(
+            {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor()}, graph, from);
     }
 };
 

@@ -4,7 +4,8 @@
 // BatchNorm1d (no affine parameters, momentum none: a cumulative average) -> ReLU -> Linear, SGD with
 // momentum through a DataLoader, and after each epoch a test pass in eval mode (the running
 // statistics) under NoGradGuard. Options: --epochs E (3)  --batch B (16)  --samples N (100)
-//   --float (float32 instead of float64)
+//   --float (float32 instead of float64)  --penalty (a gradient penalty added to the loss: the
+//   squared gradient of the loss with respect to the images, which differentiates twice)
 // stdout: per epoch the mean training loss and the test result, then each BatchNorm's running
 // statistics and a checksum of the weights. stderr: the training samples this process took per
 // epoch.
@@ -83,6 +84,7 @@ int main(int argc, char **argv)
     int epochs = 3, batch = 16;
     size_t samples = 100;
     torch::Dtype dtype = torch::kDouble;
+    bool penalty = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto value = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -94,6 +96,8 @@ int main(int argc, char **argv)
             samples = std::stoul(value());
         else if (a == "--float")
             dtype = torch::kFloat;
+        else if (a == "--penalty")
+            penalty = true;
         else
             return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
@@ -113,8 +117,14 @@ int main(int argc, char **argv)
         long batches = 0, seen = 0;
         for (auto &b : *train_loader) {
             opt.zero_grad();
-            auto loss = torch::nll_loss(net->forward(b.data), b.target);
-            loss.backward();
+            auto x = penalty ? b.data.clone().requires_grad_(true) : b.data;
+            auto loss = torch::nll_loss(net->forward(x), b.target);
+            if (penalty) {
+                auto gx = torch::autograd::grad({loss}, {x}, {}, true, true)[0];
+                (loss + 0.01 * gx.pow(2).sum()).backward();
+            } else {
+                loss.backward();
+            }
             opt.step();
             loss_sum += loss.item<double>();
             batches++;
