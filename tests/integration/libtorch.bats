@@ -174,6 +174,19 @@ BN_ONE_PASS=$(sed -n 2p "$BUILD/lib/dpshim/libdpshim-libtorch.needs" 2>/dev/null
     assert_equal "$(count 'epoch 1 trained on 50 samples')" 2
 }
 
+@test "per-sample losses (Reduction::None) backpropagated as they are, shares of one sample: weights as alone" {
+    # 100 samples in batches of 16 at np=3: the last batch of 4 leaves two ranks a share of one
+    # sample, a loss of one element there and of two on the third; none is a scalar loss
+    "$T" --per-sample --epochs 2 >alone.txt
+    run mpi 3 env DPSHIM_OUTPUT_STDOUT=rank0 LD_PRELOAD="$SHIM" "$T" --per-sample --epochs 2
+    assert_success
+    assert_equal "$(count 'epoch 2 trained on')" 3
+    grep '^weights ' alone.txt >alone.w
+    grep '^weights ' <<<"$output" >job.w
+    run same_numbers alone.w job.w
+    assert_output same
+}
+
 @test "every rank makes the collectives; torch::save under rank0_only writes one model and one optimizer" {
     mkdir alone job
     (cd alone && "$T" --save run >/dev/null 2>&1)

@@ -215,7 +215,8 @@ void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool sha
                 p.mutable_grad() = p.grad().contiguous();
             if (dtype_of(p.grad()) >= 0) tensors.push_back(p.grad());
         }
-        if (loss && loss->defined() && loss->numel() == 1 && loss->is_contiguous() && dtype_of(*loss) >= 0)
+        // a scalar only: per-sample losses of a share of one sample are one element on that rank alone
+        if (loss && loss->defined() && loss->dim() == 0 && loss->is_contiguous() && dtype_of(*loss) >= 0)
             tensors.push_back(*loss);
         // one call per dtype, each in the order given; widened copies written back after
         std::vector<std::pair<at::Tensor, at::Tensor>> widened;

@@ -12,6 +12,7 @@
 //   SIGKILL before its second batch, as a rank lost to the OOM killer; with --kill-epoch E, before
 //   epoch E starts)   --accumulate K (gradients
 //   of K batches summed, one step for them: zero_grad before the first, step after the K-th)
+//   --per-sample (the loss per sample, Reduction::None, backpropagated with 1/B as its gradient)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
 // a hash of their bytes and the elements of the first optimizer's state in this process.
 // stderr: the training samples this process took per epoch, and the epoch's time.
@@ -105,6 +106,7 @@ int main(int argc, char **argv)
     int kill_rank = -1; // --kill R: the process of MPI rank R is SIGKILLed before its 2nd batch
     int kill_epoch = 0; // --kill-epoch E: or before epoch E starts (its sampler drawn)
     int accumulate = 1;
+    bool per_sample = false;
     const char *mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
     torch::Dtype dtype = torch::kDouble;
     for (int i = 1; i < argc; i++) {
@@ -146,6 +148,8 @@ int main(int argc, char **argv)
             kill_epoch = std::stoi(value());
         else if (a == "--accumulate")
             accumulate = std::stoi(value());
+        else if (a == "--per-sample")
+            per_sample = true;
         else
             return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
@@ -205,6 +209,11 @@ int main(int argc, char **argv)
             auto loss_of = [&] {
                 for (auto &o : opts)
                     if (batches % accumulate == 0) o->zero_grad();
+                if (per_sample) {
+                    auto per = torch::nll_loss(net->forward(x), y, {}, torch::Reduction::None);
+                    per.backward(torch::full_like(per, 1.0 / static_cast<double>(per.size(0))));
+                    return per.detach().mean();
+                }
                 auto loss = torch::nll_loss(net->forward(x), y);
                 loss.backward();
                 return loss;
