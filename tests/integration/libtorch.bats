@@ -387,13 +387,14 @@ with_adapter() {
 
 @test "the adapter built apart (tests/gpu/libtorch, as the GPU check builds it) serves this libdpshim.so" {
     local lt=$BATS_TEST_TMPDIR/apart
+    # the adapter only: the trainer beside it is the one this build made from the same source
     cmake -S "$SRC/tests/gpu/libtorch" -B "$lt" -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build "$lt" -j"$(nproc)" >/dev/null
+    cmake --build "$lt" -j"$(nproc)" --target dpshim-libtorch >/dev/null
     mkdir "$lt/all"
     ln -s "$BUILD"/lib/dpshim/libdpshim-mpi.so "$lt"/plugins/* "$lt/all/"
-    "$lt/torch_trainer" --epochs 2 >alone.txt
+    "$T" --epochs 2 >alone.txt
     run mpi 2 env DPSHIM_DIAG_LOG=info DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_PLUGIN_DIR="$lt/all" LD_PRELOAD="$SHIM" \
-        "$lt/torch_trainer" --epochs 2
+        "$T" --epochs 2
     assert_success
     assert_output --partial "the libtorch adapter (libtorch "
     assert_output --partial "in this process, from $lt/all/libdpshim-libtorch.so"
