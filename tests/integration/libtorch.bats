@@ -75,6 +75,13 @@ at_2_and_3() {
     at_2_and_3 --sampler random --workers 2
 }
 
+@test "two loaders taking turns by epoch, with 2 worker threads (a short last batch each): as alone" {
+    # the first batch of a pass through the other loader is weighed as its own, not as one the
+    # last step of the previous loader used
+    against_alone 3 --sampler alternate --epochs 3 --batch 12 --workers 2
+    took_shares 3
+}
+
 @test "two optimizers in one program, each stepping every batch, with 2 worker threads: as alone" {
     at_2_and_3 --two --opt sgd --workers 2
 }

@@ -788,7 +788,14 @@ uintptr_t sampler_next(const uintptr_t a[6], void *real)
     auto next = reinterpret_cast<NextFn>(real);
     Batch got = next(self, batch_size);
     bool evaluating = conf.eval_whole && !c10::GradMode::is_enabled();
-    if (got && !evaluating) st.training = self;
+    if (got && !evaluating && self != st.training) {
+        // another sampler trains now (another loader's pass): the batch the last step used was
+        // the previous one's, and no later backward will move past it there
+        auto *q = training_batches();
+        if (st.batch_used && q && !q->empty()) q->pop_front();
+        st.batch_used = false;
+        st.training = self;
+    }
     // a share of one sample would stop a BatchNorm in training (libtorch's inline check refuses a
     // single value per channel, though the statistics are the global batch's): once the program's
     // BatchNorm has run, a batch of fewer than 2N samples is taken whole too

@@ -2,7 +2,8 @@
 // small classifier on a data set computed from the sample's index, trained through a DataLoader
 // and tested under NoGradGuard after each epoch. Options choose the patterns the libtorch
 // adapter must handle:
-//   --opt sgd|adam|adamw|rmsprop|adagrad|lbfgs   --sampler sequential|random   --workers N
+//   --opt sgd|adam|adamw|rmsprop|adagrad|lbfgs   --sampler sequential|random|alternate (odd epochs
+//   through the sequential loader, even ones through the random one)   --workers N
 //   --epochs E   --batch B   --two (two optimizers, one per half of the model)
 //   --manual (batches cut by hand, no DataLoader)   --save PATH (torch::save of model and optimizer)
 //   --float (float32 instead of float64)   --samples N (training samples, 100)   --hidden H (16)
@@ -238,7 +239,7 @@ int main(int argc, char **argv)
         if (manual) {
             for (int64_t at = 0; at < static_cast<int64_t>(samples); at += batch)
                 train_on(whole.data.slice(0, at, at + batch), whole.target.slice(0, at, at + batch));
-        } else if (sampler == "random") {
+        } else if (sampler == "random" || (sampler == "alternate" && epoch % 2 == 0)) {
             for (auto &b : *rand_loader)
                 train_on(b.data, b.target);
         } else {
