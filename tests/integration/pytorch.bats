@@ -166,6 +166,7 @@ pytorch_case() {
 @test "two optimizers over disjoint parameters" { pytorch_case two_optimizers; }
 @test "a fresh model per learning rate, each in the memory of the last on some ranks" { pytorch_case fresh_models; }
 @test "per-sample losses (reduction none) weighted by hand, shares of one sample" { pytorch_case per_sample_loss; }
+@test "a sweep of trainers that refer to themselves, collected at different times on the ranks" { pytorch_case cyclic_trainer; }
 @test "LBFGS with a strong-Wolfe line search (the loss value is the global batch's)" { pytorch_case lbfgs_strong_wolfe; }
 @test "ReduceLROnPlateau fed with loss.item()" { pytorch_case plateau_scheduler; }
 @test "a parameter outside any module, initialized differently per rank" { pytorch_case parameter_outside_modules; }

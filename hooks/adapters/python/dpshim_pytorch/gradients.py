@@ -6,7 +6,8 @@ import functools
 from .common import DP_MAX, DP_SUM, _acting, _caller, _check, _in_place, _say_once, _shim, _state, _tensors
 from .overlap import _announce_during, _announcing_now, _backward_over
 from .optimizer_sharding import _parameters, _patch_optimizer_state, _shard_plan, _sharded_step
-from .parameters import _broadcast_tensors, _drift_copies, _forwarded, _is_lazy, _refresh_drift_copies
+from .parameters import (_broadcast_tensors, _collect_if_due, _collect_soon, _drift_copies, _forwarded, _is_lazy,
+                         _refresh_drift_copies)
 
 
 _optimizers = []  # weak references to every optimizer, in creation order (the same on all ranks)
@@ -134,6 +135,7 @@ def _after_backward(loss):
     if not _acting():
         return
     _backwards += 1
+    _collect_if_due()
     params = _trained_parameters()
     summed, offset, losses = _step_reduction(loss)
     _reduce_gradients(params, summed)
@@ -281,6 +283,7 @@ def _patch_optimizers(torch):
     def registering_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         _optimizers.append(weakref.ref(self))
+        _collect_soon()
         if _acting():  # parameters outside any module start as rank 0's too
             _broadcast_tensors([p for p in _parameters([self]) if not _is_lazy(p)])
 
@@ -290,6 +293,8 @@ def _patch_optimizers(torch):
 
     @functools.wraps(backward)
     def reducing_backward(*args, **kwargs):
+        if _acting():
+            _collect_if_due()
         # (a summed step's gradients go at the end, plainly summed: see _step_reduction)
         if (_acting() and not _announcing_now() and _shim.overlap() and getattr(_state, "shared", False)
                 and not any(x[0] == "sum" for x in getattr(_state, "losses", []))):

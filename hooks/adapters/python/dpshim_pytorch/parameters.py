@@ -59,9 +59,31 @@ _synced = None  # modules whose parameters are rank 0's (a WeakSet once torch is
 _forwarded = []  # weak references to the modules broadcast at a first forward, in call order
 
 
+# An object that refers to itself (a trainer holding a bound method of its own) outlives its last
+# name until the garbage collector runs, and when that runs depends on each process's
+# allocations: an old optimizer or model would still count on some ranks (the parameters a
+# backward reduces, whether a pass is an evaluation) and not on others. Once an optimizer is made,
+# the next first forward of a module or backward collects, on every rank at the same place.
+_collect_due = False
+
+
+def _collect_soon():
+    global _collect_due
+    _collect_due = True
+
+
+def _collect_if_due():
+    global _collect_due
+    if _collect_due:
+        _collect_due = False
+        import gc
+        gc.collect()
+
+
 def _forward_pre_hook(module, args):
     if module in _synced or not _acting():  # DataLoader workers run transforms
         return None
+    _collect_if_due()
     if not _broadcast_module(module):
         return None
     import weakref
