@@ -167,6 +167,15 @@ pytorch_case() {
 @test "a fresh model per learning rate, each in the memory of the last on some ranks" { pytorch_case fresh_models; }
 @test "per-sample losses (reduction none) weighted by hand, shares of one sample" { pytorch_case per_sample_loss; }
 @test "a sweep of trainers that refer to themselves, collected at different times on the ranks" { pytorch_case cyclic_trainer; }
+@test "scale mode: a sweep of trainers that refer to themselves counts the same steps per epoch on every rank" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_DATA_MODE=scale DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$SHIM" "$PY" \
+        "$SRC/tests/integration/pytorch_cases/cyclic_trainer.py"
+    echo "$output"
+    assert_success
+    # 96 samples, batches of 24: 2 steps for each rank's half of the epoch
+    assert_equal "$(grep -c '^\[r[01]\] steps 2$' <<<"$output")" 6
+}
 @test "LBFGS with a strong-Wolfe line search (the loss value is the global batch's)" { pytorch_case lbfgs_strong_wolfe; }
 @test "ReduceLROnPlateau fed with loss.item()" { pytorch_case plateau_scheduler; }
 @test "a parameter outside any module, initialized differently per rank" { pytorch_case parameter_outside_modules; }

@@ -23,12 +23,16 @@ class Trainer:
         self.steps += 1
 
     def epoch(self):
-        for x, y in DataLoader(TensorDataset(X, Y), batch_size=24, shuffle=True):
+        loader = DataLoader(TensorDataset(X, Y), batch_size=24, shuffle=True)
+        print("steps", len(loader))  # before the first forward: the old model, in eval mode, is gone
+        self.model.train()
+        for x, y in loader:
             self.opt.zero_grad()
             self.loss = nn.functional.mse_loss(self.model(x), y)
             self.loss.backward()
             self.opt.step()
             self.after_step()
+        self.model.eval()
         return self.loss.item()
 
 

@@ -5,7 +5,7 @@ import ctypes
 
 from . import gradients
 from .common import _acting, _check, _shim, _state, _step_aside
-from .parameters import _forwarded
+from .parameters import _collect_if_due, _forwarded
 
 
 def _index_array(idx):
@@ -57,6 +57,7 @@ def _patch_samplers(torch):
         if not sized(self.sampler) or not _acting():  # a child's loader, or the script's own sharding: as alone
             yield from batch_iter(self)
             return
+        _collect_if_due()  # the models still alive say whether this pass is an evaluation
         whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
         idx = shard(self, whole)
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
@@ -100,6 +101,7 @@ def _patch_samplers(torch):
             _step_aside("a DistributedSampler")
         if not sized(self.sampler) or not _acting():
             return batch_len(self)
+        _collect_if_due()
         n = len(self.sampler)
         whole = self.__dict__.get("_dpshim_whole")  # as the last pass over it, or as now
         if n and not (_evaluation_now(self) if whole is None else whole):

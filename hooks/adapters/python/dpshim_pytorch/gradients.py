@@ -283,7 +283,7 @@ def _patch_optimizers(torch):
     def registering_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         _optimizers.append(weakref.ref(self))
-        _collect_soon()
+        _collect_soon(_parameters([self]))
         if _acting():  # parameters outside any module start as rank 0's too
             _broadcast_tensors([p for p in _parameters([self]) if not _is_lazy(p)])
 

@@ -62,14 +62,18 @@ _forwarded = []  # weak references to the modules broadcast at a first forward, 
 # An object that refers to itself (a trainer holding a bound method of its own) outlives its last
 # name until the garbage collector runs, and when that runs depends on each process's
 # allocations: an old optimizer or model would still count on some ranks (the parameters a
-# backward reduces, whether a pass is an evaluation) and not on others. Once an optimizer is made,
-# the next first forward of a module or backward collects, on every rank at the same place.
+# backward reduces, whether a pass is an evaluation) and not on others. Once an optimizer of a
+# module's parameters is made (a new model's, as a sweep makes them), the next first forward of a
+# module, backward or pass over a loader collects, on every rank at the same place. An optimizer
+# of other tensors (an adversarial perturbation's, made at every step) costs no collection.
 _collect_due = False
 
 
-def _collect_soon():
+def _collect_soon(params):
     global _collect_due
-    _collect_due = True
+    import torch
+    if any(isinstance(p, torch.nn.Parameter) for p in params):
+        _collect_due = True
 
 
 def _collect_if_due():
