@@ -166,6 +166,7 @@ pytorch_case() {
 @test "two optimizers over disjoint parameters" { pytorch_case two_optimizers; }
 @test "a fresh model per learning rate, each in the memory of the last on some ranks" { pytorch_case fresh_models; }
 @test "per-sample losses (reduction none) weighted by hand, shares of one sample" { pytorch_case per_sample_loss; }
+@test "a loss of shape [1] added up by hand drives ReduceLROnPlateau" { pytorch_case loss_of_shape_one; }
 @test "a sweep of trainers that refer to themselves, collected at different times on the ranks" { pytorch_case cyclic_trainer; }
 @test "scale mode: a sweep of trainers that refer to themselves counts the same steps per epoch on every rank" {
     cd "$BATS_TEST_TMPDIR"

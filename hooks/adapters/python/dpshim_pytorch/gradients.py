@@ -130,7 +130,7 @@ def _trained_parameters():
     return params
 
 
-def _after_backward(loss):
+def _after_backward(loss, gradient_given=False):
     global _backwards
     if not _acting():
         return
@@ -142,10 +142,12 @@ def _after_backward(loss):
     import weakref
     _reduced.update((id(p), weakref.ref(p)) for p in params)
     # the loss value too, so that what the script does with it (a line search, a plateau
-    # scheduler, a print) sees the global batch's loss, as alone
+    # scheduler, a print) sees the global batch's loss, as alone: a scalar, or one element
+    # backpropagated without a gradient (a loss added up in torch.zeros(1)); per-sample losses,
+    # one element on a rank whose share is one sample, come with a gradient of their own
     import torch
-    if (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()
-            and not getattr(loss, "_dpshim_global", False)):
+    if (isinstance(loss, torch.Tensor) and (loss.dim() == 0 or (loss.numel() == 1 and not gradient_given))
+            and loss.is_floating_point() and not getattr(loss, "_dpshim_global", False)):
         if summed:
             # terms added by hand (a KL term written with torch.sum) are taken to be sums too;
             # the loss functions' own values in it are global already: counted once
@@ -303,7 +305,8 @@ def _patch_optimizers(torch):
             result = backward(*args, **kwargs)
         finally:
             _backward_over()
-        _after_backward(args[0] if args else kwargs.get("tensors"))
+        gradient = args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+        _after_backward(args[0] if args else kwargs.get("tensors"), gradient is not None)
         return result
 
     torch.autograd.backward = reducing_backward
