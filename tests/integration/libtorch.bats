@@ -194,6 +194,10 @@ BN_ONE_PASS=$(sed -n 2p "$BUILD/lib/dpshim/libdpshim-libtorch.needs" 2>/dev/null
     assert_output same
 }
 
+@test "a loss of shape [1] (added up in torch::zeros({1})): its value after backward is the global batch's, as alone" {
+    at_2_and_3 --shape-one
+}
+
 @test "every rank makes the collectives; torch::save under rank0_only writes one model and one optimizer" {
     mkdir alone job
     (cd alone && "$T" --save run >/dev/null 2>&1)

@@ -215,8 +215,7 @@ void average(const std::vector<at::Tensor> &ps, const at::Tensor *loss, bool sha
                 p.mutable_grad() = p.grad().contiguous();
             if (dtype_of(p.grad()) >= 0) tensors.push_back(p.grad());
         }
-        // a scalar only: per-sample losses of a share of one sample are one element on that rank alone
-        if (loss && loss->defined() && loss->dim() == 0 && loss->is_contiguous() && dtype_of(*loss) >= 0)
+        if (loss && loss->defined() && loss->numel() == 1 && loss->is_contiguous() && dtype_of(*loss) >= 0)
             tensors.push_back(*loss);
         // one call per dtype, each in the order given; widened copies written back after
         std::vector<std::pair<at::Tensor, at::Tensor>> widened;
@@ -281,12 +280,18 @@ uintptr_t add_param_group(const uintptr_t a[6], void *real)
 uintptr_t backward(const uintptr_t a[6], void *real)
 {
     const auto &roots = *reinterpret_cast<const std::vector<at::Tensor> *>(a[0]);
+    const auto &gradients = *reinterpret_cast<const std::vector<at::Tensor> *>(a[1]);
     const auto &inputs = *reinterpret_cast<const std::vector<at::Tensor> *>(a[4]);
     uintptr_t r = call_real(real, a);
     // a backward for the gradients of chosen inputs (a gradient penalty) is no training step's
     if (!inputs.empty() || st.params.empty()) return r;
     bool shared = weigh_current_batch();
-    average(st.params, roots.size() == 1 ? &roots[0] : nullptr, shared);
+    // the loss's value goes along where it is one: a scalar, or one element backpropagated
+    // without a gradient (added up in torch::zeros({1})); per-sample losses, one element on a
+    // rank whose share is one sample, come with a gradient of their own
+    bool given = !gradients.empty() && gradients[0].defined();
+    bool one_loss = roots.size() == 1 && (roots[0].dim() == 0 || (roots[0].numel() == 1 && !given));
+    average(st.params, one_loss ? &roots[0] : nullptr, shared);
     st.backwards++;
     return r;
 }

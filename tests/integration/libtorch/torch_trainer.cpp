@@ -14,6 +14,7 @@
 //   epoch E starts)   --accumulate K (gradients
 //   of K batches summed, one step for them: zero_grad before the first, step after the K-th)
 //   --per-sample (the loss per sample, Reduction::None, backpropagated with 1/B as its gradient)
+//   --shape-one (the loss added up in torch::zeros({1}), as some trainers write it)
 // stdout: per epoch the mean training loss and the test result, then a checksum of the weights,
 // a hash of their bytes and the elements of the first optimizer's state in this process.
 // stderr: the training samples this process took per epoch, and the epoch's time.
@@ -107,7 +108,7 @@ int main(int argc, char **argv)
     int kill_rank = -1; // --kill R: the process of MPI rank R is SIGKILLed before its 2nd batch
     int kill_epoch = 0; // --kill-epoch E: or before epoch E starts (its sampler drawn)
     int accumulate = 1;
-    bool per_sample = false;
+    bool per_sample = false, shape_one = false;
     const char *mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
     torch::Dtype dtype = torch::kDouble;
     for (int i = 1; i < argc; i++) {
@@ -151,6 +152,8 @@ int main(int argc, char **argv)
             accumulate = std::stoi(value());
         else if (a == "--per-sample")
             per_sample = true;
+        else if (a == "--shape-one")
+            shape_one = true;
         else
             return std::fprintf(stderr, "unknown option %s\n", a.c_str()), 2;
     }
@@ -216,6 +219,7 @@ int main(int argc, char **argv)
                     return per.detach().mean();
                 }
                 auto loss = torch::nll_loss(net->forward(x), y);
+                if (shape_one) loss = torch::zeros({1}, loss.options()) + loss;
                 loss.backward();
                 return loss;
             };
