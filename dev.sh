@@ -39,10 +39,8 @@ setup() {
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-configure() { cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null; }
-
 build() {
-    configure
+    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDPSHIM_WERROR=ON >/dev/null
     cmake --build "$BUILD_DIR" -j"$(nproc)"
 }
 
@@ -620,11 +618,19 @@ gpu_pack() {
         echo "dev.sh: gpu-pack copies the build in $BUILD_DIR into another folder: name one (default build-gpu)" >&2
         return 1
     fi
-    configure
+    # DIR's folders are replaced: only in a folder gpu-pack made (its mark) or an empty one
+    if [ -n "$(ls -A "$out" 2>/dev/null)" ] && [ ! -f "$out/.dpshim-gpu-pack" ]; then
+        echo "dev.sh: $out is not empty and not a bundle gpu-pack made: name a new folder (default build-gpu), or remove it" >&2
+        return 1
+    fi
+    # a build folder already configured keeps its settings (a GPU machine's compiler may warn
+    # where this one does not: warnings are errors only where build or test configured them)
+    [ -f "$BUILD_DIR/CMakeCache.txt" ] || cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
     cmake --build "$BUILD_DIR" -j"$(nproc)" --target dpshim dpshim-mpi dpshim-nccl python_adapter dpshim-diag dpshim-bench \
         gpu_hooks_cuda cuda_train gpu_hooks dpshim_gpu_double
     rm -rf "$out"/{bin,lib,libexec,tests,carry-lib}
     mkdir -p "$out"/{bin,lib,libexec,tests/gpu_double,carry-lib}
+    echo "made by ./dev.sh gpu-pack: its folders are replaced by the next one" >"$out/.dpshim-gpu-pack"
     cp -a "$BUILD_DIR"/bin/{cuda_train,dpshim-diag,dpshim-run,gpu_hooks,gpu_hooks_cuda} "$out/bin/"
     cp -a "$BUILD_DIR/lib/libdpshim.so" "$BUILD_DIR/lib/dpshim" "$out/lib/"
     cp -a "$BUILD_DIR/libexec/dpshim" "$out/libexec/"

@@ -128,3 +128,15 @@ bench_compare() {
     assert_failure
     assert_output --partial "cmake ran"
 }
+
+@test "gpu-pack: a folder it did not make, or the build's own, is refused before anything is replaced" {
+    mkdir "$BATS_TEST_TMPDIR/mine"
+    echo keep >"$BATS_TEST_TMPDIR/mine/notes.txt"
+    BUILD_DIR=$BATS_TEST_TMPDIR/build run "$SRC/dev.sh" gpu-pack "$BATS_TEST_TMPDIR/mine"
+    assert_failure
+    assert_output --partial "is not empty and not a bundle gpu-pack made"
+    [ "$(cat "$BATS_TEST_TMPDIR/mine/notes.txt")" = keep ] || fail "the folder's file was touched"
+    BUILD_DIR=$BATS_TEST_TMPDIR/build run "$SRC/dev.sh" gpu-pack "$BATS_TEST_TMPDIR/build"
+    assert_failure
+    assert_output --partial "into another folder"
+}
