@@ -111,6 +111,8 @@ _reduced = {}  # id -> weak reference of the parameters averaged by a backward s
 def _was_reduced(p):
     ref = _reduced.get(id(p))
     return ref is not None and ref() is p
+
+
 _backwards = 0  # backward passes so far: a pass over a loader that saw some was trained on
 
 
@@ -135,7 +137,6 @@ def _after_backward(loss, gradient_given=False):
     if not _acting():
         return
     _backwards += 1
-    _collect_if_due()
     params = _trained_parameters()
     summed, offset, losses = _step_reduction(loss)
     _reduce_gradients(params, summed)
