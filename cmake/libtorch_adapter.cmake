@@ -29,13 +29,26 @@ endmacro()
 
 # dpshim_add_libtorch_adapter(DIR): the target dpshim-libtorch, libdpshim-libtorch.so in DIR, and beside
 # it libdpshim-libtorch.needs: libtorch_cpu's soname, then the libtorch version, which libdpshim.so
-# reads before it opens the plugin (opening it would load that libtorch).
+# reads before it opens the plugin (opening it would load that libtorch). The adapter's code is
+# compiled once, as dpshim-libtorch-objects, for dpshim_add_libtorch_adapter_as to link again.
 function(dpshim_add_libtorch_adapter dir)
-  add_library(dpshim-libtorch MODULE ${dpshim_source_root}/hooks/adapters/libtorch/libtorch_adapter.cpp)
-  target_include_directories(dpshim-libtorch PRIVATE ${dpshim_source_root}/shim ${dpshim_source_root}/hooks/include)
-  target_link_libraries(dpshim-libtorch PRIVATE torch)
-  target_compile_definitions(dpshim-libtorch PRIVATE DPS_TORCH_VERSION="${Torch_VERSION}")
-  set_target_properties(dpshim-libtorch PROPERTIES PREFIX "lib" CXX_STANDARD 17 CXX_VISIBILITY_PRESET hidden
-    LIBRARY_OUTPUT_DIRECTORY ${dir})
+  add_library(dpshim-libtorch-objects OBJECT ${dpshim_source_root}/hooks/adapters/libtorch/libtorch_adapter.cpp)
+  target_include_directories(dpshim-libtorch-objects PRIVATE ${dpshim_source_root}/shim
+    ${dpshim_source_root}/hooks/include)
+  target_link_libraries(dpshim-libtorch-objects PRIVATE torch)
+  set_target_properties(dpshim-libtorch-objects PROPERTIES CXX_STANDARD 17 CXX_VISIBILITY_PRESET hidden
+    POSITION_INDEPENDENT_CODE ON)
+  dpshim_add_libtorch_adapter_as(dpshim-libtorch "${Torch_VERSION}" ${dir})
   file(GENERATE OUTPUT ${dir}/libdpshim-libtorch.needs CONTENT "${DPSHIM_TORCH_SONAME}\n${Torch_VERSION}\n")
+endfunction()
+
+# dpshim_add_libtorch_adapter_as(TARGET VERSION DIR): the adapter's code as libdpshim-libtorch.so in
+# DIR, saying it is built for libtorch VERSION.
+function(dpshim_add_libtorch_adapter_as target version dir)
+  add_library(${target} MODULE $<TARGET_OBJECTS:dpshim-libtorch-objects>
+    ${dpshim_source_root}/hooks/adapters/libtorch/built_for.cpp)
+  target_link_libraries(${target} PRIVATE torch)
+  target_compile_definitions(${target} PRIVATE DPS_TORCH_VERSION="${version}")
+  set_target_properties(${target} PROPERTIES OUTPUT_NAME dpshim-libtorch PREFIX "lib" CXX_STANDARD 17
+    CXX_VISIBILITY_PRESET hidden LIBRARY_OUTPUT_DIRECTORY ${dir})
 endfunction()

@@ -47,6 +47,9 @@
 #include "plugin_abi/batchnorm.h"
 #include "plugin_abi/libtorch.h"
 
+// built_for.cpp: the libtorch version this build of the adapter is for
+extern "C" __attribute__((visibility("hidden"))) const char dps_torch_built_for[];
+
 // a library before the one pass lacks it: the adapter then keeps libtorch's ops
 #pragma weak dpshim_bn_backward
 
@@ -1191,7 +1194,7 @@ dpshim_libtorch_init(const dps_torch_config_t *c, dps_torch_handler_t *handler, 
                       DPS_TORCH_ABI, c->abi);
         return -1;
     }
-    std::string running, built = major_minor(DPS_TORCH_VERSION);
+    std::string running, built = major_minor(dps_torch_built_for);
     try {
         running = running_version();
     } catch (const std::exception &e) { // nothing may unwind into libdpshim.so's C
