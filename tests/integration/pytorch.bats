@@ -168,6 +168,8 @@ pytorch_case() {
 @test "per-sample losses (reduction none) weighted by hand, shares of one sample" { pytorch_case per_sample_loss; }
 @test "a loss of shape [1] added up by hand drives ReduceLROnPlateau" { pytorch_case loss_of_shape_one; }
 @test "a sweep of trainers that refer to themselves, collected at different times on the ranks" { pytorch_case cyclic_trainer; }
+@test "datasets that seed per sample (torchvision's FakeData), fetched in the loop's process" { pytorch_case seeded_dataset; }
+@test "passes left early over a loader shuffled by the script's own generator" { pytorch_case pass_left_early; }
 @test "scale mode: a sweep of trainers that refer to themselves counts the same steps per epoch on every rank" {
     cd "$BATS_TEST_TMPDIR"
     run mpi 2 env DPSHIM_DATA_MODE=scale DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$SHIM" "$PY" \

@@ -2,6 +2,7 @@
 
 import collections
 import ctypes
+import itertools
 
 from . import gradients
 from .common import _acting, _check, _shim, _state, _step_aside
@@ -33,8 +34,16 @@ def _patch_samplers(torch):
 
     sampler.RandomSampler.__iter__ = agreed_random_iter
 
-    def shard(self, whole):
-        idx = list(iter(self.sampler))
+    def epoch_indices(s):
+        """The sampler's indices for a pass, and what is left of its iterator. A RandomSampler
+        with the script's own generator draws once more where its iterator ends, which a pass
+        left early never reaches alone: it is read to its length now and ended with the pass."""
+        it = iter(s)
+        if isinstance(s, sampler.RandomSampler) and s.generator is not None:
+            return list(itertools.islice(it, len(s))), it
+        return list(it), iter(())
+
+    def shard(self, whole, idx):
         if whole:
             return idx
         arr = _index_array(idx)
@@ -59,10 +68,13 @@ def _patch_samplers(torch):
             return
         _collect_if_due()  # the models still alive say whether this pass is an evaluation
         whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
-        idx = shard(self, whole)
+        idx, rest = epoch_indices(self.sampler)
+        idx = shard(self, whole, idx)
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
         self.__dict__["_dpshim_backwards"] = gradients._backwards
         yield from cut(self, idx, whole, pending)
+        for _ in rest:  # the sampler's end, where the loader asks past the last batch, as alone
+            pass
         # scale mode: what ranks lost in this epoch had not trained is shared out where the
         # loop's pass ends (late_rest), not here: the loader may fetch ahead of the loop
 

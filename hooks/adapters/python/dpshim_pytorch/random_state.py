@@ -11,14 +11,40 @@ from .common import DP_MAX, _acting, _check, _on_import, _shim
 # At interpreter start, before the script runs, one value agreed from rank 0 seeds Python's
 # random at once, NumPy's legacy global generator and torch's global generators when they are
 # imported; a seeding call of the script takes rank 0's argument, so a seed taken from the time
-# or the pid is the same on every rank, and rank 0 seeds as it would alone.
+# or the pid is the same on every rank, and rank 0 seeds as it would alone; a dataset's, while a
+# loader fetches, keeps its own.
 
 _MASK64 = (1 << 64) - 1
 _job_seed = None  # the agreed value
 
 
+_fetching = 0  # dataset fetches under way in the rank's own process (a DataLoader without workers)
+
+
 def _agreeing():
-    return _job_seed is not None and _acting()
+    return _job_seed is not None and not _fetching and _acting()
+
+
+def _own_seeds_in_fetches(torch):
+    """A dataset's seeding calls keep their own argument where the loop's process fetches
+    (num_workers=0), as they do in a DataLoader worker: a dataset seeds by the sample's index
+    (torchvision's FakeData makes each sample so, augmentations draw so per sample), each rank
+    fetches samples of its own, and rank 0's index would give every rank rank 0's samples."""
+    fetch = torch.utils.data._utils.fetch
+
+    def own_seeds(fetch_fn):
+        @functools.wraps(fetch_fn)
+        def fetched(self, *args, **kwargs):
+            global _fetching
+            _fetching += 1
+            try:
+                return fetch_fn(self, *args, **kwargs)
+            finally:
+                _fetching -= 1
+        return fetched
+
+    for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+        cls.fetch = own_seeds(cls.fetch)
 
 
 def _agree_bytes(data):
@@ -108,6 +134,7 @@ def _seed_torch(torch):
 
     torch.manual_seed = torch.random.manual_seed = _agreed_seed_call(manual_seed, none_fails=True)
     torch.seed = torch.random.seed = seed_now
+    _own_seeds_in_fetches(torch)
 
 
 def _check_hash_seed():
