@@ -603,6 +603,17 @@ DPS_STARTUP int dps_policy_load(dps_policy_t *p, char *const *envp, dps_error_t 
     return dps_policy_apply_env(p, envp, e);
 }
 
+DPS_STARTUP int dps_policy_unavailable(const dps_policy_t *p, char *err, size_t errlen)
+{
+    char src[1100];
+    if (DPS_POLICY_ENUM(p, data, uneven) == DPS_V_data_uneven_join) {
+        snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
+                 dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
+        return -1;
+    }
+    return 0;
+}
+
 const char *dps_policy_source(const dps_policy_t *p, dps_key_id_t id, char *buf, size_t len)
 {
     const dps_setting_t *s = &p->set[id];

@@ -17,7 +17,8 @@ typedef struct link {
 } link_t;
 
 typedef struct model {
-    link_t in, net;        /* within a node (measured), between nodes (given or assumed) */
+    link_t in, net;        /* within a node (measured or given), between nodes (given or assumed) */
+    int in_given;          /* the link within a node comes from --alpha-us or --bw-gbs */
     int per_node;          /* GPUs per node */
     double backward_share; /* of compute, which overlap can hide communication behind */
     dps_step_profile_t prof;
@@ -168,6 +169,7 @@ static int read_inputs(const args_t *a, model_t *m)
     if (a->bench && read_bench(a->bench, &m->in)) return 1;
     if (a->a_in >= 0) m->in.alpha_s = a->a_in * 1e-6;
     if (a->bw_in >= 0) m->in.bw = a->bw_in * 1e9;
+    m->in_given = a->a_in >= 0 || a->bw_in >= 0;
     char err[4400] = "";
     if (dps_diag_profile(a->dir, &m->prof, err, sizeof err)) {
         fprintf(stderr, "dpshim-diag model: %s\n", err);
@@ -185,11 +187,11 @@ static void print_inputs(const model_t *m, const char *dir)
            "%.2f MB in %.1f collectives per step\n",
            dir, p->size, p->steps, p->step_s * 1e3, p->compute_s * 1e3, p->comm_s * 1e3, p->bytes / 1e6,
            p->collectives);
-    printf("links: within a node alpha %.2f us, B %.2f GB/s (measured); between nodes alpha %.2f us, B %.2f "
+    printf("links: within a node alpha %.2f us, B %.2f GB/s (%s); between nodes alpha %.2f us, B %.2f "
            "GB/s per GPU%s; "
            "%d GPUs per node; overlap hides up to %.0f%% of compute\n",
-           m->in.alpha_s * 1e6, m->in.bw / 1e9, m->net.alpha_s * 1e6, m->net.bw / 1e9,
-           m->net.bw == 25e9 && m->net.alpha_s == 5e-6 ? " (assumed)" : "", m->per_node,
+           m->in.alpha_s * 1e6, m->in.bw / 1e9, m->in_given ? "given" : "measured", m->net.alpha_s * 1e6,
+           m->net.bw / 1e9, m->net.bw == 25e9 && m->net.alpha_s == 5e-6 ? " (assumed)" : "", m->per_node,
            100 * m->backward_share);
     if (p->size > 1 && p->size <= m->per_node)
         printf("check on the profiled job (%d ranks, one node): collectives took %.3f ms per step, %.3f ms "

@@ -66,9 +66,12 @@ static int cmd_check(const char *path)
     dps_policy_t p;
     dps_error_t e;
     dps_policy_init(&p);
+    char why[1200];
     int rc = dps_policy_load_file(&p, path, &e);
     if (rc != 0)
         fprintf(stderr, "dpshim-diag: %s\n", e.msg);
+    else if ((rc = dps_policy_unavailable(&p, why, sizeof why)) != 0)
+        fprintf(stderr, "dpshim-diag: %s\n", why);
     else {
         printf("%s: valid\n", path);
         print_hooks(&p);

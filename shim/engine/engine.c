@@ -18,12 +18,7 @@ static const dps_files_channel_t files_channel; /* below, next to the backend's 
 DPS_STARTUP int dps_engine_configure(dps_state_t *s, char *err, size_t errlen)
 {
     const dps_policy_t *p = &s->policy;
-    char src[1100];
-    if (DPS_POLICY_ENUM(p, data, uneven) == DPS_V_data_uneven_join) {
-        snprintf(err, errlen, "%s: [data] uneven = join is not available in this version; use pad or drop",
-                 dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
-        return -1;
-    }
+    if (dps_policy_unavailable(p, err, errlen)) return -1;
     int self = DPS_POLICY_ENUM(p, comm, backend) == DPS_V_comm_backend_self;
     s->eff_rank = self ? 0 : s->rank;
     s->eff_size = self ? 1 : s->size;

@@ -486,9 +486,13 @@ runpy.run_path(sys.argv[0], run_name="__main__")' "$SRC/examples/pytorch/train_f
     assert_success
     mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/dpshim-diag" bench >bench.txt
     grep -E "^model inputs \(ring fit of the dpshim column\): --alpha-us [0-9.]+ --bw-gbs [0-9.]+$" bench.txt
+    run "$BUILD/bin/dpshim-diag" model diag --alpha-us 5 --bw-gbs 10 # figures typed in are said to be
+    assert_success
+    assert_line --regexp "^links: within a node alpha 5.00 us, B 10.00 GB/s \(given\); "
     run "$BUILD/bin/dpshim-diag" model diag --bench bench.txt
     echo "$output"
     assert_success
+    assert_line --regexp "^links: within a node alpha [0-9.]+ us, B [0-9.]+ GB/s \(measured\); "
     assert_line --regexp "^profile of diag \(rank 0 of 2, 59 steps\): step [0-9.]+ ms = compute [0-9.]+ ms \+ collectives [0-9.]+ ms"
     assert_output --regexp "check on the profiled job \(2 ranks, one node\)"
     # one row per size; the ring and hierarchical times never beat their bound on one node,
