@@ -84,32 +84,34 @@ static int open_versioned(const char *path, const char *magic, const char *what,
     return 1;
 }
 
-/* One "key value" line of a stats file into st; keys of other versions are passed over. */
-static void stats_line(char *line, dps_diag_stats_t *st)
+/* One "key value" line of a stats file into st; keys of other versions are passed over. 0, or -1
+ * for a number that does not read as one (a damaged file). */
+static int stats_line(char *line, dps_diag_stats_t *st)
 {
     line[strcspn(line, "\n")] = '\0';
-    char *val = strchr(line, ' ');
-    if (!val) return;
+    char *val = strchr(line, ' '), *end;
+    if (!val) return 0;
     *val++ = '\0';
 #define NUM(key)                                                                                             \
     if (!strcmp(line, #key)) {                                                                               \
-        st->key = strtoull(val, NULL, 10);                                                                   \
-        return;                                                                                              \
+        st->key = strtoull(val, &end, 10);                                                                   \
+        return end == val || *end || *val == '-' ? -1 : 0;                                                   \
     }
 #define SNUM(key)                                                                                            \
     if (!strcmp(line, #key)) {                                                                               \
-        st->key = strtoll(val, NULL, 10);                                                                    \
-        return;                                                                                              \
+        st->key = strtoll(val, &end, 10);                                                                    \
+        return end == val || *end ? -1 : 0;                                                                  \
     }
 #define TEXT(key, len)                                                                                       \
     if (!strcmp(line, #key)) {                                                                               \
         snprintf(st->key, sizeof st->key, "%s", val);                                                        \
-        return;                                                                                              \
+        return 0;                                                                                            \
     }
     DPS_DIAG_STATS(NUM, SNUM, TEXT)
 #undef NUM
 #undef SNUM
 #undef TEXT
+    return 0;
 }
 
 /* 1 with rank r's stats in *st, 0 without a file, -1 with err set. */
@@ -123,11 +125,19 @@ static int read_stats(const char *dir, int r, dps_diag_stats_t *st, char *err, s
     int rc = open_versioned(path, DPS_DIAG_STATS_MAGIC, "stats", &f, err, errlen);
     if (rc <= 0) return rc;
     memset(st, 0, sizeof *st);
-    while (getline(&line, &cap, f) > 0)
-        stats_line(line, st);
+    int lineno = 1, bad = 0; /* the first line is the format's */
+    while (!bad && getline(&line, &cap, f) > 0) {
+        lineno++;
+        if (stats_line(line, st)) {
+            line[strcspn(line, " ")] = '\0';
+            snprintf(err, errlen, "%s:%d: the value of '%s' is not a number: the file is damaged", path,
+                     lineno, line);
+            bad = 1;
+        }
+    }
     free(line);
     fclose(f);
-    return 1;
+    return bad ? -1 : 1;
 }
 
 /* The index of name in the job's table, added on first sight; names repeat on every step, so the
@@ -179,9 +189,19 @@ static int read_trace(job_t *j, int r, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/%s", j->dir, name);
     int rc = open_versioned(path, DPS_DIAG_TRACE_MAGIC, "trace", &f, err, errlen);
     if (rc <= 0) return rc;
-    while (getline(&line, &len, f) > 0) {
+    int lineno = 1, damaged = 0, first_damaged = 0, cut = 0;
+    ssize_t got;
+    while ((got = getline(&line, &len, f)) > 0) {
         ev_t e;
-        if (parse_event(j, line, &e)) continue;
+        lineno++;
+        if (line[got - 1] != '\n') { /* the shim ends every line: this one was cut */
+            cut = lineno;
+            break;
+        }
+        if (parse_event(j, line, &e)) {
+            if (line[0] != '#' && line[0] && !damaged++) first_damaged = lineno;
+            continue;
+        }
         if (d->n == cap) {
             cap = cap ? 2 * cap : 1024;
             ev_t *p = realloc(d->ev, cap * sizeof *p);
@@ -192,6 +212,17 @@ static int read_trace(job_t *j, int r, char *err, size_t errlen)
     }
     free(line);
     fclose(f);
+    /* a rank killed while it wrote leaves its last line cut: said, and the rest is read */
+    if (cut)
+        fprintf(stderr,
+                "dpshim-diag report: %s:%d: the last line is cut (the rank ended while writing it); "
+                "it is left out\n",
+                path, cut);
+    if (damaged)
+        fprintf(stderr,
+                "dpshim-diag report: %s: %d line(s) are not events (the first at line %d): the file is "
+                "damaged; they are left out, and the figures from this rank's trace may be short\n",
+                path, damaged, first_damaged);
     return 1;
 }
 

@@ -346,6 +346,28 @@ runpy.run_path(sys.argv[0], run_name="__main__")' "$SRC/examples/pytorch/train_f
     assert_output --partial "problems: ranks without files"
 }
 
+@test "report of damaged files: a number that is none is an error, damaged trace lines are said" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_DIAG_DIR=diag LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 10
+    assert_success
+    cp -r diag kept
+    sed -i 's/^steps .*/steps banana/' diag/stats.rank1.txt
+    run "$BUILD/bin/dpshim-diag" report diag
+    assert_failure
+    assert_output --regexp "diag/stats.rank1.txt:[0-9]+: the value of 'steps' is not a number: the file is damaged"
+    cp kept/stats.rank1.txt diag/
+    sed -i '4s/.*/hello, not an event/' diag/trace.rank1.txt
+    head -c -5 kept/trace.rank0.txt >diag/trace.rank0.txt # a rank killed while it wrote
+    run "$BUILD/bin/dpshim-diag" report diag
+    assert_success
+    assert_output --partial "diag/trace.rank1.txt: 1 line(s) are not events (the first at line 4): the file is damaged"
+    assert_output --regexp "diag/trace.rank0.txt:[0-9]+: the last line is cut \(the rank ended while writing it\)"
+    run "$BUILD/bin/dpshim-diag" report kept # the files as written: nothing said
+    assert_success
+    refute_output --partial "damaged"
+    refute_output --partial "is cut"
+}
+
 @test "report of a directory that is not a [diag] dir: a clear error" {
     run "$BUILD/bin/dpshim-diag" report "$BATS_TEST_TMPDIR"
     assert_failure
