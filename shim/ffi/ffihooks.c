@@ -347,26 +347,39 @@ static void slot_patched(void *ctx, int i)
 
 /* --- start-up --- */
 
+/* What keeps a hook that bound no call site unbound, into buf: its symbol's definition (in the
+ * library = it names, where it names one: that library may not be loaded at all). */
+static const char *why_unbound(const bound_t *b, int yet, char *buf, size_t len)
+{
+    const dps_hookdecl_t *d = b->d;
+    const char *lib = d->library;
+    void *handle = lib[0] ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (handle) dlclose(handle); /* NOLOAD took a reference: given back */
+    if (lib[0] && !handle)
+        snprintf(buf, len, "is to be bound in %s (library =), which is not loaded: give the name ldd lists",
+                 lib);
+    else if (b->defined || (lib[0] ? b->library_def != NULL : dlsym(RTLD_DEFAULT, d->symbol) != NULL))
+        snprintf(buf, len, "is defined%s%s but %s", lib[0] ? " in " : "", lib,
+                 yet ? "not called through any GOT yet" : "no loaded object calls it through its GOT");
+    else
+        snprintf(buf, len, "is not defined by %s", lib[0] ? lib : "any loaded object");
+    return buf;
+}
+
 /* After the first binding: what became of one hook. 0, or -1 with err set (missing = error). */
 static int report_hook(const bound_t *b, const char *src, char *err, size_t len)
 {
     const dps_hookdecl_t *d = b->d;
-    int defined =
-        b->defined || (d->library[0] ? b->library_def != NULL : dlsym(RTLD_DEFAULT, d->symbol) != NULL);
+    char why[600];
     if (b->sites)
         DPS_INFO("%s bound at %d call site(s)", b->where, b->sites);
     else if (d->missing == DPS_MISSING_ERROR)
-        return snprintf(err, len, "%s:%d: [hook %s]: %s %s%s%s (missing = error)", src, d->line, d->name,
-                        d->symbol,
-                        defined ? "is defined but no loaded object calls it through its GOT"
-                                : "is not defined by any loaded object",
-                        d->library[0] ? " in " : "", d->library),
+        return snprintf(err, len, "%s:%d: [hook %s]: %s %s (missing = error)", src, d->line, d->name,
+                        d->symbol, why_unbound(b, 0, why, sizeof why)),
                -1;
     else if (d->missing == DPS_MISSING_WARN && dps_g.rank == 0)
         DPS_WARN("%s:%d: [hook %s]: %s %s; it is bound if a library loaded later calls it", src, d->line,
-                 d->name, d->symbol,
-                 defined ? "is defined but not called through any GOT yet"
-                         : "is not defined by any loaded object");
+                 d->name, d->symbol, why_unbound(b, 1, why, sizeof why));
     return 0;
 }
 

@@ -132,6 +132,14 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
     refute_output --partial "epoch 1"
 }
 
+@test "library = naming a library that is not loaded: the warning names the library" {
+    printf '[hook u]\nsignature = void no_such_function(float *g, size_t n)\nlibrary = libnotthere.so\nbefore = grads g[n]\n' >"$BATS_TEST_TMPDIR/lib.conf"
+    run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR/lib.conf" LD_PRELOAD="$SHIM" "$LEGACY" --steps 1
+    assert_success
+    assert_output --partial "lib.conf:1: [hook u]: no_such_function is to be bound in libnotthere.so (library =), which is not loaded: give the name ldd lists"
+    refute_output --partial "is not defined by any loaded object"
+}
+
 @test "hooks leave undeclared functions and programs without hooks alone" {
     run env DPSHIM_POLICY="$POLICY" LD_PRELOAD="$SHIM" "$LEGACY" --steps 3 --save "$BATS_TEST_TMPDIR/a.bin"
     assert_success
