@@ -132,6 +132,16 @@ accuracies() { sed -n 's/.*training accuracy \([0-9.]*\)%.*/\1/p' <<<"$output" |
     refute_output --partial "epoch 1"
 }
 
+@test "a hook on a C library function (free) is refused before the program starts, not left to hang" {
+    printf '[hook free]\nsignature = void free(void *p)\nbefore = barrier\n' >"$BATS_TEST_TMPDIR/free.conf"
+    local start=$SECONDS
+    run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR/free.conf" LD_PRELOAD="$SHIM" "$LEGACY" --steps 1
+    assert_failure 78
+    assert_output --partial "free.conf:1: [hook free]: free is a function of libc.so.6, which dpshim and MPI call themselves"
+    refute_output --partial "epoch 1"
+    [ $((SECONDS - start)) -lt 30 ] # before, the job waited in the backend's start-up for [guard] timeout
+}
+
 @test "library = naming a library that is not loaded: the warning names the library" {
     printf '[hook u]\nsignature = void no_such_function(float *g, size_t n)\nlibrary = libnotthere.so\nbefore = grads g[n]\n' >"$BATS_TEST_TMPDIR/lib.conf"
     run mpi 2 env DPSHIM_POLICY="$BATS_TEST_TMPDIR/lib.conf" LD_PRELOAD="$SHIM" "$LEGACY" --steps 1
