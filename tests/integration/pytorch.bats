@@ -170,6 +170,17 @@ pytorch_case() {
 @test "a sweep of trainers that refer to themselves, collected at different times on the ranks" { pytorch_case cyclic_trainer; }
 @test "datasets that seed per sample (torchvision's FakeData), fetched in the loop's process" { pytorch_case seeded_dataset; }
 @test "passes left early over a loader shuffled by the script's own generator" { pytorch_case pass_left_early; }
+@test "draws sized by unequal shares, then a choice per step: every rank makes the same choices" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 3 env DPSHIM_FILES_PER_RANK='*.pt' LD_PRELOAD="$SHIM" "$PY" "$SRC/tests/integration/pytorch_cases/uneven_share_draws.py"
+    assert_success
+    assert_rels bitwise m.rank0.pt m.rank1.pt bitwise m.rank0.pt m.rank2.pt
+    assert_equal "$(grep -c "WARN after step 1 the ranks' random generators differed" <<<"$output")" 1
+    # shares of equal sizes (np=2) draw alike: nothing to set right, nothing said
+    run mpi 2 env DPSHIM_FILES_PER_RANK='*.pt' LD_PRELOAD="$SHIM" "$PY" "$SRC/tests/integration/pytorch_cases/uneven_share_draws.py"
+    assert_success
+    refute_output --partial "random generators differed"
+}
 
 @test "two loaders feeding one loss, with shares that are other fractions of each batch: said once" {
     # batches of 8 and 6: at np=3 shares of 3,3,2 and 2,2,2, which one weight per rank cannot

@@ -187,6 +187,9 @@ def _patch_samplers(torch):
                 _shim.dpshim_batch_whole(n)
             else:
                 _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
+                # shares of different sizes: the step's end sees that the random state stays one
+                _state.uneven_shares = (getattr(_state, "uneven_shares", False) or
+                                        (_shim.split and replicas == 1 and n % _shim.size != 0))
             _state.replicas, _state.shared = replicas, replicas == 1
         return data
 

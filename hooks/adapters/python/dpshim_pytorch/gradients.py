@@ -6,6 +6,7 @@ import functools
 from .common import DP_MAX, DP_SUM, _acting, _caller, _check, _in_place, _say_once, _shim, _state, _tensors
 from .overlap import _announce_during, _announcing_now, _backward_over
 from .optimizer_sharding import _parameters, _patch_optimizer_state, _shard_plan, _sharded_step
+from .random_state import _realign_generators
 from .parameters import (_broadcast_tensors, _collect_if_due, _collect_soon, _drift_copies, _forwarded, _is_lazy,
                          _refresh_drift_copies)
 
@@ -249,6 +250,9 @@ def _after_step(optimizer):
     if _state.depth == 0:
         for p in _parameters([optimizer]):
             _reduced.pop(id(p), None)
+        if getattr(_state, "uneven_shares", False):
+            _state.uneven_shares = False
+            _realign_generators()
         _shim.steps += 1
         if _drift_copies:
             _refresh_drift_copies()

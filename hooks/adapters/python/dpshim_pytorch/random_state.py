@@ -6,7 +6,7 @@ import os
 import struct
 import sys
 
-from .common import DP_MAX, _acting, _check, _on_import, _shim
+from .common import DP_MAX, _acting, _check, _in_place, _on_import, _say_once, _shim
 
 # At interpreter start, before the script runs, one value agreed from rank 0 seeds Python's
 # random at once, NumPy's legacy global generator and torch's global generators when they are
@@ -100,6 +100,30 @@ def _agreed_seed_call(seed_fn, arg_of=lambda a: a, none_fails=False):
         return seed_fn(arg_of(_decode_seed(_agree_bytes(_encode_seed(a)), a)), *args[1:], **kwargs)
     seed._dpshim = True
     return seed
+
+
+def _realign_generators():
+    """After a step whose batch the ranks held in shares of different sizes (split mode, N not
+    dividing it): draws sized by the share (Dropout, noise) took more numbers from torch's CPU
+    generator on some ranks, and a random choice made in a later step (a stochastic depth, an
+    augmentation chosen per step) would part the ranks. Where the ranks' generators differ, every
+    rank goes on from rank 0's (a checksum compared, then rank 0's state sent)."""
+    import hashlib
+    import torch
+    state = torch.get_rng_state()
+    h = float(int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=6).digest(), "little"))
+    v = (ctypes.c_double * 2)(h, -h)
+    _check(_shim.dp_metric(v, 2, DP_MAX), "dp_metric")
+    if v[0] == -v[1]:
+        return
+    owners = (ctypes.c_int32 * 1)(0)
+    _in_place(lambda arr, n: _shim.dp_from_owners(arr, n, owners), "dp_from_owners", [state])
+    torch.set_rng_state(state)
+    _say_once("realign", "WARN",
+              "after step %d the ranks' random generators differed: random draws sized by each rank's share of "
+              "a batch (Dropout, noise), where the number of ranks does not divide the batch, take more numbers on "
+              "some ranks; every rank goes on from rank 0's generator at the end of such a step. A random choice "
+              "made in the same step after such a draw still parts the ranks" % (_shim.steps + 1))
 
 
 def _derive(k):
