@@ -168,7 +168,12 @@ pytorch_case() {
 @test "per-sample losses (reduction none) weighted by hand, shares of one sample" { pytorch_case per_sample_loss; }
 @test "a loss of shape [1] added up by hand drives ReduceLROnPlateau" { pytorch_case loss_of_shape_one; }
 @test "a sweep of trainers that refer to themselves, collected at different times on the ranks" { pytorch_case cyclic_trainer; }
-@test "datasets that seed per sample (torchvision's FakeData), fetched in the loop's process" { pytorch_case seeded_dataset; }
+@test "datasets that seed per sample (torchvision's FakeData), fetched in the loop's process" {
+    pytorch_case seeded_dataset
+    # the seeding of each rank's own samples leaves the generators the ranks draw from after it alike
+    cd "$BATS_TEST_TMPDIR"
+    assert_rels bitwise np2/draws.rank0.pt np2/draws.rank1.pt bitwise np3/draws.rank0.pt np3/draws.rank2.pt
+}
 @test "passes left early over a loader shuffled by the script's own generator" { pytorch_case pass_left_early; }
 @test "draws sized by unequal shares, then a choice per step: every rank makes the same choices" {
     cd "$BATS_TEST_TMPDIR"

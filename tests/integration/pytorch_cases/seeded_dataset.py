@@ -1,8 +1,9 @@
 # Datasets that seed per sample, fetched in the loop's process (num_workers=0): torchvision's
 # FakeData makes sample i under torch.manual_seed(i + offset) and restores the generator after;
 # an augmentation seeds Python's random and torch by the index and draws its noise. Each rank
-# fetches its own share, so each seeding call must keep its own index. Argument: the FakeData
-# loader's batch size (6).
+# fetches its own share, so each seeding call must keep its own index, and the seeding must not
+# part the ranks' generators after the fetch (draws.pt: what they draw after training). Argument:
+# the FakeData loader's batch size (6).
 import random
 import sys
 import torch, torch.nn as nn, torchvision
@@ -34,4 +35,5 @@ for epoch in range(2):
         loss = nn.functional.cross_entropy(model(x.double()), y) + nn.functional.mse_loss(head(u), v)
         loss.backward()
         opt.step()
+torch.save({"torch": torch.rand(4), "random": torch.tensor([random.random()])}, "draws.pt")
 torch.save({**model.state_dict(), **{"head." + k: t for k, t in head.state_dict().items()}}, "m.pt")

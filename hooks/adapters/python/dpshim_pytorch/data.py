@@ -35,11 +35,12 @@ def _patch_samplers(torch):
     sampler.RandomSampler.__iter__ = agreed_random_iter
 
     def epoch_indices(s):
-        """The sampler's indices for a pass, and what is left of its iterator. A RandomSampler
-        with the script's own generator draws once more where its iterator ends, which a pass
-        left early never reaches alone: it is read to its length now and ended with the pass."""
+        """The sampler's indices for a pass, and what is left of its iterator. PyTorch's own
+        RandomSampler, without replacement and given the script's generator, draws once more
+        where its iterator ends, which a pass left early never reaches alone: it is read to its
+        length now and ended with the pass. (With replacement it draws as it goes: read whole.)"""
         it = iter(s)
-        if isinstance(s, sampler.RandomSampler) and s.generator is not None:
+        if type(s) is sampler.RandomSampler and not s.replacement and s.generator is not None:
             return list(itertools.islice(it, len(s))), it
         return list(it), iter(())
 
@@ -189,7 +190,7 @@ def _patch_samplers(torch):
                 _shim.dp_batch(_index_array(range(n * replicas)), n * replicas)
                 # shares of different sizes: the step's end sees that the random state stays one
                 _state.uneven_shares = (getattr(_state, "uneven_shares", False) or
-                                        (_shim.split and replicas == 1 and n % _shim.size != 0))
+                                        (_shim.split and replicas == 1 and n % _shim.dp_world_size() != 0))
             _state.replicas, _state.shared = replicas, replicas == 1
         return data
 

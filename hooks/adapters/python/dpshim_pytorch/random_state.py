@@ -6,7 +6,7 @@ import os
 import struct
 import sys
 
-from .common import DP_MAX, _acting, _check, _in_place, _on_import, _say_once, _shim
+from .common import DP_MAX, _acting, _check, _in_place, _on_import, _say_once, _shim, _state
 
 # At interpreter start, before the script runs, one value agreed from rank 0 seeds Python's
 # random at once, NumPy's legacy global generator and torch's global generators when they are
@@ -18,33 +18,47 @@ _MASK64 = (1 << 64) - 1
 _job_seed = None  # the agreed value
 
 
-_fetching = 0  # dataset fetches under way in the rank's own process (a DataLoader without workers)
+def _fetching():
+    """The generators a dataset seeded in the fetch under way on this thread, each with its state
+    before the fetch and how to set it back; None outside a fetch."""
+    return getattr(_state, "fetch_saves", None)
 
 
 def _agreeing():
-    return _job_seed is not None and not _fetching and _acting()
+    return _job_seed is not None and _fetching() is None and _acting()
+
+
+def _keep_for_fetch(key, saved_state):
+    """Before a seeding call inside a fetch: the generator's state, once per fetch."""
+    saves = _fetching()
+    if saves is not None and key not in saves:
+        saves[key] = saved_state()
 
 
 def _own_seeds_in_fetches(torch):
     """A dataset's seeding calls keep their own argument where the loop's process fetches
-    (num_workers=0), as they do in a DataLoader worker: a dataset seeds by the sample's index
-    (torchvision's FakeData makes each sample so, augmentations draw so per sample), each rank
-    fetches samples of its own, and rank 0's index would give every rank rank 0's samples."""
-    fetch = torch.utils.data._utils.fetch
+    (num_workers=0) a map-style dataset's samples, and their effect ends with the fetch, as in a
+    DataLoader worker: a dataset seeds by the sample's index (torchvision's FakeData makes each
+    sample so, augmentations draw so per sample), each rank fetches samples of its own, and rank
+    0's index would give every rank rank 0's samples, while a generator left seeded by each
+    rank's last index would part the ranks' draws after the fetch."""
+    fetcher = torch.utils.data._utils.fetch._MapDatasetFetcher
+    fetch = fetcher.fetch
 
-    def own_seeds(fetch_fn):
-        @functools.wraps(fetch_fn)
-        def fetched(self, *args, **kwargs):
-            global _fetching
-            _fetching += 1
-            try:
-                return fetch_fn(self, *args, **kwargs)
-            finally:
-                _fetching -= 1
-        return fetched
+    @functools.wraps(fetch)
+    def fetched(self, *args, **kwargs):
+        outer = _fetching()
+        if outer is None:
+            _state.fetch_saves = {}
+        try:
+            return fetch(self, *args, **kwargs)
+        finally:
+            if outer is None:
+                saves, _state.fetch_saves = _state.fetch_saves, None
+                for set_back, before in saves.values():
+                    set_back(before)
 
-    for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
-        cls.fetch = own_seeds(cls.fetch)
+    fetcher.fetch = fetched
 
 
 def _agree_bytes(data):
@@ -89,12 +103,14 @@ def _decode_seed(b, own):
     return own
 
 
-def _agreed_seed_call(seed_fn, arg_of=lambda a: a, none_fails=False):
+def _agreed_seed_call(seed_fn, saved_state, arg_of=lambda a: a, none_fails=False):
     """seed_fn wrapped so that every rank seeds with rank 0's argument; with none_fails, a None
-    argument goes to seed_fn as it is (torch.manual_seed(None) fails alone, and so here)."""
+    argument goes to seed_fn as it is (torch.manual_seed(None) fails alone, and so here).
+    saved_state(): (how to set it back, the generator's state), kept by a fetch."""
     @functools.wraps(seed_fn)
     def seed(*args, **kwargs):
         a = args[0] if args else kwargs.pop("a", kwargs.pop("seed", None))
+        _keep_for_fetch(seed_fn, saved_state)
         if not _agreeing() or (a is None and none_fails):
             return seed_fn(a, *args[1:], **kwargs)
         return seed_fn(arg_of(_decode_seed(_agree_bytes(_encode_seed(a)), a)), *args[1:], **kwargs)
@@ -133,14 +149,15 @@ def _derive(k):
 def _seed_random(module):
     if not getattr(module.seed, "_dpshim", False):
         module.seed(_derive(1))
-        module.seed = _agreed_seed_call(module.seed)
+        module.seed = _agreed_seed_call(module.seed, lambda: (module.setstate, module.getstate()))
 
 
 def _seed_numpy(module):
     r = getattr(module, "random", None)
     if r is not None and not getattr(r.seed, "_dpshim", False):
         r.seed(_derive(2) & 0xFFFFFFFF)
-        r.seed = _agreed_seed_call(r.seed, lambda v: v & 0xFFFFFFFF if type(v) is int else v)
+        r.seed = _agreed_seed_call(r.seed, lambda: (r.set_state, r.get_state()),
+                                   lambda v: v & 0xFFFFFFFF if type(v) is int else v)
 
 
 def _seed_torch(torch):
@@ -148,15 +165,24 @@ def _seed_torch(torch):
     torch_seed = torch.random.seed
     manual_seed(_job_seed)  # CPU and CUDA
 
+    def torch_states():
+        def set_back(states):
+            torch.set_rng_state(states[0])
+            if states[1] is not None:
+                torch.cuda.set_rng_state_all(states[1])
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return set_back, (torch.get_rng_state(), cuda)
+
     @functools.wraps(torch_seed)
     def seed_now():  # torch.seed(): a fresh seed, rank 0's
+        _keep_for_fetch(manual_seed, torch_states)
         v = _decode_seed(_agree_bytes(_encode_seed(None)), None) if _agreeing() else None
         if v is None:
             return torch_seed()
         manual_seed(v)
         return v
 
-    torch.manual_seed = torch.random.manual_seed = _agreed_seed_call(manual_seed, none_fails=True)
+    torch.manual_seed = torch.random.manual_seed = _agreed_seed_call(manual_seed, torch_states, none_fails=True)
     torch.seed = torch.random.seed = seed_now
     _own_seeds_in_fetches(torch)
 
