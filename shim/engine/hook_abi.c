@@ -135,50 +135,13 @@ static int seed_(uint64_t *seed)
     return collective("dp_seed", be, &t, 1, DPS_FUSE_BCAST, DPS_UNWEIGHTED, DPS_RED_SUM);
 }
 
-/* Split mode: the size of the last batch noted since gradients were last reduced (0: none). Two
- * batches in one gradient (two loaders feeding one loss) are weighted by the later one's shares,
- * which is the run alone's step only where every rank holds the same fraction of both. */
-static uint64_t unreduced_batch_n;
-
-static int same_fractions(uint64_t a, uint64_t b)
-{
-    for (int r = 0; r < dps_g.eff_size; r++) {
-        uint64_t start, of_a, of_b;
-        dps_split_range(a, r, dps_g.eff_size, &start, &of_a);
-        dps_split_range(b, r, dps_g.eff_size, &start, &of_b);
-        if ((unsigned __int128)of_a * b != (unsigned __int128)of_b * a) return 0;
-    }
-    return 1;
-}
-
-/* Every rank reaches the same verdict from the sizes alone; rank 0 says it, once. */
-static void check_mixed_batches(uint64_t n)
-{
-    if (unreduced_batch_n && !same_fractions(unreduced_batch_n, n) && dps_g.eff_rank == 0) {
-        uint64_t start, of_last, of_n;
-        dps_split_range(unreduced_batch_n, dps_g.eff_size - 1, dps_g.eff_size, &start, &of_last);
-        dps_split_range(n, dps_g.eff_size - 1, dps_g.eff_size, &start, &of_n);
-        DPS_WARN_ONCE("split mode: batches of %llu and %llu samples went into one gradient (two loaders "
-                      "feeding one loss?), and the %d ranks hold different fractions of them (rank %d: %llu "
-                      "of %llu, %llu of %llu): the gradients are weighted by the later batch's shares, so "
-                      "such steps are not the run alone's; give every loader a batch size that %d divides, "
-                      "or run in scale mode ([data] mode = scale)",
-                      (unsigned long long)unreduced_batch_n, (unsigned long long)n, dps_g.eff_size,
-                      dps_g.eff_size - 1, (unsigned long long)of_last, (unsigned long long)unreduced_batch_n,
-                      (unsigned long long)of_n, (unsigned long long)n, dps_g.eff_size);
-    }
-    unreduced_batch_n = n;
-}
-
 /* This rank's share of a global batch of n in split mode (all of it in scale mode), noted for the
  * weights of the gradients that follow; where the share starts goes to start_p. */
 static uint64_t note_batch(uint64_t n, uint64_t *start_p)
 {
     uint64_t start = 0, share = n;
-    if (dps_g.split_mode && dps_g.eff_size > 1) {
+    if (dps_g.split_mode && dps_g.eff_size > 1)
         dps_split_range(n, dps_g.eff_rank, dps_g.eff_size, &start, &share);
-        check_mixed_batches(n);
-    }
     dps_e.batch_share = share, dps_e.batch_n = n, dps_e.have_batch = 1;
     dps_elastic_note_batch();
     *start_p = start;
@@ -325,7 +288,6 @@ static int flush_pending(const dps_backend_t *be, int background)
 static int grad_ready_(const dp_tensor *t)
 {
     if (null_list("dp_grad_ready", t, 1)) return -1;
-    unreduced_batch_n = 0;
     const dps_backend_t *be = dps_comm("dp_grad_ready");
     if (!be) return 0;
     dps_e.shared_work |= dps_g.eff_size > 1;
@@ -348,7 +310,6 @@ static int grad_ready_(const dp_tensor *t)
 static int grads_weighted(const char *hook, dp_tensor *t, size_t n, dps_weight_t w)
 {
     if (null_list(hook, t, n)) return -1;
-    unreduced_batch_n = 0;
     const dps_backend_t *be = dps_comm(hook);
     if (!be) return 0;
     dps_e.shared_work |= dps_g.eff_size > 1;
@@ -474,7 +435,6 @@ static int scope_end_(void)
 static int step_end_(uint64_t step)
 {
     dps_e.step = step;
-    unreduced_batch_n = 0;
     dps_elastic_step_end();
     dps_guard_step(step, dps_e.scope_depth > 0);
     dps_diag_step(step);

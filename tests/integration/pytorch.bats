@@ -187,19 +187,6 @@ pytorch_case() {
     refute_output --partial "random generators differed"
 }
 
-@test "two loaders feeding one loss, with shares that are other fractions of each batch: said once" {
-    # batches of 8 and 6: at np=3 shares of 3,3,2 and 2,2,2, which one weight per rank cannot
-    # make the run alone's; at np=2 (4,4 and 3,3) the step is alone's and nothing is said
-    local case=$SRC/tests/integration/pytorch_cases/seeded_dataset.py
-    cd "$BATS_TEST_TMPDIR"
-    run mpi 3 env LD_PRELOAD="$SHIM" "$PY" "$case" 8
-    assert_success
-    assert_equal "$(grep -c 'WARN split mode: batches of 8 and 6 samples went into one gradient' <<<"$output")" 1
-    assert_output --partial "(rank 2: 2 of 8, 2 of 6)"
-    run mpi 2 env LD_PRELOAD="$SHIM" "$PY" "$case" 8
-    assert_success
-    refute_output --partial "went into one gradient"
-}
 @test "scale mode: a sweep of trainers that refer to themselves counts the same steps per epoch on every rank" {
     cd "$BATS_TEST_TMPDIR"
     run mpi 2 env DPSHIM_DATA_MODE=scale DPSHIM_OUTPUT_STDOUT=prefix LD_PRELOAD="$SHIM" "$PY" \
