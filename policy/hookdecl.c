@@ -3,11 +3,13 @@
 #include "policy.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <gnu/lib-names.h>
 
 /* DP_* dtypes and reduction ops (hooks/include/dpshim/hooks.h), repeated here to keep the
  * policy library free of the hook header. */
@@ -720,4 +722,27 @@ const char *dps_hookdecl_describe(const dps_hookdecl_t *h, char *buf, size_t len
              h->library[0] ? " in " : "", h->library, before[0] ? "; before: " : "", before,
              after[0] ? "; after: " : "", after);
     return buf;
+}
+
+/* Whether the hook's function is one of the C library's or the dynamic loader's (free, write):
+ * the shim and MPI call those themselves, so a hook there would run its collectives inside their
+ * own work (and wait there for ever). Each such library is asked itself, as libdpshim.so (write)
+ * or a preloaded allocator (free) may come first in the global scope. Its name into lib. */
+int dps_hookdecl_system_function(const dps_hookdecl_t *d, char *lib, size_t len)
+{
+    static const char *const system[] = {LIBC_SO,   LIBM_SO, LIBPTHREAD_SO, LIBDL_SO, LIBRT_SO, LD_SO,
+#ifdef LIBMVEC_SO
+                                         LIBMVEC_SO
+#endif
+    };
+    const char *named = strrchr(d->library, '/');
+    named = named ? named + 1 : d->library;
+    for (size_t i = 0; i < sizeof system / sizeof *system; i++) {
+        if (named[0] && strcmp(named, system[i])) continue; /* library = names another one */
+        void *h = dlopen(system[i], RTLD_LAZY | RTLD_NOLOAD);
+        int defines = h && dlsym(h, d->symbol);
+        if (h) dlclose(h); /* NOLOAD took a reference: given back */
+        if (defines) return snprintf(lib, len, "%s", system[i]), 1;
+    }
+    return 0;
 }

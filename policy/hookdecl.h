@@ -104,5 +104,8 @@ const char *dps_carg_text(const dps_carg_t *a, char *buf, size_t len);
 
 /* One line: "void f(float *g, uint64_t n); before: grads g[n] f32", into buf. */
 const char *dps_hookdecl_describe(const dps_hookdecl_t *h, char *buf, size_t len);
+/* 1 when the declared function is the C library's or the dynamic loader's (free, write), which
+ * the shim and MPI call themselves: a hook there is refused. Its library's name into lib. */
+int dps_hookdecl_system_function(const dps_hookdecl_t *d, char *lib, size_t len);
 
 #endif

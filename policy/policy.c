@@ -611,6 +611,18 @@ DPS_STARTUP int dps_policy_unavailable(const dps_policy_t *p, char *err, size_t 
                  dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
         return -1;
     }
+    for (int i = 0; i < p->nhooks; i++) {
+        const dps_hookdecl_t *h = &p->hooks[i];
+        char lib[256];
+        if (dps_hookdecl_system_function(h, lib, sizeof lib))
+            return snprintf(
+                       err, errlen,
+                       "%s:%d: [hook %s]: %s is a function of %s, which dpshim and MPI call themselves: a "
+                       "hook there would run inside their own work; hook a function of the program or "
+                       "its framework",
+                       p->file[0] ? p->file : "policy", h->line, h->name, h->symbol, lib),
+                   -1;
+    }
     return 0;
 }
 

@@ -356,8 +356,10 @@ static const char *why_unbound(const bound_t *b, int yet, char *buf, size_t len)
     void *handle = lib[0] ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
     if (handle) dlclose(handle); /* NOLOAD took a reference: given back */
     if (lib[0] && !handle)
-        snprintf(buf, len, "is to be bound in %s (library =), which is not loaded: give the name ldd lists",
-                 lib);
+        snprintf(
+            buf, len,
+            "is to be bound in %s (library =), which is not loaded now (check the name: the one ldd lists)",
+            lib);
     else if (b->defined || (lib[0] ? b->library_def != NULL : dlsym(RTLD_DEFAULT, d->symbol) != NULL))
         snprintf(buf, len, "is defined%s%s but %s", lib[0] ? " in " : "", lib,
                  yet ? "not called through any GOT yet" : "no loaded object calls it through its GOT");
@@ -390,30 +392,10 @@ void dps_ffi_hooks_summary(int *declared, int *sites)
         *sites += hooks[i].sites;
 }
 
-/* Whether the hook's function is the C library's or the dynamic loader's (free, write): the shim
- * and MPI call those themselves, so a hook there would run its collectives inside their own work
- * (and wait there for ever). Its object's file name into lib. */
-static int system_function(const dps_hookdecl_t *d, char *lib, size_t len)
-{
-    static const char *const system[] = {"libc.so",  "libm.so",  "libpthread.so", "libdl.so",
-                                         "librt.so", "ld-linux", "libmvec.so"};
-    Dl_info info = {0};
-    const char *file = d->library;
-    if (!file[0]) {
-        void *def = dlsym(RTLD_DEFAULT, d->symbol);
-        if (!def || !dladdr(def, &info) || !info.dli_fname) return 0;
-        file = info.dli_fname;
-    }
-    const char *base = strrchr(file, '/');
-    base = base ? base + 1 : file;
-    for (size_t i = 0; i < sizeof system / sizeof *system; i++)
-        if (!strncmp(base, system[i], strlen(system[i]))) return snprintf(lib, len, "%s", base), 1;
-    return 0;
-}
-
 int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
 {
     if (!p->nhooks) return 0;
+    if (dps_policy_unavailable(p, err, len)) return -1; /* before any binding: a hook on free */
     if (open_ffi(err, len)) return -1;
     static dps_got_client_t got = {
         .pass_begins = find_library_defs, .target = slot_target, .patched = slot_patched};
@@ -422,16 +404,6 @@ int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
     if (!hooks || !names) return snprintf(err, len, "out of memory for %d hooks", p->nhooks), -1;
     nhooks = p->nhooks;
     for (int i = 0; i < nhooks; i++) {
-        char lib[256];
-        if (system_function(&p->hooks[i], lib, sizeof lib))
-            return snprintf(
-                       err, len,
-                       "%s:%d: [hook %s]: %s is a function of %s, which dpshim and MPI call themselves: a "
-                       "hook there would run inside their own work; hook a function of the program or "
-                       "its framework",
-                       p->file[0] ? p->file : "policy", p->hooks[i].line, p->hooks[i].name,
-                       p->hooks[i].symbol, lib),
-                   -1;
         if (prepare_hook(&hooks[i], &p->hooks[i], err, len)) return -1;
         names[i] = p->hooks[i].symbol;
     }

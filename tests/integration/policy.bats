@@ -78,6 +78,11 @@ run_bad_policy() {
     assert_failure 1
     assert_output --partial "join.conf:3: [data] uneven = join is not available in this version; use pad or drop"
     refute_output --partial valid
+    # so is a hook on a function of the C library
+    printf '[hook free]\nsignature = void free(void *p)\nbefore = barrier\n' >free.conf
+    run "$BUILD/bin/dpshim-diag" check free.conf
+    assert_failure 1
+    assert_output --partial "free.conf:1: [hook free]: free is a function of libc.so.6, which dpshim and MPI call themselves"
     DPSHIM_POLICY=good.conf DPSHIM_DATA_MODE=scale run "$BUILD/bin/dpshim-diag" config
     assert_success
     assert_line --regexp '^bucket_mb += 4 +# good.conf:2$'
