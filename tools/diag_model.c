@@ -18,7 +18,7 @@ typedef struct link {
 
 typedef struct model {
     link_t in, net;        /* within a node (measured or given), between nodes (given or assumed) */
-    int in_given;          /* the link within a node comes from --alpha-us or --bw-gbs */
+    const char *in_from;   /* where the link within a node comes from: "measured", "given", ... */
     int per_node;          /* GPUs per node */
     double backward_share; /* of compute, which overlap can hide communication behind */
     dps_step_profile_t prof;
@@ -169,7 +169,10 @@ static int read_inputs(const args_t *a, model_t *m)
     if (a->bench && read_bench(a->bench, &m->in)) return 1;
     if (a->a_in >= 0) m->in.alpha_s = a->a_in * 1e-6;
     if (a->bw_in >= 0) m->in.bw = a->bw_in * 1e9;
-    m->in_given = a->a_in >= 0 || a->bw_in >= 0;
+    m->in_from = a->a_in >= 0 && (a->bw_in >= 0 || !a->bench) ? "given"
+                 : a->a_in >= 0                               ? "alpha given, B measured"
+                 : a->bw_in >= 0                              ? "alpha measured, B given"
+                                                              : "measured";
     char err[4400] = "";
     if (dps_diag_profile(a->dir, &m->prof, err, sizeof err)) {
         fprintf(stderr, "dpshim-diag model: %s\n", err);
@@ -190,8 +193,8 @@ static void print_inputs(const model_t *m, const char *dir)
     printf("links: within a node alpha %.2f us, B %.2f GB/s (%s); between nodes alpha %.2f us, B %.2f "
            "GB/s per GPU%s; "
            "%d GPUs per node; overlap hides up to %.0f%% of compute\n",
-           m->in.alpha_s * 1e6, m->in.bw / 1e9, m->in_given ? "given" : "measured", m->net.alpha_s * 1e6,
-           m->net.bw / 1e9, m->net.bw == 25e9 && m->net.alpha_s == 5e-6 ? " (assumed)" : "", m->per_node,
+           m->in.alpha_s * 1e6, m->in.bw / 1e9, m->in_from, m->net.alpha_s * 1e6, m->net.bw / 1e9,
+           m->net.bw == 25e9 && m->net.alpha_s == 5e-6 ? " (assumed)" : "", m->per_node,
            100 * m->backward_share);
     if (p->size > 1 && p->size <= m->per_node)
         printf("check on the profiled job (%d ranks, one node): collectives took %.3f ms per step, %.3f ms "
