@@ -611,6 +611,11 @@ DPS_STARTUP int dps_policy_unavailable(const dps_policy_t *p, char *err, size_t 
                  dps_policy_source(p, DPS_P_data_uneven, src, sizeof src));
         return -1;
     }
+    return 0;
+}
+
+int dps_policy_hooks_refused(const dps_policy_t *p, char *err, size_t errlen)
+{
     for (int i = 0; i < p->nhooks; i++) {
         const dps_hookdecl_t *h = &p->hooks[i];
         char lib[256];

@@ -183,10 +183,12 @@ static inline const char *dps_policy_text(const dps_policy_t *p, dps_key_id_t id
 const char *dps_policy_env_name(dps_key_id_t id, char *buf, size_t len);
 /* "file.conf:12", "env DPSHIM_X" or "default", into buf. */
 const char *dps_policy_source(const dps_policy_t *p, dps_key_id_t id, char *buf, size_t len);
-/* A value the key table names but this version does not do, or a [hook] on a function of the C
- * library: 0, or -1 with why in err (the shim refuses to start with it, and dpshim-diag check says
- * so). */
+/* A value the key table names but this version does not do: 0, or -1 with why in err (the shim
+ * refuses to start with it, and dpshim-diag check says so). */
 int dps_policy_unavailable(const dps_policy_t *p, char *err, size_t errlen);
+/* A [hook] on a function of the C library or the dynamic loader: 0, or -1 with why in err (a rank
+ * refuses it before binding any hook, and dpshim-diag check says so). */
+int dps_policy_hooks_refused(const dps_policy_t *p, char *err, size_t errlen);
 /* The id of key `key` of section `sec` (lengths given), or -1. */
 int dps_policy_find_key(const char *sec, size_t slen, const char *key, size_t klen);
 /* Closest candidate within a small edit distance, or NULL. */

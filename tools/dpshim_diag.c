@@ -70,7 +70,8 @@ static int cmd_check(const char *path)
     int rc = dps_policy_load_file(&p, path, &e);
     if (rc != 0)
         fprintf(stderr, "dpshim-diag: %s\n", e.msg);
-    else if ((rc = dps_policy_unavailable(&p, why, sizeof why)) != 0)
+    else if ((rc = dps_policy_unavailable(&p, why, sizeof why)) != 0 ||
+             (rc = dps_policy_hooks_refused(&p, why, sizeof why)) != 0)
         fprintf(stderr, "dpshim-diag: %s\n", why);
     else {
         printf("%s: valid\n", path);

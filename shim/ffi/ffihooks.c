@@ -395,7 +395,7 @@ void dps_ffi_hooks_summary(int *declared, int *sites)
 int dps_ffi_hooks_start(const dps_policy_t *p, char *err, size_t len)
 {
     if (!p->nhooks) return 0;
-    if (dps_policy_unavailable(p, err, len)) return -1; /* before any binding: a hook on free */
+    if (dps_policy_hooks_refused(p, err, len)) return -1; /* before any binding: a hook on free */
     if (open_ffi(err, len)) return -1;
     static dps_got_client_t got = {
         .pass_begins = find_library_defs, .target = slot_target, .patched = slot_patched};
