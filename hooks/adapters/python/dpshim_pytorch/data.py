@@ -44,7 +44,7 @@ def _patch_samplers(torch):
             return list(itertools.islice(it, len(s))), it
         return list(it), iter(())
 
-    def shard(self, whole, idx):
+    def shard(whole, idx):
         if whole:
             return idx
         arr = _index_array(idx)
@@ -70,7 +70,7 @@ def _patch_samplers(torch):
         _collect_if_due()  # the models still alive say whether this pass is an evaluation
         whole = self.__dict__["_dpshim_whole"] = _whole_data(self)
         idx, rest = epoch_indices(self.sampler)
-        idx = shard(self, whole, idx)
+        idx = shard(whole, idx)
         pending = self.__dict__["_dpshim_pending"] = collections.deque()  # a new epoch
         self.__dict__["_dpshim_backwards"] = gradients._backwards
         yield from cut(self, idx, whole, pending)
