@@ -11,6 +11,7 @@ typedef struct outgoing {
 
 typedef struct peer_view {
     uint64_t hash, done;
+    uint64_t seq; /* of the last view read from it */
     unsigned char have, ready;
 } peer_view_t;
 
@@ -26,6 +27,7 @@ struct dps_survivors {
     uint8_t *decided_lost, *decided_laggard;
     outgoing_t *out;
     size_t nout, cap_out, head_out;
+    uint64_t sent; /* messages queued so far: the next one's sequence number less one */
 };
 
 /* A bitmap of the job's ranks: never more than a message holds (dps_surv_new refuses larger
@@ -101,6 +103,7 @@ static void queue(dps_survivors_t *s, int dest, const dps_surv_msg_t *m)
         }
     }
     s->out[s->nout].dest = dest, s->out[s->nout].m = *m;
+    s->out[s->nout].m.seq = ++s->sent;
     s->nout++;
 }
 
@@ -198,6 +201,8 @@ void dps_surv_receive(dps_survivors_t *s, int src, const dps_surv_msg_t *m)
     if (src < 0 || src >= s->size) return;
     size_t n = bitmap_bytes(s->size);
     if (m->kind == DPS_SURV_VIEW) {
+        peer_view_t *p = &s->peer[src];
+        if (p->have && m->seq <= p->seq) return; /* overtaken by a newer view of the sender's */
         if (merge(s, m->bits)) {
             view_changed(s);
             /* the coordinator passes news on: a survivor that never heard of a loss would keep
@@ -208,8 +213,8 @@ void dps_surv_receive(dps_survivors_t *s, int src, const dps_surv_msg_t *m)
                     if (q != s->self && q != src && !bit(s->lost, q)) queue(s, q, &v);
             }
         }
-        peer_view_t *p = &s->peer[src];
         p->have = 1, p->ready = (unsigned char)(m->ready != 0), p->done = m->done, p->hash = m->view_hash;
+        p->seq = m->seq;
         try_decide(s);
     } else if (m->kind == DPS_SURV_DECIDE) {
         if (m->lost <= s->decision.lost && s->decision.lost) return; /* one already adopted */

@@ -15,7 +15,9 @@
  * A collective completes only where every rank contributed, so no survivor can have completed
  * two more than another: each survivor's count is the cut or one less (a laggard, which takes the
  * cut's result from the root). A decision is named by its number of lost ranks (views only grow,
- * and a coordinator decides once per view), so two decisions of one number are the same. */
+ * and a coordinator decides once per view), so two decisions of one number are the same. Messages
+ * between two ranks may arrive in any order: each carries its sender's sequence number, and a
+ * view older than the last one read from its sender is dropped. */
 #ifndef DPS_GUARD_SURVIVORS_H
 #define DPS_GUARD_SURVIVORS_H
 
@@ -23,7 +25,7 @@
 #include <stdint.h>
 
 /* The largest job the agreement covers: two bitmaps of ranks in one side-channel message. */
-#define DPS_SURV_MAX_RANKS 3968
+#define DPS_SURV_MAX_RANKS 3936
 
 /* Kinds apart from the guard's own messages (watchdog.c), which share the side channel. */
 enum { DPS_SURV_VIEW = 101, DPS_SURV_DECIDE = 102 };
@@ -35,6 +37,9 @@ typedef struct dps_surv_msg {
     int32_t root;       /* DECIDE: the lowest survivor that completed `done` collectives */
     uint64_t done;      /* VIEW: collectives the sender completed; DECIDE: the cut */
     uint64_t view_hash; /* of the lost bitmap */
+    /* the sender's count of messages: two of its threads send (the watchdog and the main thread),
+     * so one pair's messages may arrive out of order, and an older view must not replace a newer */
+    uint64_t seq;
     uint8_t bits[2 * (DPS_SURV_MAX_RANKS / 8)]; /* the lost ranks; DECIDE: then the laggards */
 } dps_surv_msg_t;
 
