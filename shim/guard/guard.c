@@ -93,7 +93,7 @@ void dps_guard_step(uint64_t step, int alone)
 static dps_guard_mark_t own_begin(const char *what)
 {
     dps_guard_pos_t *pos = &dps_guard_pos;
-    dps_guard_mark_t prev = {atomic_load(&pos->hook), atomic_load(&pos->coll)};
+    dps_guard_mark_t prev = {atomic_load(&pos->hook), atomic_load(&pos->coll), atomic_load(&pos->in_coll)};
     atomic_store(&pos->hook, what);
     atomic_store(&pos->coll, -1); /* not one of the program's collectives */
     atomic_store(&pos->since_ns, dps_guard_now_ns());
@@ -116,13 +116,20 @@ dps_guard_mark_t dps_guard_files_wait_begin(const char *what, int for_rank0)
     return prev;
 }
 
-/* Back to where the program was: its last collective stays the one reports name. */
+/* Back to where the program was: its last collective stays the one reports name. A wait inside
+ * one of its collectives (the survivors' agreement after a loss) leaves the rank in it: the
+ * collective runs again among the survivors, watched from now as any other. */
 void dps_guard_own_end(dps_guard_mark_t prev)
 {
     atomic_store(&dps_guard_pos.files_wait, 0);
     atomic_store(&dps_guard_pos.hook, prev.hook);
     atomic_store(&dps_guard_pos.coll, prev.coll);
-    dps_guard_leave();
+    if (!prev.in_coll) {
+        dps_guard_leave();
+        return;
+    }
+    atomic_store_explicit(&dps_guard_pos.since_ns, dps_guard_now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&dps_guard_pos.in_coll, 1, memory_order_release);
 }
 
 void dps_guard_set_desync(int desync)

@@ -18,6 +18,7 @@
 typedef struct dps_guard_mark {
     const char *hook;
     int coll;
+    int in_coll; /* inside one of the program's collectives, which goes on after the shim's wait */
 } dps_guard_mark_t;
 
 /* Exit status of a job the guard ended. */

@@ -1,6 +1,7 @@
 /* The guard against a stub backend, without MPI: the watchdog works at any job size (5000 ranks
- * here: the exit barrier and the stuck-job table), without a side channel it still ends a stuck
- * job with this rank's position, and a crash is reported as strsignal names it. Each case runs in
+ * here: the exit barrier and the stuck-job table), a collective stuck after the shim's own wait
+ * inside it is still watched, without a side channel it still ends a stuck job with this rank's
+ * position, and a crash is reported as strsignal names it. Each case runs in
  * a child process: the guard ends a job with _exit or a signal, and its state is per process. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -152,6 +153,31 @@ static void test_stuck_at_5000(void)
     free(err);
 }
 
+/* The shim's own wait inside a collective (the survivors' agreement after a loss), then the
+ * collective runs again and never completes: the guard still ends the job at its timeout. */
+static int stuck_after_own_wait(void)
+{
+    configure(2, "1");
+    dps_guard_start(&with_channel);
+    dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, DP_F32, 1000);
+    dps_guard_own_end(dps_guard_own_begin("the survivors' agreement"));
+    for (double t0 = now_s(); now_s() - t0 < 6;)
+        usleep(10000);
+    return NO_REPORT;
+}
+
+static void test_stuck_after_own_wait(void)
+{
+    char *err = NULL;
+    int status = in_child(stuck_after_own_wait, &err);
+    CHECK(status == DPS_EXIT_GUARD,
+          "stuck after the shim's own wait: exit status %d, not %d (%d: never ended)", status, DPS_EXIT_GUARD,
+          NO_REPORT);
+    CHECK(strstr(err, "guard: dp_grads collective #1 (after step 0) has waited") != NULL,
+          "no headline in:\n%.2000s", err);
+    free(err);
+}
+
 /* A healthy rank 0 of 5000 leaves the program: the watchdog runs, and the exit barrier hears
  * every other rank leave. */
 static int exit_at_5000(void)
@@ -254,6 +280,7 @@ int main(void)
 {
     test_crash_messages();
     test_stuck_at_5000();
+    test_stuck_after_own_wait();
     test_exit_at_5000();
     test_stuck_without_channel();
     return check_report("test_guard");
