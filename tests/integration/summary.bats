@@ -44,6 +44,21 @@ field() { summary | sed -nE "s/.*$1.*/\\1/p"; }
     assert_le 15 "$said"
 }
 
+@test "a rank that a shell under the preload runs as its child: its own wall time and [diag] figures" {
+    cd "$BATS_TEST_TMPDIR"
+    run mpi 2 env DPSHIM_DIAG_DIR=diag LD_PRELOAD="$SHIM" sh -c '"$0" "$1"; true' "$BUILD/bin/guard_faults" 5
+    echo "$output"
+    assert_success
+    local seconds
+    seconds=$(field ', ([0-9.]+) s: ')
+    [ -n "$seconds" ] && awk -v s="$seconds" 'BEGIN { exit !(s < 60) }' || fail "wall time $seconds s"
+    assert_equal "$(field ' ([0-9]+) steps,')" 5
+    run "$BUILD/bin/dpshim-diag" report diag
+    echo "$output"
+    assert_success
+    grep -qE '^ +1 +5 ' <<<"$output" || fail "no row of rank 1 with 5 steps"
+}
+
 @test "the summary by default, pointing to [diag] dir; off with [diag] summary = off or [diag] log = error" {
     run mpi 2 env LD_PRELOAD="$SHIM" "$BUILD/bin/guard_faults" 5
     assert_success
