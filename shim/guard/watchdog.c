@@ -126,10 +126,13 @@ static guard_msg_t snapshot(int why)
     return m;
 }
 
+/* To every other rank whose process is not known to have ended (a message to one would only
+ * wait for ever, and on TCP try to connect to it again) */
 static void send_all(const guard_msg_t *m)
 {
     for (int r = 0; r < dps_guard_conf.size; r++)
-        if (r != dps_guard_conf.rank) dps_guard_conf.be->guard_send(m, sizeof *m, r);
+        if (r != dps_guard_conf.rank && !(watch.peers && watch.peers[r].gone))
+            dps_guard_conf.be->guard_send(m, sizeof *m, r);
 }
 
 static int known(int r)

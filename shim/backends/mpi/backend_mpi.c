@@ -569,38 +569,43 @@ static const char *mpi_last_error_bg(void)
 
 /* The guard channel: point-to-point messages on a communicator of its own. A send never blocks:
  * a peer out of reach (a cut link, a node down) must not stop the watchdog. Each message is
- * copied into a slot and sent with MPI_Isend; a slot is reused once its send completed, and with
- * every slot busy the message is dropped (reports go on without that peer's part). Both the
- * watchdog and the main thread (the exit barrier's notice) send. */
+ * copied into a slot of its peer's and sent with MPI_Isend; a slot is reused once its send
+ * completed. Each peer has slots of its own, made as they are needed: a send to a lost peer never
+ * completes, and a peer that holds them all (it takes no messages) gets no more, while the others
+ * still get theirs (the survivors' agreement among them). Both the watchdog and the main thread
+ * (the exit barrier's notice) send. */
+#define GUARD_SLOTS_PER_PEER 8
 typedef struct guard_slot {
     MPI_Request req;
     char buf[DPS_GUARD_MSG_MAX];
 } guard_slot_t;
-static guard_slot_t *guard_slots; /* two per rank: a report and an exit notice to each peer */
-static int nslots;
+static guard_slot_t **guard_slots; /* GUARD_SLOTS_PER_PEER per peer, each NULL until needed */
+static int npeers;
 static pthread_mutex_t guard_slots_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int slot_free(int i)
+static int slot_free(guard_slot_t *slot)
 {
     int done = 0;
-    return guard_slots[i].req == MPI_REQUEST_NULL ||
-           (PMPI_Test(&guard_slots[i].req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done);
+    return slot->req == MPI_REQUEST_NULL ||
+           (PMPI_Test(&slot->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done);
 }
 
 static int mpi_guard_send(const void *msg, size_t len, int dest)
 {
     int rc = -1;
-    if (len > DPS_GUARD_MSG_MAX) return -1;
+    if (len > DPS_GUARD_MSG_MAX || dest < 0 || dest >= npeers) return -1;
     pthread_mutex_lock(&guard_slots_lock);
-    for (int i = 0; i < nslots; i++)
-        if (slot_free(i)) {
-            memcpy(guard_slots[i].buf, msg, len);
-            rc = PMPI_Isend(guard_slots[i].buf, (int)len, MPI_BYTE, dest, 0, guard_comm,
-                            &guard_slots[i].req) == MPI_SUCCESS
-                     ? 0
-                     : -1;
-            break;
-        }
+    for (int i = 0; i < GUARD_SLOTS_PER_PEER; i++) {
+        guard_slot_t **slot = &guard_slots[(size_t)dest * GUARD_SLOTS_PER_PEER + (size_t)i];
+        if (!*slot && (*slot = malloc(sizeof **slot)) != NULL) (*slot)->req = MPI_REQUEST_NULL;
+        if (!*slot) break;
+        if (!slot_free(*slot)) continue;
+        memcpy((*slot)->buf, msg, len);
+        rc = PMPI_Isend((*slot)->buf, (int)len, MPI_BYTE, dest, 0, guard_comm, &(*slot)->req) == MPI_SUCCESS
+                 ? 0
+                 : -1;
+        break;
+    }
     pthread_mutex_unlock(&guard_slots_lock);
     return rc;
 }
@@ -610,10 +615,10 @@ static int mpi_guard_send(const void *msg, size_t len, int dest)
 static void drop_guard_sends(void)
 {
     pthread_mutex_lock(&guard_slots_lock);
-    for (int i = 0; i < nslots; i++)
-        if (!slot_free(i)) {
-            PMPI_Cancel(&guard_slots[i].req);
-            PMPI_Request_free(&guard_slots[i].req);
+    for (size_t i = 0; i < (size_t)npeers * GUARD_SLOTS_PER_PEER; i++)
+        if (guard_slots[i] && !slot_free(guard_slots[i])) {
+            PMPI_Cancel(&guard_slots[i]->req);
+            PMPI_Request_free(&guard_slots[i]->req);
         }
     pthread_mutex_unlock(&guard_slots_lock);
 }
@@ -862,10 +867,9 @@ __attribute__((visibility("default"))) int dps_plugin_open_v1(int expect_rank, i
     if (guard) PMPI_Comm_set_errhandler(guard_comm, MPI_ERRORS_RETURN);
     if (files) PMPI_Comm_set_errhandler(files_comm, MPI_ERRORS_RETURN);
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (guard && (guard_slots = calloc((size_t)size * 2 + 8, sizeof *guard_slots)) == NULL) guard = 0;
-    nslots = guard ? size * 2 + 8 : 0;
-    for (int i = 0; i < nslots; i++)
-        guard_slots[i].req = MPI_REQUEST_NULL;
+    if (guard && (guard_slots = calloc((size_t)size * GUARD_SLOTS_PER_PEER, sizeof *guard_slots)) == NULL)
+        guard = 0;
+    npeers = guard ? size : 0;
     if (bg) PMPI_Comm_set_errhandler(bg_ch.comm, MPI_ERRORS_RETURN);
     PMPI_Comm_rank(main_ch.comm, &rank);
     PMPI_Comm_size(main_ch.comm, &size);
