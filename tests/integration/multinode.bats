@@ -233,7 +233,14 @@ elastic_done() {
     elastic_run 6 before
     elastic_done "$start"
     assert_equal "$status" 0
-    assert_output --regexp "elastic: lost rank 1 \(nodeB, process [0-9]+: [^)]*\), rank 3 \(nodeB, process [0-9]+: [^)]*\) during step 3; the lost batch of the step is missing from the gradient sums not complete at the loss; 2 rank\(s\) go on"
+    # both end at step 3, but one may still be finishing the collective before it when the other
+    # ends: the survivors lose them in one agreement, or in two (the second during the rerun of
+    # the collective the first loss broke off)
+    local losses
+    losses=$(grep -E "elastic: lost rank .* during step 3; the lost batch of the step is missing" <<<"$output")
+    grep -qE "rank 1 \(nodeB, process [0-9]+: " <<<"$losses" || fail "rank 1's loss not named"
+    grep -qE "rank 3 \(nodeB, process [0-9]+: " <<<"$losses" || fail "rank 3's loss not named"
+    assert_output --regexp "during step 3; the lost batch of the step is missing from the gradient sums not complete at the loss; 2 rank\(s\) go on"
     # steps 1-2 average 1..4 (2.5), steps 3-6 average 1 and 3 (2)
     assert_output --partial "rank 0 of 2 (started as 0 of 4): small -0.12999998 large -0.12999998"
     assert_output --partial "rank 1 of 2 (started as 2 of 4): small -0.12999998 large -0.12999998"
