@@ -177,4 +177,9 @@ recovered() {
     DPSHIM_STATUS_DIR=/nonexistent recovered 2 --enable-recovery /bin/true
     assert_failure 2
     assert_output --partial "DPSHIM_STATUS_DIR=/nonexistent: not a folder this user can write to"
+    # a job the launcher cannot start (one slot, two ranks): its own status and message, not lost ranks
+    recovered 2 --host localhost:1 --enable-recovery /bin/true
+    assert_failure 1
+    assert_output --partial "dpshim-run: mpirun exited with status 1 before any rank left an exit status: it could not start the job"
+    refute_output --partial "left no exit status in"
 }
