@@ -73,19 +73,17 @@ uint64_t dps_diag_now(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* When this process started under the shim: a child process that takes the rank's place later
- * (dps_claim_rank) counts its wall time from its start too, not from its first hook call. */
-static uint64_t process_start_ns;
-
+/* At start-up, and again where a child process takes the rank's place (dps_claim_rank): its
+ * figures count from then, and a relative [diag] dir is the one it is in then. Only a rank reads
+ * the clock: a process that records nothing pays nothing. */
 DPS_STARTUP void dps_diag_configure(const dps_state_t *s)
 {
     const char *dir = dps_policy_text(&s->policy, DPS_P_diag_dir);
     int on = dir && *dir && s->role == DPS_ROLE_RANK;
-    if (!process_start_ns) process_start_ns = dps_diag_now();
     /* the figures of the stats file and of the job's summary line (two ranks or more) */
     if (s->role == DPS_ROLE_RANK && (on || s->size > 1)) {
         memset(&tally, 0, sizeof tally);
-        tally.start_ns = process_start_ns;
+        tally.start_ns = dps_diag_now();
     }
     /* every process passes here: one that records nothing leaves the recorder's pages untouched */
     if (!on && !recorder_used) return;

@@ -98,7 +98,7 @@ static void register_exit_work(void)
 static void became_rank(void)
 {
     dps_bootstrap_export_marker(); /* its children are its own now */
-    dps_diag_configure(&dps_g);    /* its figures and [diag] dir, as the launcher's process had them */
+    dps_diag_configure(&dps_g);    /* its figures and [diag] dir start here */
     if (dps_g.size > 1) dps_guard_install_crash_handlers();
     register_exit_work();
 }
