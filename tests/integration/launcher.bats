@@ -180,6 +180,6 @@ recovered() {
     # a job the launcher cannot start (one slot, two ranks): its own status and message, not lost ranks
     recovered 2 --host localhost:1 --enable-recovery /bin/true
     assert_failure 1
-    assert_output --partial "dpshim-run: mpirun exited with status 1 before any rank left an exit status: it could not start the job"
+    assert_output --partial "dpshim-run: mpirun exited with status 1 and no rank left an exit status: it could not start the job"
     refute_output --partial "left no exit status in"
 }
