@@ -18,7 +18,8 @@
 typedef struct dps_guard_mark {
     const char *hook;
     int coll;
-    int in_coll; /* inside one of the program's collectives, which goes on after the shim's wait */
+    int in_coll; /* inside a collective (the program's, or an outer wait of the shim's), which goes
+                  * on after this wait */
 } dps_guard_mark_t;
 
 /* Exit status of a job the guard ended. */
