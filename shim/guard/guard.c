@@ -124,12 +124,8 @@ void dps_guard_own_end(dps_guard_mark_t prev)
     atomic_store(&dps_guard_pos.files_wait, 0);
     atomic_store(&dps_guard_pos.hook, prev.hook);
     atomic_store(&dps_guard_pos.coll, prev.coll);
-    if (!prev.in_coll) {
-        dps_guard_leave();
-        return;
-    }
     atomic_store_explicit(&dps_guard_pos.since_ns, dps_guard_now_ns(), memory_order_relaxed);
-    atomic_store_explicit(&dps_guard_pos.in_coll, 1, memory_order_release);
+    atomic_store_explicit(&dps_guard_pos.in_coll, prev.in_coll, memory_order_release);
 }
 
 void dps_guard_set_desync(int desync)
