@@ -124,15 +124,21 @@ static int in_child(int (*fn)(void), char **err_p)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* The child waits this long for the guard to end it, and says it did not. */
+static int no_report_within(double seconds)
+{
+    for (double t0 = now_s(); now_s() - t0 < seconds;)
+        usleep(10000);
+    return NO_REPORT;
+}
+
 /* A collective that never completes on rank 0 of 5000; the other 4999 wait in it too. */
 static int stuck_at_5000(void)
 {
     configure(5000, "1");
     dps_guard_start(&with_channel);
     dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, DP_F32, 1000);
-    for (double t0 = now_s(); now_s() - t0 < 8;)
-        usleep(10000);
-    return NO_REPORT;
+    return no_report_within(8);
 }
 
 static void test_stuck_at_5000(void)
@@ -161,9 +167,7 @@ static int stuck_after_own_wait(void)
     dps_guard_start(&with_channel);
     dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, DP_F32, 1000);
     dps_guard_own_end(dps_guard_own_begin("the survivors' agreement"));
-    for (double t0 = now_s(); now_s() - t0 < 6;)
-        usleep(10000);
-    return NO_REPORT;
+    return no_report_within(6);
 }
 
 static void test_stuck_after_own_wait(void)
@@ -213,9 +217,7 @@ static int stuck_alone(void)
     configure(2, "1");
     dps_guard_start(&without_channel);
     dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, DP_F32, 1000);
-    for (double t0 = now_s(); now_s() - t0 < 6;)
-        usleep(10000);
-    return NO_REPORT;
+    return no_report_within(6);
 }
 
 static void test_stuck_without_channel(void)
