@@ -58,9 +58,35 @@ static void place_reached(void)
     if (fn) fn();
 }
 
+/* Collectives entered inside another (the NCCL path's set-up collectives on the host, inside
+ * the program's GPU collective after a loss) or inside the shim's own wait: each leave puts the
+ * rank back where its enter found it, so that the rest of the outer one is watched too. Only the
+ * thread in a hook enters (hooks run one at a time); deeper than NEST_MAX, a leave ends the watch
+ * as before nesting existed. The collectives' count (seq) only grows: a report after a nested one
+ * names the outer hook with the nested one's number. */
+#define NEST_MAX 4
+static struct {
+    int depth;
+    struct saved {
+        const char *hook;
+        int coll, dtype, in_coll;
+        uint64_t count, call;
+    } saved[NEST_MAX];
+} nest;
+
 void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t count)
 {
     dps_guard_pos_t *pos = &dps_guard_pos;
+    if (nest.depth < NEST_MAX)
+        nest.saved[nest.depth] = (struct saved){
+            atomic_load_explicit(&pos->hook, memory_order_relaxed),
+            atomic_load_explicit(&pos->coll, memory_order_relaxed),
+            atomic_load_explicit(&pos->dtype, memory_order_relaxed),
+            atomic_load_explicit(&pos->in_coll, memory_order_relaxed),
+            atomic_load_explicit(&pos->count, memory_order_relaxed),
+            atomic_load_explicit(&pos->call, memory_order_relaxed),
+        };
+    nest.depth++;
     place_reached(); /* every collective passes here, its desync check next */
     uint64_t call = dps_guard_note(hook, collective, dtype, count); /* checks.c: the desync checks' record */
     atomic_store_explicit(&pos->call, call, memory_order_relaxed);
@@ -75,8 +101,20 @@ void dps_guard_enter(const char *hook, int collective, int32_t dtype, uint64_t c
 
 void dps_guard_leave(void)
 {
-    atomic_store_explicit(&dps_guard_pos.in_coll, 0, memory_order_relaxed);
-    atomic_store_explicit(&dps_guard_pos.since_ns, dps_guard_now_ns(), memory_order_release);
+    dps_guard_pos_t *pos = &dps_guard_pos;
+    if (nest.depth > 0 && --nest.depth < NEST_MAX && nest.saved[nest.depth].in_coll) {
+        const struct saved *o = &nest.saved[nest.depth]; /* back in the outer wait, watched from now */
+        atomic_store_explicit(&pos->hook, o->hook, memory_order_relaxed);
+        atomic_store_explicit(&pos->coll, o->coll, memory_order_relaxed);
+        atomic_store_explicit(&pos->dtype, o->dtype, memory_order_relaxed);
+        atomic_store_explicit(&pos->count, o->count, memory_order_relaxed);
+        atomic_store_explicit(&pos->call, o->call, memory_order_relaxed);
+        atomic_store_explicit(&pos->since_ns, dps_guard_now_ns(), memory_order_relaxed);
+        atomic_store_explicit(&pos->in_coll, 1, memory_order_release);
+        return;
+    }
+    atomic_store_explicit(&pos->in_coll, 0, memory_order_relaxed);
+    atomic_store_explicit(&pos->since_ns, dps_guard_now_ns(), memory_order_release);
 }
 
 void dps_guard_step(uint64_t step, int alone)

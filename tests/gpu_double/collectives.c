@@ -284,7 +284,8 @@ static void coll_run(dps_dbl_work_t *w)
     int state = atomic_load(&c->async); /* in progress: a later collective's launch */
     if (dps_dbl_stopped(c) || (state != NCCL_OK && state != NCCL_IN_PROGRESS)) {
         /* nothing: an aborted, cancelled or failed comm's collectives end without results */
-    } else if (conf->stall_rank == c->rank && (uint64_t)conf->stall_at == x->k) {
+    } else if (conf->stall_rank == c->rank && (uint64_t)conf->stall_at == x->k &&
+               (!conf->stall_comm || conf->stall_comm == c->made)) {
         dps_dbl_trace("collective #%llu stalls (GPU_DOUBLE_STALL_RANK)", (unsigned long long)x->k);
         while (!dps_dbl_stopped(c)) {
             unsigned seen = atomic_load(&c->seg->bell);

@@ -80,6 +80,7 @@ typedef struct comm {
     struct comm *next; /* the registry of live handles */
     int refs;          /* under comms_lock: the handle, the init thread, queued collectives */
     int nranks, rank, dev, joined;
+    unsigned made;    /* this process's n-th communicator (from 1), inits and shrinks alike */
     pid_t pid;        /* a forked child does not own its parent's communicators */
     atomic_int async; /* ncclInProgress during init, then 0 or the first error */
     atomic_int aborted;

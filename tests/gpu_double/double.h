@@ -41,6 +41,7 @@ enum {
     X(delay_ms, "GPU_DOUBLE_DELAY_MS", 0)                                                                    \
     X(stall_rank, "GPU_DOUBLE_STALL_RANK", -1)                                                               \
     X(stall_at, "GPU_DOUBLE_STALL_AT", 1)                                                                    \
+    X(stall_comm, "GPU_DOUBLE_STALL_COMM", 0)                                                                \
     X(async_error_rank, "GPU_DOUBLE_ASYNC_ERROR_RANK", -1)                                                   \
     X(async_error_at, "GPU_DOUBLE_ASYNC_ERROR_AT", 1)                                                        \
     X(async_error_late, "GPU_DOUBLE_ASYNC_ERROR_LATE", 0)                                                    \

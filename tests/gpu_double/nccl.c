@@ -491,6 +491,8 @@ static int comm_create(void **comm_p, int nranks, const dps_dbl_unique_id_t *id,
         return err;
     }
     pthread_mutex_lock(&comms_lock);
+    static unsigned made;
+    c->made = ++made;
     c->next = comms;
     comms = c;
     c->refs++; /* the init's own, dropped below or by the init thread */

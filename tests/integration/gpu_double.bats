@@ -265,6 +265,21 @@ checksum_counts() {
     refute_output --partial MISMATCH
 }
 
+@test "elastic mode, NCCL: a collective stalled in its rerun after a shrink ends the job at the guard's timeout" {
+    # rank 3 dies before its second step; the survivors shrink the communicator (collectives of
+    # their own, on the host) and run the step again, where rank 2's GPU never delivers: the
+    # guard must watch that rerun as any collective (it once went unwatched and hung for ever)
+    local t0=$SECONDS
+    MPI_TIMEOUT=90 elastic 4 DPSHIM_GUARD_TIMEOUT=5 GPU_DOUBLE_STALL_RANK=2 GPU_DOUBLE_STALL_AT=1 \
+        GPU_DOUBLE_STALL_COMM=2 GPU_DOUBLE_ABORT_MS=1000 -- --dtype f32 --steps 4 --kill-rank 3
+    assert_failure 75
+    [ $((SECONDS - t0)) -le 45 ] || fail "took $((SECONDS - t0)) s"
+    assert_output --partial "among the 3 survivors (the communicator shrunk)"
+    assert_output --regexp "dp_grads collective #[0-9]+ .after step [0-9]+. has waited"
+    run pgrep -f "$PROG"
+    assert_failure
+}
+
 @test "elastic mode, NCCL: a rank lost before its first collective connects: the others give up the launch and go on" {
     # rank 2 dies as it launches its first collective: NCCL connects a communicator's ranks at
     # its first collective, so the others' launches stay in progress (ncclInProgress) and only

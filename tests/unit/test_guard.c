@@ -170,16 +170,31 @@ static int stuck_after_own_wait(void)
     return no_report_within(6);
 }
 
-static void test_stuck_after_own_wait(void)
+/* The job stuck in rank 0's dp_grads after what `stuck` did inside it: the guard still ends
+ * the job at its timeout, and its report names dp_grads (collective #`seq`) and its call. */
+static void check_stuck_after(int (*stuck)(void), const char *what, int seq)
 {
-    char *err = NULL;
-    int status = in_child(stuck_after_own_wait, &err);
-    CHECK(status == DPS_EXIT_GUARD,
-          "stuck after the shim's own wait: exit status %d, not %d (%d: never ended)", status, DPS_EXIT_GUARD,
-          NO_REPORT);
-    CHECK(strstr(err, "guard: dp_grads collective #1 (after step 0) has waited") != NULL,
-          "no headline in:\n%.2000s", err);
+    char *err = NULL, headline[96];
+    int status = in_child(stuck, &err);
+    CHECK(status == DPS_EXIT_GUARD, "stuck after %s: exit status %d, not %d (%d: never ended)", what, status,
+          DPS_EXIT_GUARD, NO_REPORT);
+    snprintf(headline, sizeof headline, "guard: dp_grads collective #%d (after step 0) has waited", seq);
+    CHECK(strstr(err, headline) != NULL, "after %s, no headline \"%s\" in:\n%.2000s", what, headline, err);
+    CHECK(strstr(err, "in dp_grads (all-reduce f32 x 1000)") != NULL,
+          "after %s, the table does not describe dp_grads' call", what);
     free(err);
+}
+
+/* A collective of the shim's inside the program's (the NCCL path's set-up after a loss), then
+ * the program's goes on and never completes: the guard still ends the job at its timeout. */
+static int stuck_after_nested(void)
+{
+    configure(2, "1");
+    dps_guard_start(&with_channel);
+    dps_guard_enter("dp_grads", DPS_COLL_ALLREDUCE, DP_F32, 1000);
+    dps_guard_enter("GPU set-up", DPS_COLL_ALLREDUCE, DP_I32, 4);
+    dps_guard_leave();
+    return no_report_within(6);
 }
 
 /* A healthy rank 0 of 5000 leaves the program: the watchdog runs, and the exit barrier hears
@@ -282,7 +297,8 @@ int main(void)
 {
     test_crash_messages();
     test_stuck_at_5000();
-    test_stuck_after_own_wait();
+    check_stuck_after(stuck_after_own_wait, "the shim's own wait", 1);
+    check_stuck_after(stuck_after_nested, "a nested collective", 2);
     test_exit_at_5000();
     test_stuck_without_channel();
     return check_report("test_guard");
