@@ -425,6 +425,7 @@ int dps_elastic_recover(const dps_backend_t *be, const char *hook, int abandoned
         }
         memcpy(el.survivors, d.ranks, (size_t)d.n * sizeof *el.survivors);
         el.nsurvivors = d.n, el.generation++;
+        dps_guard_went_on(d.ranks, d.n);
         if (dps_files_new_leader(d.ranks, d.n)) dps_files_lead_handles(); /* rank 0 lost: this rank leads */
         int me = 0, lag = 0;
         for (int i = 0; i < d.n; i++) {

@@ -129,6 +129,9 @@ typedef struct dps_guard_decision {
  * of the ranks of the last decision (exactly half: without its lowest rank). A cut link leaves
  * each side believing the other lost; only one side may go on. */
 int dps_guard_survivors(uint64_t done, dps_guard_decision_t *out);
+/* The job went on among these ranks (of the job as it started): the others are no culprit of
+ * what the guard reports later. */
+void dps_guard_went_on(const int *ranks, int n);
 
 /* [guard] desync = auto, as the ranks agreed it (step or full) when the backend opened. */
 void dps_guard_set_desync(int desync);

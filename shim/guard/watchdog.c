@@ -64,6 +64,7 @@ static struct {
     atomic_int silent_in_agreement;
     pthread_mutex_t lock;
     dps_survivors_t *agreement;
+    unsigned char *went_on_without; /* a byte per rank: the job went on without it */
 } elastic = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* What the watchdog knows of one other rank. */
@@ -279,6 +280,30 @@ static void no_answer(int r, char *d, size_t len)
                  host);
 }
 
+/* The job went on without rank r (dps_guard_went_on), so it is no culprit of what stops the
+ * job now; a rank whose loss ended the job (too few left, no quorum) is. */
+static int went_on_without(int r)
+{
+    if (!atomic_load(&elastic.on)) return 0;
+    pthread_mutex_lock(&elastic.lock);
+    int without = elastic.went_on_without && elastic.went_on_without[r];
+    pthread_mutex_unlock(&elastic.lock);
+    return without;
+}
+
+void dps_guard_went_on(const int *ranks, int n)
+{
+    int size = dps_guard_conf.size;
+    pthread_mutex_lock(&elastic.lock);
+    if (!elastic.went_on_without) elastic.went_on_without = calloc((size_t)size, 1);
+    if (elastic.went_on_without) {
+        memset(elastic.went_on_without, 1, (size_t)size);
+        for (int i = 0; i < n; i++)
+            if (ranks[i] >= 0 && ranks[i] < size) elastic.went_on_without[ranks[i]] = 0;
+    }
+    pthread_mutex_unlock(&elastic.lock);
+}
+
 static _Noreturn void finish_report(void)
 {
     const dps_guard_conf_t *conf = &dps_guard_conf;
@@ -307,7 +332,9 @@ static _Noreturn void finish_report(void)
     DPS_ERROR("guard: where every rank is:");
     for (int r = 0; known(r); r++) {
         char d[DPS_GUARD_HOOK_NAME + 256], who[DPS_GUARD_HOST + 32];
-        if (!peers[r].have && (peers[r].gone || dps_guard_peer_gone(r))) {
+        if (!peers[r].have && went_on_without(r)) {
+            snprintf(d, sizeof d, "lost earlier: the job went on without it");
+        } else if (!peers[r].have && (peers[r].gone || dps_guard_peer_gone(r))) {
             snprintf(d, sizeof d,
                      "gone: its process has ended (killed, crashed, or left with _exit)  <-- culprit");
         } else if (!peers[r].have) {

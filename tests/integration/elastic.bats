@@ -304,6 +304,9 @@ whole_files() {
     DPSHIM_ELASTIC_MIN_RANKS=3 elastic 3 6 2 3
     assert_failure 75
     assert_output --partial "the survivors of a lost rank cannot go on: 2 rank(s) are left, fewer than [elastic] min_ranks = 3"
+    # the job did not go on without rank 2: its loss is what ended it
+    assert_output --regexp "rank 2 \([^)]*\): gone: its process has ended .*<-- culprit"
+    refute_output --partial "lost earlier"
     DPSHIM_ELASTIC_LOST_RANK=end elastic 3 6 2 3
     assert_failure 75
     assert_output --partial "is gone: its process ended without leaving the program"

@@ -276,6 +276,9 @@ checksum_counts() {
     [ $((SECONDS - t0)) -le 45 ] || fail "took $((SECONDS - t0)) s"
     assert_output --partial "among the 3 survivors (the communicator shrunk)"
     assert_output --regexp "dp_grads collective #[0-9]+ .after step [0-9]+. has waited"
+    # the stall is on the survivors' GPUs: the rank the job went on without is not blamed
+    assert_output --regexp "rank 3 \([^)]*\): lost earlier: the job went on without it"
+    refute_output --partial culprit
     run pgrep -f "$PROG"
     assert_failure
 }
