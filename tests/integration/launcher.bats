@@ -182,4 +182,15 @@ recovered() {
     assert_failure 1
     assert_output --partial "dpshim-run: mpirun exited with status 1 and no rank left an exit status: it could not start the job"
     refute_output --partial "left no exit status in"
+    # stopped by a signal (Ctrl-C, scancel): passed on, and said as such, not as lost ranks
+    run timeout --preserve-status --kill-after=20 4 "$RUN" -np 2 --oversubscribe --enable-recovery \
+        /usr/bin/python3 -c 'import time; time.sleep(60)' </dev/null
+    assert_failure 143
+    assert_output --partial "dpshim-run: the job was stopped by SIGTERM, passed on to mpirun: rank(s) 0 1 ended without an exit status"
+    refute_output --partial "lost"
+    # and the launcher ended the ranks (they may take a moment after it returns)
+    local i
+    for i in $(seq 20); do pgrep -f 'time.sleep\(60\)' >/dev/null || break; sleep 0.5; done
+    run pgrep -f 'time.sleep\(60\)'
+    assert_failure
 }
