@@ -182,14 +182,28 @@ recovered() {
     assert_failure 1
     assert_output --partial "dpshim-run: mpirun exited with status 1 and no rank left an exit status: it could not start the job"
     refute_output --partial "left no exit status in"
-    # stopped by a signal (Ctrl-C, scancel): passed on, and said as such, not as lost ranks
+    # stopped by a signal (Ctrl-C, scancel): said as such, not as lost ranks; sent to the whole
+    # process group (as timeout does), and to dpshim-run alone, which passes it on: either way
+    # mpirun gets it once (at a second within 5 s it would exit, leaving the ranks running)
+    local sleeper=(/usr/bin/python3 -c 'import time; time.sleep(60)') i
     run timeout --preserve-status --kill-after=20 4 "$RUN" -np 2 --oversubscribe --enable-recovery \
-        /usr/bin/python3 -c 'import time; time.sleep(60)' </dev/null
+        "${sleeper[@]}" </dev/null
     assert_failure 143
-    assert_output --partial "dpshim-run: the job was stopped by SIGTERM, passed on to mpirun: rank(s) 0 1 ended without an exit status"
+    assert_output --partial "dpshim-run: the job was stopped by SIGTERM: rank(s) 0 1 ended without an exit status"
     refute_output --partial "lost"
-    # and the launcher ended the ranks (they may take a moment after it returns)
-    local i
+    for i in $(seq 20); do pgrep -f 'time.sleep\(60\)' >/dev/null || break; sleep 0.5; done
+    run pgrep -f 'time.sleep\(60\)'
+    assert_failure
+    # (--foreground: timeout passes its signal to dpshim-run alone)
+    timeout --foreground --kill-after=10 "$MPI_TIMEOUT" "$RUN" -np 2 --oversubscribe --enable-recovery \
+        "${sleeper[@]}" </dev/null >alone.out 2>&1 &
+    local job=$! job_status=0
+    sleep 4
+    kill -TERM "$job"
+    wait "$job" || job_status=$?
+    [ "$job_status" = 143 ] || fail "dpshim-run sent SIGTERM alone: exit status $job_status, not 143"
+    run cat alone.out
+    assert_output --partial "dpshim-run: the job was stopped by SIGTERM: rank(s) 0 1 ended without an exit status"
     for i in $(seq 20); do pgrep -f 'time.sleep\(60\)' >/dev/null || break; sleep 0.5; done
     run pgrep -f 'time.sleep\(60\)'
     assert_failure
