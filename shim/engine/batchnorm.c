@@ -8,7 +8,6 @@
  * kernels are compiled. Whether the PyTorch at hand rounds so each adapter finds out once with a
  * probe against PyTorch itself, and keeps PyTorch's ops where it does not.
  * Compiled with -ffp-contract=off: nothing is fused that the code does not fuse by name. */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -93,8 +92,10 @@ DPS_EXPORT int dpshim_bn_backward(int dtype, uint64_t outer, uint64_t channels, 
     }
     double *a = sums, *b = sums + channels;
     for (uint64_t c = 0; c < channels; c++) {
-        /* the native kernel's invstd, in double, then in dtype for the direct term */
-        double invstd = 1.0 / sqrt(value_at(var, dtype, c) + eps);
+        /* the native kernel's invstd, in double, then in dtype for the direct term (the builtin,
+         * with this file's -fno-math-errno: one instruction at every optimization level, where
+         * sqrt is a call to libm at -O0, which the library does not link) */
+        double invstd = 1.0 / __builtin_sqrt(value_at(var, dtype, c) + eps);
         ch[c].invstd = invstd;
         ch[c].w = weight ? value_at(weight, dtype, c) : 1.0;
         /* gb = sum(dy), gw = invstd * sum(dy * (x - mean)): per-sample sums of this rank */
