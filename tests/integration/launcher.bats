@@ -182,6 +182,12 @@ recovered() {
     assert_failure 1
     assert_output --partial "dpshim-run: mpirun exited with status 1 and no rank left an exit status: it could not start the job"
     refute_output --partial "left no exit status in"
+    # ranks that ran without the shim (a node where it does not load) leave no status: said so
+    recovered 2 --oversubscribe --enable-recovery env LD_PRELOAD=/nonexistent/libdpshim.so /bin/true
+    assert_failure 75
+    assert_output --partial "cannot be preloaded"
+    assert_output --partial "dpshim-run: rank(s) 0 1 left no exit status in"
+    assert_output --partial "run without libdpshim.so (the loader says why above)"
     # stopped by a signal (Ctrl-C, scancel): said as such, not as lost ranks; sent to the whole
     # process group (as timeout does), and to dpshim-run alone, which passes it on: either way
     # mpirun gets it once (at a second within 5 s it would exit, leaving the ranks running)
