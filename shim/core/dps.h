@@ -83,6 +83,8 @@ _Noreturn void dps_exit_now(int status);
 /* Whether the launcher keeps the other ranks running after one is lost: Open MPI's mpirun
  * --enable-recovery (4.x) tells every rank so. */
 int dps_launcher_keeps_survivors(void);
+/* Where the job may go on after a loss: size, policy and launcher, alike on every rank. */
+int dps_job_may_go_on(const dps_state_t *s);
 
 #define DPS_LOG(lvl, ...)                                                                                    \
     do {                                                                                                     \

@@ -53,6 +53,13 @@ int dps_launcher_keeps_survivors(void)
     return v && (!strcmp(v, "1") || !strcmp(v, "true"));
 }
 
+int dps_job_may_go_on(const dps_state_t *s)
+{
+    return s->size >= 2 &&
+           DPS_POLICY_ENUM(&s->policy, elastic, lost_rank) == DPS_V_elastic_lost_rank_continue &&
+           dps_launcher_keeps_survivors();
+}
+
 _Noreturn void dps_exit_now(int status)
 {
     dps_exit_status_note(status);

@@ -48,19 +48,11 @@ static struct {
     void *(*read_device_result)(size_t *bytes); /* the GPU path's last result, read back */
 } el = {.fix = 1.0};
 
-/* Where the job may go on after a loss: size, policy and launcher, alike on every rank. */
-static int may_go_on(const dps_state_t *s)
-{
-    return s->size >= 2 &&
-           DPS_POLICY_ENUM(&s->policy, elastic, lost_rank) == DPS_V_elastic_lost_rank_continue &&
-           dps_launcher_keeps_survivors();
-}
-
 static int shard_auto_off; /* [optim] shard = auto was set off by dps_elastic_plan */
 
 DPS_STARTUP void dps_elastic_plan(dps_state_t *s)
 {
-    if (!may_go_on(s) || DPS_POLICY_ENUM(&s->policy, optim, shard) != DPS_V_optim_shard_auto) return;
+    if (!dps_job_may_go_on(s) || DPS_POLICY_ENUM(&s->policy, optim, shard) != DPS_V_optim_shard_auto) return;
     dps_error_t e;
     shard_auto_off =
         dps_policy_set_value(&s->policy, DPS_P_optim_shard, "off", 3, DPS_SRC_DEFAULT, 0, &e) == 0;
@@ -70,7 +62,7 @@ void dps_elastic_setup(const dps_backend_t *be)
 {
     int size = dps_g.size;
     el.set_up = 1;
-    if (!may_go_on(&dps_g)) return;
+    if (!dps_job_may_go_on(&dps_g)) return;
     const char *why =
         dps_policy_num(&dps_g.policy, DPS_P_guard_timeout) == 0
             ? "[guard] timeout = 0: a stalled rank, or one on a lost host, could not be found"
@@ -207,7 +199,7 @@ void dps_elastic_note_epoch(const uint64_t *order, uint64_t n)
 {
     /* also before the first collective, which opens the backend and turns elastic mode on: a
      * program may draw its first epoch before it (every rank of the job cuts it then) */
-    if (dps_g.split_mode || !(el.on || (!el.set_up && may_go_on(&dps_g)))) return;
+    if (dps_g.split_mode || !(el.on || (!el.set_up && dps_job_may_go_on(&dps_g)))) return;
     int size = el.on ? el.n : dps_g.size;
     uint64_t *o = realloc(ep.order, (n ? n : 1) * sizeof *o);
     if (o) ep.order = o;

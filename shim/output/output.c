@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -140,6 +141,17 @@ void dps_output_wrapper_stderr(void)
 /* The launcher's stdout on a rank that [output] stdout = rank0 silenced, kept for
  * dps_output_take_over; -1: none. */
 static int silenced_stdout = -1;
+/* A silenced stdout that comes back where rank 0 is lost (elastic mode) is buffered until then as
+ * rank 0's is: line by line, where the launcher gives the ranks a terminal (Open MPI's
+ * pseudo-terminal), also Python's (dpshim_stdout_may_return). So what waits in the buffer when it
+ * comes back is the line under way, which the new output then completes, and not whole lines the
+ * old rank 0 printed already (its own line under way went with its process). */
+static int may_return;
+
+DPS_EXPORT int dpshim_stdout_may_return(void)
+{
+    return may_return && silenced_stdout >= 0;
+}
 
 int dps_output_take_over(void)
 {
@@ -147,7 +159,8 @@ int dps_output_take_over(void)
         errno = EBADF;
         return -1;
     }
-    dps_sys_fflush(stdout); /* what was written before goes where it was meant to: nowhere */
+    /* what was written before goes where it was meant to: nowhere; a line under way stays */
+    if (!__flbf(stdout)) dps_sys_fflush(stdout);
     int rc = dup2(silenced_stdout, STDOUT_FILENO) < 0 ? -1 : 0;
     dps_sys_close(silenced_stdout), silenced_stdout = -1;
     return rc;
@@ -163,6 +176,8 @@ int dps_output_setup(const dps_state_t *s)
         silenced_stdout = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 100);
         if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0) return -1;
         dps_sys_close(fd);
+        may_return = dps_job_may_go_on(s) && isatty(silenced_stdout);
+        if (may_return) setvbuf(stdout, NULL, _IOLBF, BUFSIZ);
     } else if (DPS_POLICY_ENUM(p, output, stdout) == DPS_V_output_stdout_prefix) {
         dps_sys_fflush(stdout);
         return setup_prefix(s->rank);

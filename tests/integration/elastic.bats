@@ -169,11 +169,33 @@ torch_scale_lost() {
     survivors_agree 2
     assert_output --regexp "\[dpshim r1/3\] SUMMARY 3 ranks"
     [ "$elapsed" -lt 30 ] || fail "took $elapsed s"
-    # [output] stdout = rank0: the new rank 0 prints, and only it
-    DPSHIM_OUTPUT_STDOUT=rank0 elastic 3 6 0 3
+    # [output] stdout = rank0: the new rank 0 prints, and only it, each line once and whole: the
+    # line rank 0 had begun when it was lost ("step 3:", in its buffer) is the new rank 0's to end
+    DPSHIM_OUTPUT_STDOUT=rank0 ELASTIC_TRAIN_PROGRESS=1 elastic 3 6 0 3
     assert_success
     assert_output --partial "rank 0 of 2 (started as 1 of 3): small -0.139999986 large -0.139999986"
     assert_equal "$(grep -c '^rank .* checksum' <<<"$output")" 1
+    assert_equal "$(grep '^step' <<<"$output" | paste -sd'|')" \
+        "step 1: done|step 2: done|step 3: done|step 4: done|step 5: done|step 6: done"
+}
+
+@test "rank 0 of a PyTorch script lost with stdout = rank0: the new rank 0 prints each line once, whole" {
+    # rank 0 dies in epoch 1 (step 13, of 8 an epoch), with "epoch 1:" begun; the new rank 0
+    # prints from then on: not again the lines rank 0 printed (they waited in its block buffer,
+    # the silenced stdout not being a terminal), and the line rank 0 begun (lost in its buffer)
+    # whole. Under python -u, where rank 0 wrote "epoch 1:" at once, the new one writes the rest
+    local unbuffered out=$BATS_TEST_TMPDIR/stdout err=$BATS_TEST_TMPDIR/stderr
+    for unbuffered in '' 1; do
+        # stdout apart from stderr, where the loss is said between the line's two pieces
+        run timeout --kill-after=10 "$MPI_TIMEOUT" env PYTHONUNBUFFERED=$unbuffered KILL_RANK=0 KILL_STEP=13 \
+            PROGRESS=1 DPSHIM_OUTPUT_STDOUT=rank0 DPSHIM_GUARD_TIMEOUT=60 bash -c 'e=$1; shift; "$@" >"$0" 2>"$e"' "$out" "$err" \
+            "$BUILD/bin/dpshim-run" -np 3 --oversubscribe --enable-recovery /usr/bin/python3 \
+            "$SRC/tests/integration/elastic_torch.py" </dev/null
+        cat "$out" "$err"
+        assert_success
+        grep -q "elastic: lost rank 0 ([^)]*) during step 13" "$err" || fail "no loss of rank 0 at step 13"
+        assert_equal "$(grep '^epoch' "$out" | paste -sd'|')" "epoch 0: done|epoch 1: done|epoch 2: done"
+    done
 }
 
 # saves N ARGS...: elastic N ARGS with the trainer's log and checkpoint rank0_only, in a new $dir.

@@ -11,7 +11,8 @@ processes, none by default; kept from epoch to epoch with $PERSISTENT set), 3 ep
 Prints the final loss and a sum of the parameters; with $SAVE, saves the model there after each
 epoch (torch.save) and prints the sum of the parameters the file holds at the end; with $TRACE,
 each rank appends the samples of each step it trained to $TRACE.<rank it started as>, a line
-"EPOCH INDEX..." per step and epoch."""
+"EPOCH INDEX..." per step and epoch; with $PROGRESS, a line per epoch on stdout, "epoch E:" as it
+begins and " done" as it ends."""
 import os
 import signal
 
@@ -41,6 +42,8 @@ trace = open(f"{os.environ['TRACE']}.{started_as}", "a") if "TRACE" in os.enviro
 step = 0
 pending = {}  # the samples of the batches of the step under way, by epoch
 for epoch in range(3):
+    if "PROGRESS" in os.environ:
+        print(f"epoch {epoch}:", end="")
     for n, (x, y, i) in enumerate(loader):
         step += 1
         if (started_as, step) in ((kill, kill_step), kill_also):
@@ -57,6 +60,8 @@ for epoch in range(3):
             for e, samples in pending.items():
                 print(e, *samples, file=trace, flush=True)
         pending = {}
+    if "PROGRESS" in os.environ:
+        print(" done")
     if save:
         torch.save(model.state_dict(), save)
 if pending:  # with $CARRY, the gradient left after the last epoch

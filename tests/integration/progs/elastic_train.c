@@ -11,7 +11,8 @@
  * weights' first elements and a checksum of all of them, and dp_metric's count of ranks; then the
  * job's size as dp_world_size() answered at the start of each step (every survivor must see the
  * same).
- * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step;
+ * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_PROGRESS=1 prints a line per
+ * step on stdout, "step S:" before the step (and its kill) and " done" after its gradient sum; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step;
  * ELASTIC_TRAIN_LATE=R:MS: rank R enters step KILL_STEP's gradient sum MS ms after the others, so
  * that another survivor's guard finds the stalled rank first.
  * ELASTIC_TRAIN_SAVE=DIR: DIR/train.log, open from the start, gets "step S" after each step, and
@@ -104,7 +105,9 @@ int main(int argc, char **argv)
     size_t sizes_len = 0;
     pthread_t killer;
     int killing = 0;
+    int progress = getenv("ELASTIC_TRAIN_PROGRESS") != NULL;
     for (int s = 1; s <= steps; s++) {
+        if (progress) printf("step %d:", s);
         if (sizes_len < sizeof sizes)
             sizes_len +=
                 (size_t)snprintf(sizes + sizes_len, sizeof sizes - sizes_len, " %d", dp_world_size());
@@ -127,6 +130,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < SMALL + LARGE; i++)
             g[i] = (float)(start_rank + 1);
         dp_grads(tg, 2);
+        if (progress) printf(" done\n");
         for (int i = 0; i < SMALL + LARGE; i++)
             w[i] -= 0.01f * g[i];
         if (getenv("ELASTIC_TRAIN_STEPS"))
