@@ -191,14 +191,15 @@ recovered() {
     # stopped by a signal (Ctrl-C, scancel): said as such, not as lost ranks; sent to the whole
     # process group (as timeout does), and to dpshim-run alone, which passes it on: either way
     # mpirun gets it once (at a second within 5 s it would exit, leaving the ranks running)
-    local sleeper=(/usr/bin/python3 -c 'import time; time.sleep(60)') i
+    # the sleeper names this test's folder, so that pgrep finds its ranks and no other test's
+    local sleeper=(/usr/bin/python3 -c 'import time; time.sleep(60)' "$BATS_TEST_TMPDIR") i
     run timeout --preserve-status --kill-after=20 4 "$RUN" -np 2 --oversubscribe --enable-recovery \
         "${sleeper[@]}" </dev/null
     assert_failure 143
     assert_output --partial "dpshim-run: the job was stopped by SIGTERM: rank(s) 0 1 ended without an exit status"
     refute_output --partial "lost"
-    for i in $(seq 20); do pgrep -f 'time.sleep\(60\)' >/dev/null || break; sleep 0.5; done
-    run pgrep -f 'time.sleep\(60\)'
+    for i in $(seq 20); do pgrep -f "time.sleep\\(60\\) $BATS_TEST_TMPDIR" >/dev/null || break; sleep 0.5; done
+    run pgrep -f "time.sleep\\(60\\) $BATS_TEST_TMPDIR"
     assert_failure
     # to dpshim-run alone, from its parent: it passes the signal on, and ends by it too, as the
     # program alone would (a calling shell's loop stops at Ctrl-C)
@@ -212,7 +213,47 @@ print("dpshim-run returned", job.wait())' "$RUN" -np 2 --oversubscribe --enable-
     assert_output "dpshim-run returned -15"
     run cat alone.out
     assert_output --partial "dpshim-run: the job was stopped by SIGTERM: rank(s) 0 1 ended without an exit status"
-    for i in $(seq 20); do pgrep -f 'time.sleep\(60\)' >/dev/null || break; sleep 0.5; done
-    run pgrep -f 'time.sleep\(60\)'
+    for i in $(seq 20); do pgrep -f "time.sleep\\(60\\) $BATS_TEST_TMPDIR" >/dev/null || break; sleep 0.5; done
+    run pgrep -f "time.sleep\\(60\\) $BATS_TEST_TMPDIR"
     assert_failure
+}
+
+@test "dpshim-run --enable-recovery: mpirun gets a signal once, directly or from dpshim-run 7 s on" {
+    # a stand-in mpirun that logs each signal and ends 3 s after the first, as Open MPI's ends
+    # the ranks; the real one exits at a second signal within 5 s and leaves the ranks running,
+    # so dpshim-run passes one on only where mpirun did not get it
+    cd "$BATS_TEST_TMPDIR"
+    mkdir bin
+    cat >bin/mpirun <<'STUB'
+#!/bin/bash
+[ "$1" != --version ] || { echo "mpirun (Open MPI) 4.1.4"; exit 0; }
+t0=$(date +%s%N) left=300
+trap 'echo "TERM $((($(date +%s%N) - t0) / 1000000))" >>signals; [ "$left" -le 30 ] || left=30' TERM
+while [ "$left" -gt 0 ]; do sleep 0.1; left=$((left - 1)); done
+exit 143
+STUB
+    chmod +x bin/mpirun
+    local job job_status
+    # to the whole process group (Ctrl-C in a terminal): mpirun got it, and nothing more
+    rm -f signals
+    run timeout --preserve-status --kill-after=20 2 env PATH="$PWD/bin:$PATH" "$RUN" -np 2 --enable-recovery /bin/true
+    assert_failure 143
+    sleep 8 # past the time dpshim-run would have passed it on, were it still running
+    assert_equal "$(wc -l <signals)" 1
+    # to dpshim-run alone: mpirun gets it once, 7 s on
+    rm -f signals
+    env PATH="$PWD/bin:$PATH" timeout --foreground --kill-after=40 60 "$RUN" -np 2 --enable-recovery /bin/true \
+        </dev/null >alone.out 2>&1 &
+    job=$!
+    sleep 1
+    kill -TERM "$job"
+    job_status=0
+    wait "$job" || job_status=$?
+    assert_equal "$job_status" 143
+    assert_equal "$(wc -l <signals)" 1
+    local at
+    read -r _ at <signals
+    # 7 s after dpshim-run got it, 1 s after the start: apart from any it could have got itself by
+    # more than Open MPI's 5 s
+    [ "$at" -ge 6000 ] && [ "$at" -le 15000 ] || fail "mpirun got the signal $at ms after it started"
 }
