@@ -12,7 +12,8 @@
  * job's size as dp_world_size() answered at the start of each step (every survivor must see the
  * same).
  * ELASTIC_TRAIN_STEPS=1 prints each step's gradients; ELASTIC_TRAIN_PROGRESS=1 prints a line per
- * step on stdout, "step S:" before the step (and its kill) and " done" after its gradient sum; ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step;
+ * step on stdout, "step S:" before the step (and its kill) and " done" after its gradient sum;
+ * ELASTIC_TRAIN_SLEEP_MS=N sleeps N ms a step;
  * ELASTIC_TRAIN_LATE=R:MS: rank R enters step KILL_STEP's gradient sum MS ms after the others, so
  * that another survivor's guard finds the stalled rank first.
  * ELASTIC_TRAIN_SAVE=DIR: DIR/train.log, open from the start, gets "step S" after each step, and

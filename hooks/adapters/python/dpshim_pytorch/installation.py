@@ -78,12 +78,15 @@ def _wrap_distributing(cls_name, module):
 def _start(lib):
     from .random_state import _agree_random_state
     _shim.bind(lib)
-    # a silenced stdout that comes back if rank 0 is lost: line buffered as rank 0's is, as the
-    # shim has C's (output.c says why)
-    lib.dpshim_stdout_may_return.restype, lib.dpshim_stdout_may_return.argtypes = ctypes.c_int, []
-    if lib.dpshim_stdout_may_return() and hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(line_buffering=True)
     _agree_random_state()
+    # a silenced stdout that comes back if rank 0 is lost: line buffered as rank 0's is, as the
+    # shim has C's (output.c says why); a stdout the script's environment replaced stays as it is
+    try:
+        lib.dpshim_stdout_may_return.restype, lib.dpshim_stdout_may_return.argtypes = ctypes.c_int, []
+        if lib.dpshim_stdout_may_return():
+            sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 def install_import_hook():
